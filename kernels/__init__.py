@@ -1,0 +1,12 @@
+"""Triton kernels for fast decoding, each a triad in one self-contained file (COURSE.md §7):
+
+1. the ``@triton.jit`` kernel and its host wrapper ``<name>_triton(...)``;
+2. a plain-torch reference ``<name>_reference(...)`` computing the same function;
+3. the dispatcher ``<name>(...)``: Triton on CUDA tensors or when ``TRITON_INTERPRET=1``
+   (the CPU interpreter the tests use), the torch reference otherwise.
+
+Each file also has ``aot_specs()`` listing (kernel, signature, constexprs) so the tests can
+compile it ahead of time for sm_80 and sm_90 on a machine without a GPU, and ``bench()``
+using ``triton.testing.do_bench`` (skipped without CUDA). A kernel file imports only torch
+and triton, so it can be copied into another project on its own.
+"""

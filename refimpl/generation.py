@@ -1,0 +1,163 @@
+"""What every decoder returns: :class:`Generation` (tokens + :class:`Stats`), and input checks.
+
+All decoders in :mod:`refimpl` share these, so notebooks and the benchmark read the same
+counters. Notation (COURSE.md §3): ``tau`` = tokens emitted per target forward pass,
+``alpha`` = per-draft-token acceptance rate, ``NFE`` = model forward evaluations.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass
+class Stats:
+    """Counters of one ``generate`` call (for the whole batch).
+
+    - ``target_calls``: forward passes of the target model (prefill included).
+    - ``draft_calls``: forward passes of the draft model (0 for methods without a draft).
+    - ``accepted``: per verification step, per row, the number of *draft* tokens accepted.
+    - ``nfe``: all model forward evaluations (target + draft, or denoiser calls for a dLLM).
+    - ``seconds``: wall time of the call.
+    - ``new_tokens``: tokens emitted, summed over rows; ``rows``: the batch size.
+    - ``drafted``: draft tokens proposed, summed over rows (for ``alpha``).
+    - ``extra``: method-specific numbers (iterations, proposals, ...).
+    """
+
+    target_calls: int = 0
+    draft_calls: int = 0
+    accepted: list = field(default_factory=list)
+    nfe: int = 0
+    seconds: float = 0.0
+    new_tokens: int = 0
+    drafted: int = 0
+    rows: int = 1
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def alpha(self) -> float:
+        """Fraction of drafted tokens that were accepted (nan when nothing was drafted)."""
+        acc = sum(sum(a) if isinstance(a, (list, tuple)) else a for a in self.accepted)
+        return acc / self.drafted if self.drafted else float("nan")
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target forward pass, per row (prefill included): 1.0 for AR."""
+        if self.target_calls == 0 or self.rows == 0:
+            return float("nan")
+        return self.new_tokens / (self.rows * self.target_calls)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def as_dict(self) -> dict:
+        return {
+            "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls,
+            "nfe": self.nfe,
+            "seconds": self.seconds,
+            "new_tokens": self.new_tokens,
+            "drafted": self.drafted,
+            "rows": self.rows,
+            "alpha": self.alpha,
+            "tau": self.tau,
+            "tokens_per_second": self.tokens_per_second,
+            **self.extra,
+        }
+
+
+@dataclass
+class Generation:
+    """``tokens[b]``: the new tokens of row ``b`` (stopped at EOS inclusive or at max_new_tokens)."""
+
+    tokens: list
+    stats: Stats = field(default_factory=Stats)
+
+    def text(self, tokenizer) -> list[str]:
+        return [tokenizer.decode(t) for t in self.tokens]
+
+
+class Timer:
+    """``with Timer(stats): ...`` records wall time into ``stats.seconds``."""
+
+    def __init__(self, stats: Stats):
+        self.stats = stats
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.stats.seconds = time.perf_counter() - self.t0
+
+
+def normalize_prompts(prompts: Any, max_length: int | None = None, max_new_tokens: int | None = None) -> list[list[int]]:
+    """A ragged batch as a list of lists of ints; a single list of ints is a batch of one.
+
+    Raises ``ValueError`` naming ``prompts`` for an empty batch, an empty prompt, non-integer
+    tokens or a prompt that (with ``max_new_tokens``) does not fit the model's context.
+    """
+    import torch
+
+    if isinstance(prompts, torch.Tensor):
+        prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+    if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token ids or a list of such lists")
+    if all(isinstance(t, int) for t in prompts):
+        prompts = [list(prompts)]
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, torch.Tensor):
+            p = p.tolist()
+        if not isinstance(p, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            raise ValueError(f"prompts[{i}] must be a list of int token ids")
+        if len(p) == 0:
+            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+        if max_length is not None:
+            if len(p) > max_length:
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens, longer than the model's context ({max_length})"
+                )
+            if max_new_tokens is not None and len(p) + max_new_tokens > max_length:
+                raise ValueError(
+                    f"prompts[{i}] ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                    f"the model's context ({max_length})"
+                )
+        out.append(list(p))
+    return out
+
+
+def check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def eos_set(eos_token_id, default) -> frozenset:
+    """Normalise ``eos_token_id``: None -> the model's default; an int or a list of ints; () disables."""
+    if eos_token_id is None:
+        eos_token_id = default
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    if isinstance(eos_token_id, Sequence) or isinstance(eos_token_id, (set, frozenset)):
+        ids = list(eos_token_id)
+        if not all(isinstance(t, int) for t in ids):
+            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+        return frozenset(ids)
+    raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+
+
+def truncate_at_eos(tokens: Sequence[int], eos: frozenset, max_new_tokens: int) -> tuple[list[int], bool]:
+    """Cut ``tokens`` after the first EOS (inclusive) and at ``max_new_tokens``; return (tokens, done)."""
+    out = []
+    for t in tokens:
+        out.append(t)
+        if t in eos:
+            return out, True
+        if len(out) >= max_new_tokens:
+            return out, True
+    return out, len(out) >= max_new_tokens
