@@ -123,7 +123,8 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
     ``_verify`` (tests only) replaces the sampling rule ``kernels.rejection_sample``.
 
     Returns a :class:`Generation`; ``stats.accepted[step][row]`` is the number of drafts row
-    ``row`` accepted at that step (0 once the row has finished).
+    ``row`` accepted at that step (0 once the row has finished) and ``stats.extra["gammas"][step]``
+    the draft length of that step (``gamma``, less near ``max_new_tokens``).
     """
     import kernels
 
@@ -189,6 +190,7 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
                 if done or len(out[r]) >= max_new_tokens:
                     finished.append(i)
             stats.accepted.append(step_acc)
+            stats.extra.setdefault("gammas", []).append(g)  # draft length of each step
             if len(finished) == len(rows) or g == 0:
                 break
             # 5. roll both caches back past the rejected drafts
