@@ -120,8 +120,7 @@ def one_position(p, q, x, u0, u1):
 # draw (which ends the block) or the bonus token drawn from `p` itself. By induction the whole
 # sequence is distributed as the target's. Nothing about `q` matters except that it is used
 # consistently: a bad draft costs speed, never correctness.
-
-# %% [markdown]
+#
 # ## An exact check on a small vocabulary
 # Compute `P(x)` from the formula above for random `p`, `q` over 6 tokens, for the correct rule
 # and two wrong ones: "accept every draft" and "after a rejection resample from `p`".
@@ -178,6 +177,15 @@ ref_n, ref_t = rejection_sample_reference(xx, pp, qq, uu)
 if torch.cuda.is_available():
     tri = rejection_sample_triton(xx.cuda(), pp.cuda(), qq.cuda(), uu.cuda())
     assert torch.equal(tri[0].cpu(), ref_n) and torch.equal(tri[1].cpu(), ref_t)
+print("accepted per row:", ref_n.tolist(), "| next tokens:", ref_t.tolist())
+
+# %% [markdown]
+# The same draws by hand: after a rejection at position `n` the residual of `p_n` and `q_n`,
+# else the bonus token from `p_gamma`, both through `inverse_cdf` with the last uniform. (The
+# kernel tests in `tests/test_kernel_rejection_sample.py` fuzz Triton against the reference on
+# odd vocabulary sizes and ragged rows.)
+
+# %%
 def by_hand(b):
     n = int(ref_n[b])
     w = (pp[b, n] - qq[b, n]).clamp(min=0) if n < gm else pp[b, gm]   # residual, or bonus from p
@@ -185,11 +193,7 @@ def by_hand(b):
 
 
 assert [by_hand(b) for b in range(B)] == ref_t.tolist()
-print("accepted per row:", ref_n.tolist(), "| next tokens agree with the by-hand residual / bonus draw")
-
-# %% [markdown]
-# (The kernel tests in `tests/test_kernel_rejection_sample.py` fuzz Triton against the
-# reference on odd vocabulary sizes and ragged rows.)
+print("the by-hand residual / bonus draws agree with the kernel")
 
 # %% [markdown]
 # ## The whole algorithm by hand
