@@ -280,3 +280,16 @@ def test_expected_tau_formula():
     assert sp.expected_tau(0.0, 4) == 1.0
     assert sp.expected_tau(1.0, 4) == 5.0
     assert sp.expected_tau(0.5, 2) == pytest.approx(1.75)
+
+
+def test_bench_methods(target, draft, prompts):
+    from refimpl.bench import Context
+
+    methods = {m.name: m for m in sp.bench_methods()}
+    assert set(methods) == {"speculative greedy (gamma=4)", "speculative sampling T=0.7 (gamma=4)"}
+    assert all(m.needs == ("target", "draft") for m in methods.values())
+    assert methods["speculative greedy (gamma=4)"].exact and not methods["speculative sampling T=0.7 (gamma=4)"].exact
+    ctx = Context(target=target, draft=draft)
+    out = methods["speculative greedy (gamma=4)"].run(ctx, prompts[0], 10)
+    assert out.tokens[0] == ar.generate(target, prompts[0], max_new_tokens=10).tokens[0]
+    assert len(methods["speculative sampling T=0.7 (gamma=4)"].run(ctx, prompts[0], 10).tokens[0]) <= 10
