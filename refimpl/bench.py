@@ -10,6 +10,7 @@ Suites (``--suite``):
 - ``latency``: latency(k), the time to score k new tokens on top of a cached context, k = 1..64
   (chapter 00: why scoring gamma + 1 tokens costs about as much as scoring 1).
 - ``dllm``: the diffusion-LM samplers (:mod:`refimpl.diffusion_bench`, when present).
+- ``kernels``: each kernel's ``bench()`` (``triton.testing.do_bench``; skipped without CUDA).
 
 Results are printed as a markdown table and written as JSON + markdown under ``--out``,
 together with the hardware, torch threads and versions.
@@ -219,7 +220,7 @@ DECODE_COLS = [("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"), ("
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refimpl.bench", description="Benchmark every decoding method.")
-    p.add_argument("--suite", choices=["decode", "latency", "dllm"], default="decode")
+    p.add_argument("--suite", choices=["decode", "latency", "dllm", "kernels"], default="decode")
     p.add_argument("--model", default="tiny", help="target model (zoo name, folder or HF id)")
     p.add_argument("--methods", default=None, help="comma-separated substrings of method names to run")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -235,7 +236,15 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     result = {"suite": args.suite, "model": args.model, "hardware": hardware(), "args": vars(args)}
 
-    if args.suite == "dllm":
+    if args.suite == "kernels":
+        import kernels
+
+        rows = []
+        for name in kernels.MODULES:
+            r = importlib.import_module(f"kernels.{name}").bench()
+            rows.append({"kernel": name, **(r or {"result": "skipped: no CUDA device"})})
+        md = "\n".join(json.dumps(r, default=str) for r in rows)
+    elif args.suite == "dllm":
         mod = importlib.import_module("refimpl.diffusion_bench")
         rows = mod.run(fast=args.fast)
         md = mod.to_markdown(rows) if hasattr(mod, "to_markdown") else json.dumps(rows, indent=1)
