@@ -351,7 +351,8 @@ from IPython.display import HTML, display
 
 
 def show(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
-    r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
+    global last
+    last = r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
                              generator=torch.Generator().manual_seed(seed), eos_token_id=[])
     spans, i, toks = [], 0, r.tokens[0]
     for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):
@@ -360,7 +361,6 @@ def show(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
             spans.append(f'<span style="background:{c}">{target.decode([toks[i]])}</span>'); i += 1
     head = f"<b>alpha {r.stats.alpha:.2f}, tau {r.stats.tau:.2f}, target calls {r.stats.target_calls}</b><br>"
     display(HTML(head + "<span style='font-family:monospace'>" + "".join(spans) + "</span>"))
-    return r
 
 # %% [markdown]
 # Move the sliders (in a live notebook); the call below the widget renders the default setting.
@@ -369,8 +369,8 @@ def show(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
 widgets.interact(show, gamma=widgets.IntSlider(value=GAMMA, min=1, max=10),
                  temperature=widgets.FloatSlider(value=TEMPERATURE, min=0.0, max=2.0, step=0.1),
                  seed=widgets.IntSlider(value=SEED, min=0, max=20))
-r_default = show()
-assert sum(map(len, r_default.tokens)) == NEW_TOKENS
+show()
+assert sum(map(len, last.tokens)) == NEW_TOKENS
 
 # %% [markdown]
 # ## Exercises
