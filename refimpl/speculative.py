@@ -87,7 +87,7 @@ class _Slots:
             fmask = torch.ones_like(tokens)
         else:
             pos = self.count[:, None] + (fmask.cumsum(-1) - 1).clamp(min=0)
-            self.holes = True if not self.holes and bool((fmask == 0).any()) else self.holes
+            self.holes = True  # callers pass a feed mask only when it has holes (pads)
         self.mask = torch.cat([self.mask, fmask], dim=1)
         logits, self.cache = self.lm.forward(tokens, self.cache, position_ids=pos,
                                              attention_mask=self.mask if self.holes else None)

@@ -151,6 +151,16 @@ def test_sampling_is_seeded(target, draft, prompts):
     assert all(len(t) == 12 for t in a)
 
 
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_sampling_with_top_k_1_equals_greedy(target, draft, prompts, ar_free, gamma):
+    """top_k=1 makes p and q one-hot: the accept test, the residual draw (the target's argmax) and
+    both cache rollbacks of the sampling path must then reproduce AR greedy exactly."""
+    g = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, temperature=1.3, top_k=1,
+                    generator=torch.Generator().manual_seed(0), eos_token_id=[])
+    assert g.tokens == ar_free
+    assert 0 < g.stats.alpha < 1
+
+
 def wrong_accept_all(draft, p, q, u, valid):
     """Negative control: accept every draft token (the output then follows q, not p)."""
     import kernels
