@@ -131,7 +131,7 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
     check_positive_int("gamma", gamma)
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
     check_same_tokenizer(target, draft)
-    prompts = normalize_prompts(prompts, min(target.max_length, draft.max_length), max_new_tokens)
+    prompts = normalize_prompts(prompts, min(target.max_length, draft.max_length), max_new_tokens, target.vocab_size)
     eos = eos_set(eos_token_id, target.eos_token_id)
     greedy = temperature == 0
     verify = _verify or kernels.rejection_sample

@@ -264,7 +264,7 @@ def test_bad_arguments_name_the_argument(target, draft, kw, name):
         sp.generate(target, draft, [[5, 6]], **kw)
 
 
-@pytest.mark.parametrize("bad", [[[]], [], [[1] * 600]])
+@pytest.mark.parametrize("bad", [[[]], [], [[1] * 600], [[1, 4096]], [[-1, 2]], "And God"])
 def test_bad_prompts(target, draft, bad):
     with pytest.raises(ValueError, match="prompts"):
         sp.generate(target, draft, bad)
