@@ -116,6 +116,18 @@ def test_eos_inside_a_draft_stops_inclusive(target, draft, prompts, ar_free, gam
         else:
             assert toks == ref
     assert stopped >= 2, "the test needs rows that hit EOS"
+    # the case matters: EOS arrives as an accepted draft, so the block has tokens after it to drop
+    free = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, eos_token_id=[])
+    inside = 0
+    for r, ref in enumerate(ar_free):
+        if eos in ref:
+            start, cut = 0, ref.index(eos)
+            for step in free.stats.accepted:  # each step emits accepted + 1 tokens
+                if start + step[r] + 1 > cut:
+                    inside += cut - start < step[r]  # an accepted draft, not the target's token
+                    break
+                start += step[r] + 1
+    assert inside >= 1, "EOS should fall inside an accepted block at least once"
     # a list of EOS ids works too, and the batch answer equals single-row answers
     assert sp.generate(target, draft, prompts[2], gamma=gamma, max_new_tokens=N,
                        eos_token_id=[eos, 10**6]).tokens[0] == g.tokens[2]
