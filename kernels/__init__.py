@@ -10,3 +10,4 @@ compile it ahead of time for sm_80 and sm_90 on a machine without a GPU, and ``b
 using ``triton.testing.do_bench`` (skipped without CUDA). A kernel file imports only torch
 and triton, so it can be copied into another project on its own.
 """
+from .confidence_select import confidence_select, confidence_select_reference, confidence_select_triton  # noqa: F401
