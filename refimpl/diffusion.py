@@ -16,7 +16,8 @@ The LLaDA sampler (COURSE.md §10). The answer region of ``gen_length`` position
 masked after the prompt and is split into ``gen_length / block_length`` blocks decoded left to
 right. Each block gets ``steps * block_length / gen_length`` steps. At each step the denoiser
 predicts every masked position at once; ``x0_i = argmax p_i`` (or a Gumbel-max sample at
-``temperature > 0``, noise in float64 from ``generator``) and the confidence is
+``temperature > 0``, noise in float64 from ``generator``; the MASK token itself is excluded, so a
+poorly trained model cannot stall by predicting MASK) and the confidence is
 ``c_i = p_i(x0_i)``, the softmax probability of the predicted token (``remasking="random"``
 uses a uniform random number instead). The ``k`` most confident masked positions of the
 current block are committed; ``k`` follows the linear schedule: the block's masked count split
@@ -179,7 +180,7 @@ def check_args(model, gen_length, steps, block_length, temperature, remasking, t
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     if cache == "dual" and early_commit is not None:
         raise ValueError("early_commit needs the logits of every remaining position: use cache=None or 'prefix'")
-    if cache is not None and "kv" not in inspect.signature(model.forward).parameters:
+    if cache is not None and not _accepts(getattr(model, "forward", None), "kv"):
         raise ValueError(f"cache={cache!r} needs model.forward(input_ids, position_ids, kv, return_kv, attention_mask)")
     if not callable(getattr(model, "logits", None)):
         raise ValueError("model must have a logits(input_ids) method")
@@ -311,6 +312,7 @@ def _decode(model, prompts, mask_id, num_blocks, steps_per_block, eos, stats, *,
                 stats.nfe += 1
                 am = torch.cat([ctx_mask, attn[:, s:q_end]], 1) if ragged else None
                 logits, off = model.forward(x[:, s:q_end], pos[:, s:q_end], kv=kv, attention_mask=am), s
+            logits[..., mask_id] = float("-inf")  # the denoiser never predicts MASK itself
             blk_logits = logits[:, s - off: e - off]  # (B, block, V)
             masked = x[:, s:e] == mask_id  # (B, block)
             # ---- early commit: every remaining masked answer position at once
