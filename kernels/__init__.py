@@ -10,4 +10,8 @@ compile it ahead of time for sm_80 and sm_90 on a machine without a GPU, and ``b
 using ``triton.testing.do_bench`` (skipped without CUDA). A kernel file imports only torch
 and triton, so it can be copied into another project on its own.
 """
+from .decode_attention import decode_attention, decode_attention_reference, decode_attention_triton
 from .confidence_select import confidence_select, confidence_select_reference, confidence_select_triton  # noqa: F401
+
+#: kernel modules (for the ahead-of-time compile test and the kernel benchmark)
+MODULES = ["decode_attention", "confidence_select"]

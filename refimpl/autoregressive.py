@@ -50,7 +50,7 @@ def generate(lm, prompts, max_new_tokens: int = 64, temperature: float = 0.0, to
     ``eos_token_id=None`` uses the model's EOS; pass an int, a list, or ``[]`` to never stop early.
     """
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
-    prompts = normalize_prompts(prompts, lm.max_length, max_new_tokens)
+    prompts = normalize_prompts(prompts, lm.max_length, max_new_tokens, lm.vocab_size)
     eos = eos_set(eos_token_id, lm.eos_token_id)
     stats = Stats(rows=len(prompts))
     out: list[list[int]] = [[] for _ in prompts]
@@ -64,7 +64,7 @@ def generate(lm, prompts, max_new_tokens: int = 64, temperature: float = 0.0, to
         while True:
             if use_cache:
                 logits, cache = lm.forward(feed, cache, position_ids=feed_pos,
-                                           attention_mask=mask if ragged else None)
+                                           attention_mask=mask if ragged else None, logits_to_keep=1)
             else:  # re-run the whole sequence every step
                 logits = lm.logits(ids, attention_mask=mask if ragged else None, position_ids=pos)
             stats.target_calls += 1
