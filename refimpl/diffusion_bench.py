@@ -97,7 +97,7 @@ def ar_perplexity(ar, prompts, generations) -> float:
             continue
         ids = torch.tensor([p + gen])
         logp = torch.log_softmax(ar.logits(ids)[0, len(p) - 1: -1].double(), -1)  # (len(gen), V)
-        nll -= logp.gather(-1, torch.tensor(gen)[:, None]).sum().item()
+        nll -= logp.gather(-1, torch.tensor(gen, device=logp.device)[:, None]).sum().item()
         count += len(gen)
     return math.exp(nll / max(count, 1))
 

@@ -354,7 +354,8 @@ def save(model: DiffusionLM, out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
     save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    cfg = {"model_type": "refimpl-diffusion-lm", **asdict(model.cfg)}
+    # (no "model_type" key: transformers' AutoTokenizer would read it and warn)
+    cfg = {"refimpl_model": "diffusion-lm", **asdict(model.cfg)}
     cfg["tokenizer"] = "char" if isinstance(model.tokenizer, CharTokenizer) else "hf"
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -372,6 +373,7 @@ def load_dir(path: str, device=None, dtype=None, name: str | None = None) -> Dif
         raw = json.load(f)
     kind = raw.pop("tokenizer", "hf")
     raw.pop("model_type", None)
+    raw.pop("refimpl_model", None)
     if kind == "char":
         tok = CharTokenizer.from_pretrained(path)
     else:
