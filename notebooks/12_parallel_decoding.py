@@ -141,7 +141,7 @@ def point(**kw):
     return diffusion_bench._nfe_per_row(g), diffusion_bench.ar_perplexity(ar, prompts, g.tokens)
 
 llada = [point(steps=s) for s in (GEN, GEN // 2, GEN // 4)]
-thresh = [point(steps=GEN, threshold=t) for t in (0.9, 0.7, 0.5, 0.3)]
+thresh = [point(steps=GEN, threshold=t) for t in (0.9, 0.5, 0.2, 0.1, 0.05)]
 print("LLaDA:", [(round(n, 1), round(p, 1)) for n, p in llada])
 print("threshold:", [(round(n, 1), round(p, 1)) for n, p in thresh])
 
@@ -171,7 +171,7 @@ for kw in (dict(), dict(steps=4), dict(threshold=0.9), dict(threshold=0.99), dic
 # answer positions. If it exceeds `gap`, commit them all now.
 
 # %%
-for gap in (None, 0.9, 0.5, 0.2):
+for gap in (None, 0.9, 0.5, 0.2, 0.05):
     g = diffusion.generate(dlm, prompts, gen_length=GEN, steps=GEN, block_length=BLOCK, eos_token_id=[],
                            early_commit=gap)
     print(f"gap {gap}: NFE/row {diffusion_bench._nfe_per_row(g):5.1f}, early commits "
