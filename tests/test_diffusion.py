@@ -252,3 +252,13 @@ def test_bad_inputs():
         diffusion.generate(NoMask(), p, gen_length=8, steps=8, block_length=8)
     with pytest.raises(ValueError, match="cache"):
         diffusion.generate(Recorder(model), p, gen_length=8, steps=8, block_length=8, cache="prefix")
+
+
+@pytest.mark.parametrize("kw", [dict(threshold=0.3), dict(steps=4), dict(threshold=0.6, cache="dual")])
+def test_kernel_and_torch_selection_agree(kw):
+    model = random_dlm(10)
+    base = dict(gen_length=8, steps=8, block_length=4, eos_token_id=[])
+    base.update(kw)
+    a = diffusion.generate(model, PROMPTS, use_kernel=True, **base)
+    b = diffusion.generate(model, PROMPTS, use_kernel=False, **base)
+    assert a.tokens == b.tokens and a.stats.extra["committed"] == b.stats.extra["committed"]
