@@ -80,7 +80,7 @@ def kjv_prompts(tokenizer, n: int, length: int = 48) -> list[list[int]]:
     _, valid = data.kjv_split()
     out = []
     for chapter in valid:
-        ids = tokenizer.encode(chapter, add_special_tokens=False)
+        ids = tokenizer.encode(chapter[: 8 * length], add_special_tokens=False)  # enough characters
         if len(ids) >= length:
             out.append(ids[:length])
         if len(out) == n:
