@@ -57,7 +57,7 @@ Plugging in another dLLM. Any object with ``logits(input_ids (B, T)) -> (B, T, V
             from transformers import AutoModel, AutoTokenizer
             self.tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=True)
             self.model = AutoModel.from_pretrained(name, trust_remote_code=True,
-                                                   torch_dtype=torch.bfloat16).cuda().eval()
+                                                   dtype=torch.bfloat16).cuda().eval()
             self.mask_token_id, self.eos_token_id = 126336, self.tokenizer.eos_token_id
             self.pad_token_id, self.device = self.tokenizer.pad_token_id, torch.device("cuda")
         @torch.no_grad()
