@@ -13,6 +13,7 @@ and triton, so it can be copied into another project on its own.
 from .decode_attention import decode_attention, decode_attention_reference, decode_attention_triton
 from .rejection_sample import rejection_sample, rejection_sample_reference, rejection_sample_triton
 from .verify_greedy import verify_greedy, verify_greedy_reference, verify_greedy_triton
+from .confidence_select import confidence_select, confidence_select_reference, confidence_select_triton  # noqa: F401
 
 #: kernel modules (for the ahead-of-time compile test and the kernel benchmark)
-MODULES = ["decode_attention", "verify_greedy", "rejection_sample"]
+MODULES = ["decode_attention", "verify_greedy", "rejection_sample", "confidence_select"]

@@ -272,3 +272,6 @@ def set_attention(model, attn: str) -> None:
         model.set_attn_implementation(attn)
     else:
         raise ValueError(f"attn must be None, 'eager', 'sdpa' or 'triton', got {attn!r}")
+
+
+from . import diffusion_lm as _diffusion_lm  # noqa: E402,F401  registers "tiny-dllm", "tiny-dllm-rev"

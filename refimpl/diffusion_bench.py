@@ -1,0 +1,152 @@
+"""Benchmark of the dLLM samplers: ``python -m refimpl.diffusion_bench [--fast]``.
+
+Two workloads:
+
+- ``rev`` (``tiny-dllm-rev``): reverse 6 digits, 500 held-out problems in one batch,
+  gen_length 8 = block_length; quality = exact-match accuracy.
+- ``kjv`` (``tiny-dllm``): continue the first 48 tokens of held-out King James chapters,
+  gen_length 64, block_length 16; quality = perplexity of the generated tokens under the
+  autoregressive ``tiny`` model (lower is better; how natural the text is to an AR model).
+
+Rows: one token per step (LLaDA, steps = gen_length), k per step (steps = gen_length / 2 and
+/ 4), Fast-dLLM threshold 0.9, threshold + prefix cache, threshold + dual cache, Fast-dLLM
+factor rule, Prophet-style early commit, and threshold 0.1 (the tiny King James model is
+rarely more than 30% sure of a token, so 0.9 never fires there). ``nfe/row`` counts the denoiser steps in which a row
+still committed something (a batch call serves every row); ``nfe`` is the batch's calls.
+Wall time is the best of ``repeats`` runs after one warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+from . import diffusion, models
+from .diffusion_lm import SYNTH_GEN_LENGTH, synthetic_problem, synthetic_split
+
+
+def methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
+    """(name, sampler kwargs) per benchmark row."""
+    g = gen_length
+    rows = [
+        ("one token per step", dict(steps=g)),
+        (f"LLaDA k=2 per step (steps={g // 2})", dict(steps=g // 2)),
+        (f"LLaDA k=4 per step (steps={g // 4})", dict(steps=g // 4)),
+        ("threshold 0.9", dict(steps=g, threshold=0.9)),
+        ("threshold 0.1", dict(steps=g, threshold=0.1)),
+        ("threshold 0.9 + prefix cache", dict(steps=g, threshold=0.9, cache="prefix")),
+        ("threshold 0.9 + dual cache", dict(steps=g, threshold=0.9, cache="dual")),
+        ("factor 1.0", dict(steps=g, factor=1.0)),
+        ("early commit (gap 0.9)", dict(steps=g, early_commit=0.9)),
+    ]
+    return [(name, dict(kw, gen_length=g, block_length=block_length)) for name, kw in rows]
+
+
+def _timed(model, prompts, kw, repeats):
+    diffusion.generate(model, prompts[:2], **kw)  # warm-up
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        g = diffusion.generate(model, prompts, **kw)
+        dt = time.perf_counter() - t0
+        best = (dt, g) if best is None or dt < best[0] else best
+    return best
+
+
+def _nfe_per_row(g) -> float:
+    committed = g.stats.extra["committed"]
+    rows = len(g.tokens)
+    return sum(sum(1 for step in committed if step[b] > 0) for b in range(rows)) / rows
+
+
+def run_rev(fast: bool = False, repeats: int = 2) -> list[dict]:
+    model = models.load("tiny-dllm-rev")
+    tok = model.tokenizer
+    problems = synthetic_split()[: 100 if fast else 500]
+    prompts = [tok.encode(synthetic_problem(d)[0]) for d in problems]
+    want = [tok.encode(synthetic_problem(d)[1]) + [tok.eos_token_id] for d in problems]
+    rows = []
+    for name, kw in methods(SYNTH_GEN_LENGTH, SYNTH_GEN_LENGTH):
+        dt, g = _timed(model, prompts, kw, 1 if fast else repeats)
+        acc = sum(t == w for t, w in zip(g.tokens, want)) / len(want)
+        rows.append(dict(task="rev", method=name, nfe_per_row=_nfe_per_row(g), nfe=g.stats.nfe,
+                         tokens_per_s=g.stats.new_tokens / dt, seconds=dt, accuracy=acc, perplexity=None))
+    return rows
+
+
+def kjv_prompts(tokenizer, n: int, length: int = 48) -> list[list[int]]:
+    from . import data
+
+    _, valid = data.kjv_split()
+    out = []
+    for chapter in valid:
+        ids = tokenizer.encode(chapter[: 8 * length], add_special_tokens=False)  # enough characters
+        if len(ids) >= length:
+            out.append(ids[:length])
+        if len(out) == n:
+            break
+    return out
+
+
+@torch.no_grad()
+def ar_perplexity(ar, prompts, generations) -> float:
+    """exp(mean NLL) of the generated tokens under the AR model ``ar``, given each prompt."""
+    nll, count = 0.0, 0
+    for p, gen in zip(prompts, generations):
+        if not gen:
+            continue
+        ids = torch.tensor([p + gen])
+        logp = torch.log_softmax(ar.logits(ids)[0, len(p) - 1: -1].double(), -1)  # (len(gen), V)
+        nll -= logp.gather(-1, torch.tensor(gen, device=logp.device)[:, None]).sum().item()
+        count += len(gen)
+    return math.exp(nll / max(count, 1))
+
+
+def run_kjv(fast: bool = False, repeats: int = 2, gen_length: int = 64, block_length: int = 16) -> list[dict]:
+    model = models.load("tiny-dllm")
+    try:
+        ar = models.load("tiny")
+    except FileNotFoundError:
+        ar = None
+    prompts = kjv_prompts(model.tokenizer, 2 if fast else 8)
+    rows = []
+    for name, kw in methods(gen_length, block_length):
+        dt, g = _timed(model, prompts, dict(kw, eos_token_id=[]), 1 if fast else repeats)
+        rows.append(dict(task="kjv", method=name, nfe_per_row=_nfe_per_row(g), nfe=g.stats.nfe,
+                         tokens_per_s=g.stats.new_tokens / dt, seconds=dt, accuracy=None,
+                         perplexity=None if ar is None else ar_perplexity(ar, prompts, g.tokens)))
+    return rows
+
+
+def run(fast: bool = False) -> list[dict]:
+    """Rows for both workloads (``fast``: fewer problems and prompts, one timed run)."""
+    torch.manual_seed(0)
+    return run_rev(fast) + run_kjv(fast)
+
+
+COLS = [("task", "task", ""), ("method", "method", ""), ("nfe_per_row", "NFE/row", ".2f"), ("nfe", "NFE (batch)", ""),
+        ("tokens_per_s", "tokens/s", ".0f"), ("seconds", "seconds", ".3f"), ("accuracy", "accuracy", ".1%"),
+        ("perplexity", "ppl under tiny", ".1f")]
+
+
+def to_markdown(rows: list[dict]) -> str:
+    head = "| " + " | ".join(h for _, h, _ in COLS) + " |"
+    lines = [head, "|" + "|".join("---" for _ in COLS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join("-" if r.get(k) is None else format(r[k], f) for k, _, f in COLS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m refimpl.diffusion_bench", description=__doc__.split("\n")[0])
+    p.add_argument("--fast", action="store_true")
+    p.add_argument("--task", choices=["all", "rev", "kjv"], default="all")
+    args = p.parse_args(argv)
+    rows = run(args.fast) if args.task == "all" else (run_rev if args.task == "rev" else run_kjv)(args.fast)
+    print(to_markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
