@@ -268,3 +268,4 @@ def set_attention(model, attn: str) -> None:
         model.set_attn_implementation(attn)
     else:
         raise ValueError(f"attn must be None, 'eager', 'sdpa' or 'triton', got {attn!r}")
+from . import drafts as _drafts  # noqa: E402,F401  registers tiny-draft, smollm2-135m-draft

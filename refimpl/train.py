@@ -24,6 +24,8 @@ from . import data
 #: name -> "module:function"; each function takes ``(out_dir, **options)``.
 TRAINERS: dict[str, str] = {
     "tiny": "refimpl.train:train_tiny",
+    "tiny-draft": "refimpl.drafts:train_tiny_draft",
+    "smollm2-135m-draft": "refimpl.drafts:train_smollm2_draft",
 }
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
