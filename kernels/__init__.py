@@ -10,5 +10,9 @@ compile it ahead of time for sm_80 and sm_90 on a machine without a GPU, and ``b
 using ``triton.testing.do_bench`` (skipped without CUDA). A kernel file imports only torch
 and triton, so it can be copied into another project on its own.
 """
+from .decode_attention import decode_attention, decode_attention_reference, decode_attention_triton
 from .rejection_sample import rejection_sample, rejection_sample_reference, rejection_sample_triton
 from .verify_greedy import verify_greedy, verify_greedy_reference, verify_greedy_triton
+
+#: kernel modules (for the ahead-of-time compile test and the kernel benchmark)
+MODULES = ["decode_attention", "rejection_sample", "verify_greedy"]

