@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy import stats as sstats
 
+import kernels
 from refimpl import adaptive, autoregressive, drafts, models
 from refimpl.train import tiny_config
 
@@ -30,15 +31,14 @@ PROMPTS = ["And God said", "In the beginning God created the heaven", "Jesus ans
            "The LORD is my shepherd"]
 
 
-@pytest.mark.parametrize("draft_name", ["tiny-draft", "exit1"])
-@pytest.mark.parametrize("policy,threshold,max_gamma", [("threshold", 0.0, 8), ("threshold", 0.6, 8),
-                                                        ("threshold", 0.9, 3), ("threshold", 1.0, 4),
-                                                        ("ucb", 0.6, 8)])
+@pytest.mark.parametrize("draft_name,policy,threshold,max_gamma", [
+    ("tiny-draft", "threshold", 0.6, 8), ("tiny-draft", "threshold", 0.0, 5), ("tiny-draft", "ucb", 0.6, 8),
+    ("exit1", "threshold", 0.9, 3), ("exit1", "threshold", 0.4, 8)])
 def test_greedy_equals_autoregressive(tiny, tiny_drafts, draft_name, policy, threshold, max_gamma):
     draft = tiny_drafts[draft_name]
     prompts = [tiny.encode(t) for t in PROMPTS]
     comma = tiny.encode(",")[0]
-    for n, eos in ((1, None), (5, comma), (23, None), (40, comma)):
+    for n, eos in ((1, None), (6, comma), (21, comma)):
         ref = autoregressive.generate(tiny, prompts, max_new_tokens=n, eos_token_id=eos).tokens
         got = adaptive.generate(tiny, draft, prompts, max_gamma=max_gamma, threshold=threshold,
                                 max_new_tokens=n, eos_token_id=eos, policy=policy)
@@ -50,10 +50,10 @@ def test_greedy_equals_autoregressive(tiny, tiny_drafts, draft_name, policy, thr
 
 def test_threshold_changes_draft_length(tiny, tiny_drafts):
     p = tiny.encode(PROMPTS[0])
-    low = adaptive.generate(tiny, tiny_drafts["tiny-draft"], p, max_gamma=8, threshold=0.0, max_new_tokens=40)
-    high = adaptive.generate(tiny, tiny_drafts["tiny-draft"], p, max_gamma=8, threshold=1.0, max_new_tokens=40)
-    assert high.stats.extra["mean_gamma"] == 1.0  # every token is "unsure": one draft per step
-    assert low.stats.extra["mean_gamma"] > 4.0  # never unsure: max_gamma unless the budget ends
+    low = adaptive.generate(tiny, tiny_drafts["tiny-draft"], p, max_gamma=8, threshold=0.0, max_new_tokens=24)
+    high = adaptive.generate(tiny, tiny_drafts["tiny-draft"], p, max_gamma=8, threshold=1.0, max_new_tokens=24)
+    assert max(high.stats.extra["gammas"]) == 1  # every token is "unsure": one draft per step
+    assert low.stats.extra["gammas"][0] == 8  # never unsure: max_gamma unless the budget ends
     assert low.tokens == high.tokens
     assert low.stats.target_calls < high.stats.target_calls
 
@@ -145,8 +145,9 @@ def test_sampling_matches_target_distribution(toy, policy):
     joint = exact_joint(target, prompt)
     g = adaptive.generate(target, draft, [prompt] * ROWS, max_gamma=3, threshold=0.7, max_new_tokens=N_NEW,
                           temperature=1.0, generator=torch.Generator().manual_seed(0), eos_token_id=[],
-                          policy=policy)
-    assert all(len(t) == N_NEW for t in g.tokens)
+                          policy=policy, _verify=kernels.rejection_sample_reference)
+    assert all(len(t) == N_NEW for t in g.tokens)  # (the Triton kernel is checked against the reference in
+    # tests/test_kernel_rejection_sample.py; the interpreter would be slow on 6000 rows)
     lengths = set(g.stats.extra["gammas"])
     assert 0.05 < g.stats.alpha < 0.95 and max(lengths) > 1  # the rule is exercised both ways
     assert min(pair_pvalues(g.tokens, joint)) > 1e-3

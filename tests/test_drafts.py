@@ -86,7 +86,7 @@ def test_speculative_greedy_equals_autoregressive(tiny, tiny_draft, kept, which)
              "exit2": lambda: drafts.early_exit(tiny, 2), "trimmed": lambda: drafts.trim_vocab(tiny_draft, kept)}[which]()
     prompts = [tiny.encode(t) for t in PROMPTS]
     comma = tiny.encode(",")[0]
-    for n, eos, gamma in ((3, None, 4), (17, comma, 4), (30, None, 3), (30, comma, 6)):
+    for n, eos, gamma in ((3, None, 4), (17, comma, 3), (30, comma, 6)):
         ref = autoregressive.generate(tiny, prompts, max_new_tokens=n, eos_token_id=eos).tokens
         got = speculative.generate(tiny, draft, prompts, gamma=gamma, max_new_tokens=n, eos_token_id=eos)
         assert got.tokens == ref, (which, n, eos, gamma)
