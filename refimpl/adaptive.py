@@ -9,6 +9,11 @@ too early where the text is easy (a copied name, a closing bracket). Two trainin
   stop when the draft's own top-1 probability ``max_v q_i(v) < threshold`` (token i is still
   proposed: it has been paid for), or when ``max_gamma`` tokens are drafted. In a batch each row
   stops on its own; the batch drafts while any row goes on and rows verify only their own drafts.
+- ``policy="cumulative"`` (the same idea as SpecDec++'s stopping rule, which bounds the chance
+  that *some* draft of the round is rejected): use the product of the top-1 probabilities of the
+  round's drafts as the estimate of P(all accepted), and stop once it falls below ``threshold``.
+  Drafting token i + 1 only pays off when the round is likely to reach it, so a good threshold is
+  near the cost ratio ``c``.
 - ``policy="ucb"`` ("BanditSpec: Adaptive Speculative Decoding via Bandit Algorithms", Hou et al.,
   arXiv 2505.15141): UCB1 over the arms ``gammas`` (default 1, 2, 4, 6, 8). The reward of a step is
   the tokens emitted per unit of cost, ``(n + 1) / (1 + gamma * c)`` with ``c = cost_ratio``,
@@ -33,7 +38,7 @@ from .autoregressive import check_generate_args, left_pad
 from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
 from .speculative import _Slots, check_same_tokenizer
 
-POLICIES = ("threshold", "ucb")
+POLICIES = ("threshold", "cumulative", "ucb")
 
 
 class UCB:
@@ -79,6 +84,8 @@ def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6,
 
     ``policy="threshold"``: draft until the draft's top-1 probability falls below ``threshold``
     (the low-confidence token is still proposed), at most ``max_gamma`` tokens.
+    ``policy="cumulative"``: draft until the product of the round's top-1 probabilities falls below
+    ``threshold``.
     ``policy="ucb"``: a :class:`UCB` bandit over ``gammas`` picks each step's length (pass
     ``bandit`` to keep its statistics across calls). Other arguments as
     :func:`refimpl.speculative.generate`. ``stats.extra["gammas"]`` lists each step's draft calls,
@@ -131,9 +138,10 @@ def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6,
                     conf = qs[-1].amax(-1)
                 drafts.append(x)
                 g += 1
-                if policy == "threshold":
+                if policy != "ucb":
                     # rows still drafting whose draft is unsure stop after this token
-                    unsure = (conf < threshold) & (stop > g)
+                    cum = conf if g == 1 else cum * conf  # (b,) estimated P(every draft so far accepted)
+                    unsure = ((conf if policy == "threshold" else cum) < threshold) & (stop > g)
                     stop = torch.where(unsure, torch.full_like(stop, g), stop)
                 d_feed, d_fmask = x[:, None], None
             stats.draft_calls += g

@@ -33,7 +33,7 @@ PROMPTS = ["And God said", "In the beginning God created the heaven", "Jesus ans
 
 @pytest.mark.parametrize("draft_name,policy,threshold,max_gamma", [
     ("tiny-draft", "threshold", 0.6, 8), ("tiny-draft", "threshold", 0.0, 5), ("tiny-draft", "ucb", 0.6, 8),
-    ("exit1", "threshold", 0.9, 3), ("exit1", "threshold", 0.4, 8)])
+    ("exit1", "threshold", 0.9, 3), ("exit1", "cumulative", 0.1, 8)])
 def test_greedy_equals_autoregressive(tiny, tiny_drafts, draft_name, policy, threshold, max_gamma):
     draft = tiny_drafts[draft_name]
     prompts = [tiny.encode(t) for t in PROMPTS]
@@ -138,7 +138,7 @@ def accept_all(draft, p, q, u, valid):
     return n, nxt
 
 
-@pytest.mark.parametrize("policy", ["threshold", "ucb"])
+@pytest.mark.parametrize("policy", ["threshold", "cumulative", "ucb"])
 def test_sampling_matches_target_distribution(toy, policy):
     target, draft = toy
     prompt = [3, 4, 5]
