@@ -15,4 +15,4 @@ from .rejection_sample import rejection_sample, rejection_sample_reference, reje
 from .verify_greedy import verify_greedy, verify_greedy_reference, verify_greedy_triton
 
 #: kernel modules (for the ahead-of-time compile test and the kernel benchmark)
-MODULES = ["decode_attention", "rejection_sample", "verify_greedy"]
+MODULES = ["decode_attention", "verify_greedy", "rejection_sample"]
