@@ -50,7 +50,7 @@ def generate(lm, prompts, max_new_tokens: int = 64, temperature: float = 0.0, to
     ``eos_token_id=None`` uses the model's EOS; pass an int, a list, or ``[]`` to never stop early.
     """
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
-    prompts = normalize_prompts(prompts, lm.max_length, max_new_tokens)
+    prompts = normalize_prompts(prompts, lm.max_length, max_new_tokens, lm.vocab_size)
     eos = eos_set(eos_token_id, lm.eos_token_id)
     stats = Stats(rows=len(prompts))
     out: list[list[int]] = [[] for _ in prompts]

@@ -93,11 +93,13 @@ class Timer:
         self.stats.seconds = time.perf_counter() - self.t0
 
 
-def normalize_prompts(prompts: Any, max_length: int | None = None, max_new_tokens: int | None = None) -> list[list[int]]:
+def normalize_prompts(prompts: Any, max_length: int | None = None, max_new_tokens: int | None = None,
+                      vocab_size: int | None = None) -> list[list[int]]:
     """A ragged batch as a list of lists of ints; a single list of ints is a batch of one.
 
     Raises ``ValueError`` naming ``prompts`` for an empty batch, an empty prompt, non-integer
-    tokens or a prompt that (with ``max_new_tokens``) does not fit the model's context.
+    tokens, ids outside ``[0, vocab_size)``, or a prompt that (with ``max_new_tokens``) does not
+    fit the model's context.
     """
     import torch
 
@@ -115,6 +117,8 @@ def normalize_prompts(prompts: Any, max_length: int | None = None, max_new_token
             raise ValueError(f"prompts[{i}] must be a list of int token ids")
         if len(p) == 0:
             raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+        if vocab_size is not None and (min(p) < 0 or max(p) >= vocab_size):
+            raise ValueError(f"prompts[{i}] has token ids outside [0, {vocab_size}): wrong tokenizer?")
         if max_length is not None:
             if len(p) > max_length:
                 raise ValueError(

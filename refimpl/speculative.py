@@ -87,7 +87,7 @@ class _Slots:
             fmask = torch.ones_like(tokens)
         else:
             pos = self.count[:, None] + (fmask.cumsum(-1) - 1).clamp(min=0)
-            self.holes = True if not self.holes and bool((fmask == 0).any()) else self.holes
+            self.holes = True  # callers pass a feed mask only when it has holes (pads)
         self.mask = torch.cat([self.mask, fmask], dim=1)
         logits, self.cache = self.lm.forward(tokens, self.cache, position_ids=pos,
                                              attention_mask=self.mask if self.holes else None)
@@ -123,14 +123,15 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
     ``_verify`` (tests only) replaces the sampling rule ``kernels.rejection_sample``.
 
     Returns a :class:`Generation`; ``stats.accepted[step][row]`` is the number of drafts row
-    ``row`` accepted at that step (0 once the row has finished).
+    ``row`` accepted at that step (0 once the row has finished) and ``stats.extra["gammas"][step]``
+    the draft length of that step (``gamma``, less near ``max_new_tokens``).
     """
     import kernels
 
     check_positive_int("gamma", gamma)
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
     check_same_tokenizer(target, draft)
-    prompts = normalize_prompts(prompts, min(target.max_length, draft.max_length), max_new_tokens)
+    prompts = normalize_prompts(prompts, min(target.max_length, draft.max_length), max_new_tokens, target.vocab_size)
     eos = eos_set(eos_token_id, target.eos_token_id)
     greedy = temperature == 0
     verify = _verify or kernels.rejection_sample
@@ -189,6 +190,7 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
                 if done or len(out[r]) >= max_new_tokens:
                     finished.append(i)
             stats.accepted.append(step_acc)
+            stats.extra.setdefault("gammas", []).append(g)  # draft length of each step
             if len(finished) == len(rows) or g == 0:
                 break
             # 5. roll both caches back past the rejected drafts

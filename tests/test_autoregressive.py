@@ -78,6 +78,9 @@ def test_sampling_seeded_and_follows_p(tiny, tiny_prompts):
     ([[1, 2]], dict(temperature=1.0, top_p=1.01), "top_p"),
     ([[1, 2]], dict(temperature=1.0, top_k=0), "top_k"),
     ([[1] * 600], {}, "prompts"),
+    ([[1, 4096]], {}, "prompts"),
+    ([[-1, 2]], {}, "prompts"),
+    ("And God", {}, "prompts"),
     ([[1] * 500], dict(max_new_tokens=64), "max_new_tokens"),
 ])
 def test_bad_input(tiny, prompts, kw, name):

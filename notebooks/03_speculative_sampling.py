@@ -1,0 +1,430 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Speculative sampling, and why it is lossless
+#
+# Chapter 02 verified drafts greedily: keep a draft token iff it is the target's argmax. With
+# sampling there is no single "right" token, so we need a rule that keeps as many drafts as
+# possible while the emitted tokens stay distributed **exactly** as the target's own samples.
+#
+# Leviathan et al., *Fast Inference from Transformers via Speculative Decoding* (arXiv 2211.17192,
+# Algorithm 1) and Chen et al., *Accelerating Large Language Model Decoding with Speculative
+# Sampling* (arXiv 2302.01318, Theorem 1): with `p` the target's and `q` the draft's distribution,
+#
+# - accept a draft token `x ~ q` with probability `min(1, p(x) / q(x))`;
+# - at the first rejection, sample from the **residual** `norm(max(0, p - q))` and stop;
+# - if every draft was accepted, sample a **bonus** token from the target's next `p`.
+#
+# You will: build the rule by hand, prove it is lossless, check it exactly on a small vocabulary
+# and statistically on a real model, compare the expected tokens per step with measurements,
+# and meet the `kernels.rejection_sample` kernel.
+
+# %% [markdown]
+# ## Parameters
+
+# %%
+import torch
+
+FAST = True                       # CI default: small sample sizes
+TARGET = "tiny"                   # any zoo name or local Hugging Face folder
+DRAFT = "tiny-draft"              # falls back to the target's first layers if absent
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TEMPERATURE, TOP_K, TOP_P = 0.8, None, None
+GAMMA = 4
+NEW_TOKENS = 40 if FAST else 128
+SAMPLES = 1000 if FAST else 20000  # for the statistical test
+SEED = 0
+SHOW_SOLUTIONS = False
+
+# %% [markdown]
+# ## Models
+# As in chapter 02: the zoo's `tiny-draft` if present, else an early-exit draft made of the
+# target's first two layers (same tokenizer, a different and cheaper distribution).
+
+# %%
+import copy
+from transformers import AutoModelForCausalLM
+from refimpl import models, sampling, speculative, autoregressive
+from refimpl.models import LM
+import kernels
+
+
+def early_exit_draft(lm, layers=2):
+    cfg = copy.deepcopy(lm.model.config)
+    cfg.num_hidden_layers = layers
+    m = AutoModelForCausalLM.from_config(cfg)
+    m.load_state_dict(lm.model.state_dict(), strict=False)
+    return LM(m.to(lm.device), lm.tokenizer, name=f"{lm.name}-exit{layers}")
+
+
+# %% [markdown]
+# Load them and a prompt.
+
+# %%
+target = models.load(TARGET, device=DEVICE)
+try:
+    draft = models.load(DRAFT, device=DEVICE)
+except (FileNotFoundError, ValueError, OSError) as e:
+    print(f"no {DRAFT!r} ({type(e).__name__}): using the early-exit fallback")
+    draft = early_exit_draft(target, 2)
+prompt = target.encode("And the LORD spake unto Moses, saying")
+print("target", target.name, "| draft", draft.name, "| prompt", len(prompt), "tokens")
+
+# %% [markdown]
+# ## The rule at one position
+# Given `p`, `q` (vectors over the vocabulary), a draft token `x ~ q` and two uniforms: accept
+# iff `u0 * q(x) < p(x)` (probability `min(1, p(x)/q(x))`); otherwise draw from the residual by
+# inverse CDF with `u1`. `inverse_cdf(w, u)` returns the first token whose cumulative weight
+# exceeds `u * sum(w)` (the kernel does exactly this, tile by tile).
+
+# %%
+def inverse_cdf(w, u):
+    cum = w.cumsum(-1)
+    hit = (cum > u * w.sum()) & (w > 0)
+    return int(hit.nonzero()[0]) if hit.any() else int((w > 0).nonzero()[-1])
+
+
+def residual(p, q):
+    w = (p - q).clamp(min=0)
+    return w / w.sum() if w.sum() > 0 else p   # p == q: a rejection never happens
+
+
+def one_position(p, q, x, u0, u1):
+    """-> (accepted?, emitted token)"""
+    if u0 * q[x] < p[x]:
+        return True, x
+    return False, inverse_cdf((p - q).clamp(min=0), u1)
+
+# %% [markdown]
+# ## Why the output is distributed as `p`
+# Let `beta = sum_y min(p(y), q(y))` be the probability that a draft is accepted. Token `x` is
+# emitted either because the draft proposed it and it was accepted, or after a rejection:
+#
+# $$P(x) = q(x)\,\min\!\Big(1, \tfrac{p(x)}{q(x)}\Big) + (1-\beta)\,\frac{\max(0, p(x)-q(x))}{\sum_y \max(0, p(y)-q(y))}.$$
+#
+# The first term is `min(p(x), q(x))`. For the second, `sum_y max(0, p - q) = sum_y (p - min(p, q))
+# = 1 - beta`, so it equals `max(0, p(x) - q(x))`. Hence
+#
+# $$P(x) = \min(p(x), q(x)) + \max(0, p(x) - q(x)) = p(x). \quad\blacksquare$$
+#
+# For a block of `gamma` drafts apply this position by position: given the accepted prefix, the
+# next emitted token is distributed as `p(. | prefix)`, whether it is an accepted draft, a residual
+# draw (which ends the block) or the bonus token drawn from `p` itself. By induction the whole
+# sequence is distributed as the target's. Nothing about `q` matters except that it is used
+# consistently: a bad draft costs speed, never correctness.
+#
+# ## An exact check on a small vocabulary
+# Compute `P(x)` from the formula above for random `p`, `q` over 6 tokens, for the correct rule
+# and two wrong ones: "accept every draft" and "after a rejection resample from `p`".
+
+# %%
+def emitted(p, q, rule="correct"):
+    acc = torch.minimum(torch.ones_like(p), p / q)                # P(accept | x)
+    if rule == "accept-all":
+        acc = torch.ones_like(p)
+    after_reject = residual(p, q) if rule == "correct" else p
+    return q * acc + (q * (1 - acc)).sum() * after_reject
+
+
+g = torch.Generator().manual_seed(SEED)
+p6, q6 = torch.softmax(torch.randn(6, generator=g, dtype=torch.float64) * 1.5, 0), torch.softmax(torch.randn(6, generator=g, dtype=torch.float64) * 1.5, 0)
+for rule in ("correct", "accept-all", "resample-from-p"):
+    err = (emitted(p6, q6, rule) - p6).abs().max().item()
+    print(f"{rule:16s} max |P - p| = {err:.2e}")
+assert (emitted(p6, q6) - p6).abs().max() < 1e-12
+
+# %% [markdown]
+# The formula is right; now check the **implementation**. Run `kernels.rejection_sample` (one
+# draft position, `gamma = 1`) on many independent rows with fresh uniforms and compare the
+# first emitted token's frequencies with `p`.
+
+# %%
+n_rows = 200_000 if FAST else 2_000_000
+P = torch.stack([p6, p6]).float()[None].expand(n_rows, 2, 6).contiguous()   # (R, gamma + 1, V)
+Q = q6.float()[None, None].expand(n_rows, 1, 6).contiguous()                # (R, gamma, V)
+x = torch.multinomial(q6.float(), n_rows, replacement=True, generator=g)[:, None]
+u = torch.rand(n_rows, 2, generator=g)
+n_acc, nxt = kernels.rejection_sample(x, P, Q, u)
+first = torch.where(n_acc == 1, x[:, 0], nxt)
+freq = torch.bincount(first, minlength=6).double() / n_rows
+print("p    ", [round(v, 4) for v in p6.tolist()], "\nfreq ", [round(v, 4) for v in freq.tolist()])
+assert (freq - p6).abs().max() < 0.005
+
+# %% [markdown]
+# ## The kernel against torch
+# The kernel takes the uniforms as an input tensor, so the torch reference and the Triton kernel
+# consume identical randomness and must agree draw for draw. On CPU the dispatcher runs the torch
+# reference; with CUDA (or `TRITON_INTERPRET=1`) it runs the Triton kernel: accept tests left to
+# right, then two passes over vocabulary tiles (total residual mass, then the inverse CDF).
+
+# %%
+from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
+
+B, gm, V = 8, 4, target.vocab_size
+pp = torch.softmax(torch.randn(B, gm + 1, V, generator=g) * 3, -1)
+qq = torch.softmax(pp[:, :gm].log() + torch.randn(B, gm, V, generator=g), -1)
+xx = torch.multinomial(qq.view(-1, V), 1, generator=g).view(B, gm)
+uu = torch.rand(B, gm + 1, generator=g)
+ref_n, ref_t = rejection_sample_reference(xx, pp, qq, uu)
+if torch.cuda.is_available():
+    tri = rejection_sample_triton(xx.cuda(), pp.cuda(), qq.cuda(), uu.cuda())
+    assert torch.equal(tri[0].cpu(), ref_n) and torch.equal(tri[1].cpu(), ref_t)
+print("accepted per row:", ref_n.tolist(), "| next tokens:", ref_t.tolist())
+
+# %% [markdown]
+# The same draws by hand: after a rejection at position `n` the residual of `p_n` and `q_n`,
+# else the bonus token from `p_gamma`, both through `inverse_cdf` with the last uniform. (The
+# kernel tests in `tests/test_kernel_rejection_sample.py` fuzz Triton against the reference on
+# odd vocabulary sizes and ragged rows.)
+
+# %%
+def by_hand(b):
+    n = int(ref_n[b])
+    w = (pp[b, n] - qq[b, n]).clamp(min=0) if n < gm else pp[b, gm]   # residual, or bonus from p
+    return inverse_cdf(w, uu[b, -1])
+
+
+assert [by_hand(b) for b in range(B)] == ref_t.tolist()
+print("the by-hand residual / bonus draws agree with the kernel")
+
+# %% [markdown]
+# ## The whole algorithm by hand
+# Drafting now *samples* from `q` (and keeps each `q` vector); the target scores the block once;
+# then the rule runs left to right. The randomness is drawn in the same order as
+# `refimpl.speculative` (draft samples, then `gamma + 1` uniforms per step), so with the same
+# seed both produce the same tokens. We also record `beta = sum min(p, q)` at every tested position.
+
+# %%
+def draft_samples(draft, cache, feed, g, gen):
+    xs, qs = [], []
+    for _ in range(g):
+        logits, cache = draft.forward(torch.tensor([feed], device=DEVICE), cache)
+        qs.append(sampling.probs(logits[0, -1], TEMPERATURE, TOP_K, TOP_P))     # (V,)
+        xs.append(int(sampling.sample_from_probs(qs[-1][None], gen)[0]))
+        feed = [xs[-1]]
+    return xs, qs, cache
+
+# %% [markdown]
+# The accept/resample step for a block, returning the accepted count, the next token and the
+# `beta` of each tested position.
+
+# %%
+def verify_block(xs, qs, ps, u, betas):
+    for i, x in enumerate(xs):
+        betas.append(float(torch.minimum(ps[i], qs[i]).sum()))
+        if not u[i] * qs[i][x] < ps[i][x]:                       # rejected
+            w = (ps[i] - qs[i]).clamp(min=0)
+            return i, inverse_cdf(w if w.sum() > 0 else ps[i], u[-1])
+    return len(xs), inverse_cdf(ps[len(xs)], u[-1])             # all accepted: bonus from p
+
+
+# %% [markdown]
+# The loop: draft, one target call, verify, roll both caches back (exactly as in chapter 02).
+
+# %%
+def speculative_sampling(target, draft, prompt, gamma, max_new, gen):
+    out, tc, dc, t_feed, d_feed, steps, betas = [], None, None, list(prompt), list(prompt), [], []
+    while len(out) < max_new:
+        g = min(gamma, max_new - len(out) - 1)
+        xs, qs, dc = draft_samples(draft, dc, d_feed, g, gen) if g else ([], [], dc)
+        logits, tc = target.forward(torch.tensor([t_feed + xs], device=DEVICE), tc)
+        ps = sampling.probs(logits[0, -(g + 1):], TEMPERATURE, TOP_K, TOP_P)   # (g + 1, V)
+        u = torch.rand((1, g + 1), generator=gen)[0]
+        n, nxt = verify_block(xs, qs, ps, u, betas)
+        out += xs[:n] + [nxt]; steps.append((n, g))
+        LM.crop(tc, len(prompt) + len(out) - 1); t_feed = out[-1:]
+        d_len = 0 if dc is None else min(LM.cache_length(dc), len(prompt) + len(out) - 1)
+        dc = dc if dc is None else LM.crop(dc, d_len); d_feed = (prompt + out)[d_len:]
+    return out, steps, betas
+
+# %% [markdown]
+# Same seed, same tokens as `refimpl.speculative.generate`:
+
+# %%
+mine, steps, betas = speculative_sampling(target, draft, prompt, GAMMA, NEW_TOKENS, torch.Generator().manual_seed(SEED))
+ref = speculative.generate(target, draft, prompt, gamma=GAMMA, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE,
+                           top_k=TOP_K, top_p=TOP_P, generator=torch.Generator().manual_seed(SEED), eos_token_id=[])
+assert mine == ref.tokens[0], "hand-built and refimpl must agree draw for draw"
+assert [n for n, _ in steps] == [a[0] for a in ref.stats.accepted]
+print(repr(target.decode(mine)))
+
+# %% [markdown]
+# ## A statistical check on the real model
+# Run speculative sampling on `SAMPLES` copies of the prompt (a batch: every row has its own
+# randomness) and compare the first token's frequencies with the target's exact `p`, restricted
+# to the top 8 tokens so the chi-square test has few categories. The negative control swaps in
+# the wrong "accept every draft" rule through the private `_verify` hook; it must fail.
+
+# %%
+from scipy.stats import chisquare
+
+K = 8
+p_first = sampling.probs(target.logits(torch.tensor([prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
+q_first = sampling.probs(draft.logits(torch.tensor([prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
+
+
+def accept_all(x, p, q, u, valid):   # WRONG on purpose: the output then follows q
+    rows = torch.arange(len(valid))
+    return valid, kernels.rejection_sample(x[:, :0], p[rows, valid][:, None], q[:, :0], u[:, -1:])[1]
+
+
+# %% [markdown]
+# Sample with both rules (`gamma = 1`, two new tokens: the first token goes through the rule).
+
+# %%
+def first_token_counts(rule):
+    r = speculative.generate(target, draft, [prompt] * SAMPLES, gamma=1, max_new_tokens=2, temperature=1.0, top_k=K,
+                             generator=torch.Generator().manual_seed(SEED), eos_token_id=[], _verify=rule)
+    return torch.bincount(torch.tensor([t[0] for t in r.tokens]), minlength=p_first.numel()).double()
+
+
+support = p_first.nonzero()[:, 0]
+good, bad = first_token_counts(None), first_token_counts(accept_all)
+expected = p_first[support].double() / p_first[support].double().sum() * SAMPLES
+pv_good = chisquare(good[support], expected).pvalue if good[p_first == 0].sum() == 0 else 0.0
+pv_bad = chisquare(bad[support], expected).pvalue if bad[p_first == 0].sum() == 0 else 0.0
+print(f"correct rule: p-value {pv_good:.3f} | accept-all: p-value {pv_bad:.2e}")
+assert pv_good > 1e-3 and pv_bad < 1e-3
+
+# %% [markdown]
+# Side by side: the target `p`, the draft `q`, and what each rule emitted.
+
+# %%
+import matplotlib.pyplot as plt
+
+labels = [repr(target.decode([int(i)])) for i in support]
+w = 0.2
+xs_ = torch.arange(len(support)).float()
+fig, ax = plt.subplots(figsize=(8, 3.2))
+ax.bar(xs_ - 1.5 * w, p_first[support], w, label="target p (exact)")
+ax.bar(xs_ - 0.5 * w, q_first[support], w, label="draft q (exact)")
+ax.bar(xs_ + 0.5 * w, good[support] / SAMPLES, w, label="speculative sampling")
+ax.bar(xs_ + 1.5 * w, bad[support] / SAMPLES, w, label="wrong rule: accept all")
+ax.set_xticks(xs_, labels, rotation=30); ax.set_ylabel("probability"); ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# ## Expected tokens per step
+# If each draft is accepted independently with probability `alpha`, a step emits
+# `1 + alpha + alpha^2 + ... + alpha^gamma = (1 - alpha^(gamma+1)) / (1 - alpha)` tokens
+# (Leviathan et al., eq. 1), where `alpha = E[beta] = E[sum min(p, q)]` (one minus the total
+# variation distance between `p` and `q`). Estimate `alpha` from the recorded `beta`s and compare
+# the formula with the measured tokens per step (complete steps only, i.e. `g == GAMMA`).
+
+# %%
+gammas, measured, predicted = [1, 2, 4, 6] if FAST else list(range(1, 11)), [], []
+for gm in gammas:
+    _, st, bs = speculative_sampling(target, draft, prompt, gm, NEW_TOKENS, torch.Generator().manual_seed(SEED + gm))
+    full = [n for n, g_ in st if g_ == gm]
+    measured.append(sum(n + 1 for n in full) / len(full))
+    predicted.append(speculative.expected_tau((sum(bs) / len(bs)), gm))
+    print(f"gamma {gm}: alpha {sum(bs)/len(bs):.2f}  tau measured {measured[-1]:.2f}  formula {predicted[-1]:.2f}")
+
+# %% [markdown]
+# Plot both. With one prompt and a few dozen tokens the measurement is noisy (set `FAST = False`
+# for more); the formula also assumes acceptances are independent, which real text is not.
+
+# %%
+fig, ax = plt.subplots(figsize=(5.5, 3.2))
+ax.plot(gammas, measured, "o-", label="measured tokens / step")
+ax.plot(gammas, predicted, "s--", label="(1 - a^(g+1)) / (1 - a)")
+ax.set_xlabel("gamma"); ax.set_ylabel("tau"); ax.grid(alpha=0.3); ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## Play: gamma and temperature
+# Green tokens are accepted drafts, orange tokens come from the residual after a rejection, blue
+# tokens are bonus tokens from `p`. Lower temperatures make `p` and `q` peakier: they agree more
+# often when they share the argmax, and less when they do not.
+
+# %%
+import ipywidgets as widgets
+from IPython.display import HTML, display
+
+
+def show(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
+    global last
+    last = r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
+                             generator=torch.Generator().manual_seed(seed), eos_token_id=[])
+    spans, i, toks = [], 0, r.tokens[0]
+    for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):
+        for k in range(min(n + 1, len(toks) - i)):
+            c = "#b7e4c7" if k < n else ("#a0c4ff" if n == g_ else "#ffd6a5")
+            spans.append(f'<span style="background:{c}">{target.decode([toks[i]])}</span>'); i += 1
+    head = f"<b>alpha {r.stats.alpha:.2f}, tau {r.stats.tau:.2f}, target calls {r.stats.target_calls}</b><br>"
+    display(HTML(head + "<span style='font-family:monospace'>" + "".join(spans) + "</span>"))
+
+# %% [markdown]
+# Move the sliders (in a live notebook); the call below the widget renders the default setting.
+
+# %%
+widgets.interact(show, gamma=widgets.IntSlider(value=GAMMA, min=1, max=10),
+                 temperature=widgets.FloatSlider(value=TEMPERATURE, min=0.0, max=2.0, step=0.1),
+                 seed=widgets.IntSlider(value=SEED, min=0, max=20))
+show()
+assert sum(map(len, last.tokens)) == NEW_TOKENS
+
+# %% [markdown]
+# ## Exercises
+# **1.** Write `residual_dist(p, q)`: the normalised residual `norm(max(0, p - q))` (return `p`
+# when `p == q`).
+
+# %%
+def residual_dist(p, q):
+    w = (p - q).clamp(min=0)                        # reference answer (CI runs it)
+    return w / w.sum() if w.sum() > 0 else p
+
+
+def check_residual(fn):
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+    assert torch.allclose(fn(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.allclose(fn(p, p), p)
+    assert torch.allclose(emitted(p6, q6) , q6 * torch.minimum(torch.ones_like(p6), p6 / q6) + (1 - torch.minimum(p6, q6).sum()) * fn(p6, q6))
+    return "correct"
+
+
+print(check_residual(residual_dist))
+
+# %% [markdown]
+# **2.** The probability that one draft token is accepted is `beta = sum_x min(p(x), q(x))`.
+# Write `acceptance(p, q)` and check it against a simulation of `one_position`.
+
+# %%
+def acceptance(p, q):
+    return float(torch.minimum(p, q).sum())        # reference answer
+
+
+def check_acceptance(fn):
+    gg = torch.Generator().manual_seed(1)
+    xs_ = torch.multinomial(q6.float(), 20000, replacement=True, generator=gg)
+    u0 = torch.rand(20000, generator=gg, dtype=torch.float64)
+    sim = (u0 * q6[xs_] < p6[xs_]).double().mean().item()
+    assert abs(fn(p6, q6) - sim) < 0.02 and abs(fn(p6, p6) - 1) < 1e-9
+    return "correct"
+
+
+print(check_acceptance(acceptance))
+
+# %% [markdown]
+# **3.** Write `tau_formula(alpha, gamma)`, the expected tokens per step, and find the smallest
+# `gamma` whose expected tau reaches 90% of the limit `1 / (1 - alpha)` for `alpha = 0.8`.
+
+# %%
+def tau_formula(alpha, gamma):
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)           # reference answer
+
+
+smallest = next(gm for gm in range(1, 100) if tau_formula(0.8, gm) >= 0.9 / (1 - 0.8))
+assert abs(tau_formula(0.8, 4) - speculative.expected_tau(0.8, 4)) < 1e-12 and tau_formula(0.5, 0) == 1
+assert smallest == 10
+print("correct: gamma =", smallest)
+if SHOW_SOLUTIONS:
+    print("tau / limit = 1 - alpha^(gamma+1) >= 0.9  <=>  gamma + 1 >= log(0.1) / log(0.8) = 10.3, so gamma = 10")

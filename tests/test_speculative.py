@@ -1,0 +1,307 @@
+"""speculative.generate: greedy == AR greedy token for token; sampling is lossless (chi-square with a
+negative control); ragged batches, EOS inside a draft, max_new_tokens inside a block, cache
+rollback, stats and bad input.
+
+Draft: until the zoo has "tiny-draft", the draft is tiny's first two layers (plus its final
+norm and tied LM head): same tokenizer, a *different* distribution that often agrees.
+"""
+import copy
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import kernels  # noqa: E402,F401  (imported while TRITON_INTERPRET=1: interpreter-ready jit functions)
+from refimpl import autoregressive as ar  # noqa: E402
+from refimpl import models, sampling  # noqa: E402
+from refimpl import speculative as sp  # noqa: E402
+
+TEXTS = [
+    "And God said",
+    "In the beginning",
+    "The LORD is my shepherd; I shall not want. He maketh me",
+    "Blessed are the poor in spirit: for theirs is the kingdom of heaven. Blessed are they that",
+    "And",
+]
+N = 24  # new tokens per greedy test
+
+
+def early_exit(lm, layers):
+    """A draft made of the first ``layers`` layers of ``lm`` (shares its tokenizer)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = copy.deepcopy(lm.model.config)
+    cfg.num_hidden_layers = layers
+    m = AutoModelForCausalLM.from_config(cfg)
+    m.load_state_dict(lm.model.state_dict(), strict=False)
+    return models.LM(m.to(lm.device), lm.tokenizer, name=f"{lm.name}-exit{layers}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_kernels():
+    """Run the kernels' torch references here (the interpreter costs ~0.1 s a call); the kernel tests
+    check Triton == reference, and test_triton_path_gives_the_same_tokens runs the Triton path."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        yield
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return models.load("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return early_exit(target, 2)
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    return [target.encode(t) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def ar_free(target, prompts):
+    """AR greedy references, never stopping at EOS."""
+    return [ar.generate(target, p, max_new_tokens=N, eos_token_id=[]).tokens[0] for p in prompts]
+
+
+# ---- greedy exactness -----------------------------------------------------------------
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_greedy_rows_equal_ar(target, draft, prompts, ar_free, gamma):
+    for p, ref in zip(prompts, ar_free):
+        assert sp.generate(target, draft, p, gamma=gamma, max_new_tokens=N, eos_token_id=[]).tokens[0] == ref
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_ragged_batch_equals_rows(target, draft, prompts, ar_free, gamma):
+    g = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, eos_token_id=[])
+    assert g.tokens == ar_free
+    acc = [tuple(a) for a in g.stats.accepted]
+    assert any(len(set(a)) > 1 for a in acc), "rows should accept different counts (ragged)"
+
+
+def test_self_draft_accepts_everything(target, prompts):
+    """Draft == target: every draft is accepted, so each target call emits gamma + 1 tokens
+    (exercises the all-accepted path, where the draft must catch up on its last draft)."""
+    g = sp.generate(target, target, prompts[:2], gamma=4, max_new_tokens=20, eos_token_id=[])
+    assert g.stats.target_calls == 4 and g.stats.alpha == 1.0
+    assert g.stats.tau == pytest.approx(5.0)
+    assert g.tokens == [ar.generate(target, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts[:2]]
+
+
+def frequent_token(target, ar_free):
+    """A token that the greedy outputs emit mid-sequence in several rows (',' when it is)."""
+    comma = target.encode(",")[0]
+    if sum(comma in r[1:-1] for r in ar_free) >= 2:
+        return comma
+    from collections import Counter
+
+    return Counter(t for r in ar_free for t in set(r[1:-1])).most_common(1)[0][0]
+
+
+@pytest.mark.parametrize("gamma", [3, 6])
+def test_eos_inside_a_draft_stops_inclusive(target, draft, prompts, ar_free, gamma):
+    eos = frequent_token(target, ar_free)
+    g = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, eos_token_id=eos)
+    stopped = 0
+    for toks, ref in zip(g.tokens, ar_free):
+        if eos in ref:
+            assert toks == ref[: ref.index(eos) + 1]
+            stopped += 1
+        else:
+            assert toks == ref
+    assert stopped >= 2, "the test needs rows that hit EOS"
+    # a list of EOS ids works too, and the batch answer equals single-row answers
+    assert sp.generate(target, draft, prompts[2], gamma=gamma, max_new_tokens=N,
+                       eos_token_id=[eos, 10**6]).tokens[0] == g.tokens[2]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 11])
+def test_max_new_tokens_inside_a_block(target, draft, prompts, ar_free, n):
+    g = sp.generate(target, draft, prompts, gamma=4, max_new_tokens=n, eos_token_id=[])
+    assert g.tokens == [r[:n] for r in ar_free]
+    assert all(len(t) == n for t in g.tokens)
+
+
+def test_stats(target, draft, prompts):
+    g = sp.generate(target, draft, prompts, gamma=4, max_new_tokens=N, eos_token_id=[])
+    s = g.stats
+    assert s.nfe == s.target_calls + s.draft_calls and s.rows == len(prompts)
+    assert s.new_tokens == sum(map(len, g.tokens)) == len(prompts) * N
+    assert len(s.accepted) == s.target_calls and all(len(a) == len(prompts) for a in s.accepted)
+    assert 0 <= s.alpha <= 1 and s.drafted >= sum(map(sum, s.accepted))
+    assert s.target_calls < N  # fewer target calls than AR needs
+    assert s.tau == pytest.approx(s.new_tokens / (len(prompts) * s.target_calls))
+    assert s.seconds > 0
+
+
+# ---- sampling -------------------------------------------------------------------------
+def test_sampling_is_seeded(target, draft, prompts):
+    def run(seed):
+        return sp.generate(target, draft, prompts, gamma=3, max_new_tokens=12, temperature=0.8, top_p=0.95,
+                           generator=torch.Generator().manual_seed(seed)).tokens
+
+    a = run(1)
+    assert a == run(1) and a != run(2)
+    assert all(len(t) == 12 for t in a)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_sampling_with_top_k_1_equals_greedy(target, draft, prompts, ar_free, gamma):
+    """top_k=1 makes p and q one-hot: the accept test, the residual draw (the target's argmax) and
+    both cache rollbacks of the sampling path must then reproduce AR greedy exactly."""
+    g = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, temperature=1.3, top_k=1,
+                    generator=torch.Generator().manual_seed(0), eos_token_id=[])
+    assert g.tokens == ar_free
+    assert 0 < g.stats.alpha < 1
+
+
+def wrong_accept_all(draft, p, q, u, valid):
+    """Negative control: accept every draft token (the output then follows q, not p)."""
+    import kernels
+
+    n = valid.clone()
+    rows = torch.arange(len(n))
+    return n, kernels.rejection_sample(draft[:, :0], p[rows, n][:, None], q[:, :0], u[:, -1:])[1]
+
+
+def wrong_residual_is_p(draft, p, q, u, valid):
+    """Negative control: after a rejection resample from p instead of norm(max(0, p - q))."""
+    import kernels
+
+    n, _ = kernels.rejection_sample(draft, p, q, u, valid)
+    rows = torch.arange(len(n))
+    return n, kernels.rejection_sample(draft[:, :0], p[rows, n][:, None], q[:, :0], u[:, -1:])[1]
+
+
+SAMPLES, TOP_K, TEMP = 1200, 4, 1.0
+
+
+def joint_first_two(lm, prompt):
+    """Exact joint distribution of the first two sampled tokens under the target: {(a, b): prob}."""
+    p1 = sampling.probs(lm.logits(torch.tensor([prompt]))[0, -1], TEMP, TOP_K)
+    firsts = p1.nonzero()[:, 0].tolist()
+    p2 = sampling.probs(lm.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], TEMP, TOP_K)
+    return {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
+
+
+def chi_square_pvalue(target, draft, prompt, rule, seed=1234):
+    """p-value of the chi-square test: first two tokens of speculative sampling vs the target's joint.
+
+    gamma = 2 and max_new_tokens = 3: the first token comes from the accept test at position 1,
+    the second from the test at position 2 or (after a rejection) from the next step, so the
+    accept test, the residual and the bonus all feed the statistic.
+    """
+    from scipy.stats import chisquare
+
+    exact = joint_first_two(target, prompt)
+    g = sp.generate(target, draft, [prompt] * SAMPLES, gamma=2, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
+                    generator=torch.Generator().manual_seed(seed), eos_token_id=[], _verify=rule)
+    counts = {}
+    for t in g.tokens:
+        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
+    if not set(counts) <= set(exact):  # a pair the target never emits: infinite chi-square
+        return 0.0, g.stats.alpha
+    keys = sorted(exact, key=exact.get, reverse=True)
+    big = [k for k in keys if exact[k] * SAMPLES >= 5]  # pool the rare cells into one
+    obs = [counts.get(k, 0) for k in big] + [SAMPLES - sum(counts.get(k, 0) for k in big)]
+    exp = [exact[k] * SAMPLES for k in big] + [SAMPLES * (1 - sum(exact[k] for k in big))]
+    if exp[-1] < 1e-9:
+        obs, exp = obs[:-1], exp[:-1]
+    exp = [e * sum(obs) / sum(exp) for e in exp]  # exact float normalisation for scipy
+    return chisquare(obs, exp).pvalue, g.stats.alpha
+
+
+@pytest.fixture(scope="module")
+def chi_prompt(target):
+    return target.encode("And the LORD spake unto Moses, saying")
+
+
+def test_sampling_is_lossless_chi_square(target, draft, chi_prompt):
+    """Fixed seed. Power, measured with seeds 1234..1238 (1,200 samples, 16 pairs, 8 cells of
+    expected count >= 5 plus one pooled cell, draft alpha ~0.67): correct rule p = 0.17-0.73;
+    accept-all p = 0 (it emits pairs the target never does); residual-from-p p < 1e-29."""
+    pvalue, alpha = chi_square_pvalue(target, draft, chi_prompt, None)
+    assert 0.05 < alpha < 0.95, "the draft must differ from the target for the test to have power"
+    assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("rule", [wrong_accept_all, wrong_residual_is_p])
+def test_chi_square_rejects_wrong_rules(target, draft, chi_prompt, rule):
+    pvalue, _ = chi_square_pvalue(target, draft, chi_prompt, rule)
+    assert pvalue < 1e-6
+
+
+def test_triton_path_gives_the_same_tokens(target, draft, prompts, monkeypatch):
+    """The dispatchers' Triton path (interpreter on CPU) and the torch path agree inside generate."""
+    kw = dict(gamma=3, max_new_tokens=6, eos_token_id=[])
+    ref_greedy = sp.generate(target, draft, prompts[:2], **kw).tokens
+    ref_sample = sp.generate(target, draft, prompts[:2], temperature=0.9, top_k=20,
+                             generator=torch.Generator().manual_seed(3), **kw).tokens
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert sp.generate(target, draft, prompts[:2], **kw).tokens == ref_greedy
+    assert sp.generate(target, draft, prompts[:2], temperature=0.9, top_k=20,
+                       generator=torch.Generator().manual_seed(3), **kw).tokens == ref_sample
+
+
+# ---- bad input ------------------------------------------------------------------------
+@pytest.mark.parametrize("kw,name", [
+    (dict(gamma=0), "gamma"),
+    (dict(gamma=-2), "gamma"),
+    (dict(gamma=1.5), "gamma"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=1.0, top_p=0.0), "top_p"),
+    (dict(temperature=1.0, top_k=0), "top_k"),
+])
+def test_bad_arguments_name_the_argument(target, draft, kw, name):
+    with pytest.raises(ValueError, match=name):
+        sp.generate(target, draft, [[5, 6]], **kw)
+
+
+@pytest.mark.parametrize("bad", [[[]], [], [[1] * 600], [[1, 4096]], [[-1, 2]], "And God"])
+def test_bad_prompts(target, draft, bad):
+    with pytest.raises(ValueError, match="prompts"):
+        sp.generate(target, draft, bad)
+
+
+def test_mismatched_tokenizer_names_draft(target, draft):
+    tok = copy.deepcopy(target.tokenizer)
+    tok.add_tokens(["<|not-in-the-target|>"])
+    other = models.LM(draft.model, tok, name="other")
+    with pytest.raises(ValueError, match="draft"):
+        sp.generate(target, other, [[5, 6]])
+    # same size, different vocabulary
+    tok2 = copy.deepcopy(target.tokenizer)
+    vocab = tok2.get_vocab()
+    assert len(vocab) == target.vocab_size
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401
+
+    small = early_exit(target, 1)
+    small.vocab_size = target.vocab_size + 1
+    with pytest.raises(ValueError, match="draft"):
+        sp.generate(target, small, [[5, 6]])
+
+
+def test_expected_tau_formula():
+    assert sp.expected_tau(0.0, 4) == 1.0
+    assert sp.expected_tau(1.0, 4) == 5.0
+    assert sp.expected_tau(0.5, 2) == pytest.approx(1.75)
+
+
+def test_bench_methods(target, draft, prompts):
+    from refimpl.bench import Context
+
+    methods = {m.name: m for m in sp.bench_methods()}
+    assert set(methods) == {"speculative greedy (gamma=4)", "speculative sampling T=0.7 (gamma=4)"}
+    assert all(m.needs == ("target", "draft") for m in methods.values())
+    assert methods["speculative greedy (gamma=4)"].exact and not methods["speculative sampling T=0.7 (gamma=4)"].exact
+    ctx = Context(target=target, draft=draft)
+    out = methods["speculative greedy (gamma=4)"].run(ctx, prompts[0], 10)
+    assert out.tokens[0] == ar.generate(target, prompts[0], max_new_tokens=10).tokens[0]
+    assert len(methods["speculative sampling T=0.7 (gamma=4)"].run(ctx, prompts[0], 10).tokens[0]) <= 10
