@@ -274,4 +274,6 @@ def set_attention(model, attn: str) -> None:
         raise ValueError(f"attn must be None, 'eager', 'sdpa' or 'triton', got {attn!r}")
 
 
+# Chapters register their models in ZOO (imported last: they use the names defined above).
 from . import diffusion_lm as _diffusion_lm  # noqa: E402,F401  registers "tiny-dllm", "tiny-dllm-rev"
+from . import drafts as _drafts  # noqa: E402,F401  registers "tiny-draft", "smollm2-135m-draft"

@@ -24,7 +24,10 @@ from . import data
 #: name -> "module:function"; each function takes ``(out_dir, **options)``.
 TRAINERS: dict[str, str] = {
     "tiny": "refimpl.train:train_tiny",
-    "tiny-dllm": "refimpl.diffusion_lm:train_tiny_dllm", "tiny-dllm-rev": "refimpl.diffusion_lm:train_tiny_dllm_rev",
+    "tiny-dllm": "refimpl.diffusion_lm:train_tiny_dllm",
+    "tiny-dllm-rev": "refimpl.diffusion_lm:train_tiny_dllm_rev",
+    "tiny-draft": "refimpl.drafts:train_tiny_draft",
+    "smollm2-135m-draft": "refimpl.drafts:train_smollm2_draft",
 }
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")

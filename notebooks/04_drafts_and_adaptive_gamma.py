@@ -1,0 +1,402 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Drafts: distillation, self-speculation, adaptive gamma
+#
+# Chapters 02-03 took a draft model as given. Here we ask where a good draft comes from and how
+# many tokens it should propose. Speculative decoding (Leviathan et al., arXiv 2211.17192) pays
+# `1 + gamma·c` target-forward units per step and emits `tau = (1 − alpha^(gamma+1)) / (1 − alpha)`
+# tokens, so a draft is good when its acceptance rate `alpha` is high **and** its cost ratio `c`
+# is low. You will build, by hand, then check against `refimpl`:
+#
+# 1. a distilled draft: a 1-layer student trained on the target's softened distribution (`refimpl.drafts`);
+# 2. self-speculation: the target's own first `k` layers as a draft (early exit), acceptance per layer;
+# 3. the cost / acceptance trade-off: speedup over `gamma` for measured `alpha` and `c`;
+# 4. vocabulary trimming (VocabTrim): a draft head over the frequent tokens only;
+# 5. adaptive gamma: stop drafting when the draft is unsure (`refimpl.adaptive`), vs the best fixed gamma.
+#
+# **Parameters** (next cell): `FAST = True` keeps every step small enough for CI on a CPU.
+
+# %%
+import torch
+
+FAST = True                    # CI default: a few live training steps, short generations
+TARGET = "tiny"                # the target model (zoo name)
+DRAFT = "tiny-draft"           # its distilled draft (committed weights)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NEW_TOKENS = 32 if FAST else 128
+LIVE_STEPS = 4 if FAST else 150
+SHOW_SOLUTIONS = False
+
+# %% [markdown]
+# ## Imports, the target and a few prompts
+
+# %%
+import time
+import matplotlib.pyplot as plt
+from refimpl import models, drafts, speculative, adaptive, autoregressive
+
+target = models.load(TARGET, device=DEVICE)
+texts = ["And God said", "In the beginning God created the heaven", "Jesus answered and said unto them,",
+         "The LORD is my shepherd", "And it came to pass, when"]
+prompts = [target.encode(t) for t in (texts[:3] if FAST else texts)]
+print(TARGET, "layers:", target.num_layers, "vocab:", target.vocab_size)
+
+# %% [markdown]
+# ## The speedup formula, by hand
+# With i.i.d. acceptance `alpha`, a step emits `tau(alpha, gamma)` tokens and costs `1 + gamma·c`
+# target calls' worth of time. Its ratio is the expected wall-clock speedup over plain decoding.
+
+# %%
+def tau_by_hand(alpha, gamma):
+    return sum(alpha ** i for i in range(gamma + 1))   # 1 + alpha + ... + alpha^gamma
+
+def speedup_by_hand(alpha, gamma, c):
+    return tau_by_hand(alpha, gamma) / (1 + gamma * c)
+
+for a, g, c in [(0.5, 2, 0.25), (0.8, 4, 0.1), (0.9, 8, 0.05)]:
+    assert abs(tau_by_hand(a, g) - drafts.expected_tau(a, g)) < 1e-9
+    assert abs(speedup_by_hand(a, g, c) - drafts.expected_speedup(a, g, c)) < 1e-9
+print("alpha=0.8, c=0.1: speedup by gamma", [round(speedup_by_hand(0.8, g, 0.1), 2) for g in range(1, 9)])
+
+# %% [markdown]
+# ## Part 1 · Distilling a draft
+# A draft is accepted when it agrees with the target, so we train it to *imitate the target*,
+# not the data: knowledge distillation (Hinton et al., arXiv 1503.02531; for drafts "DistillSpec",
+# arXiv 2310.08461). The loss is `T²·KL(softmax(p_logits/T) ‖ softmax(q_logits/T))`, plus a little
+# cross-entropy on the real next token. First the loss by hand:
+
+# %%
+def distill_by_hand(s_logits, t_logits, labels, T=2.0, ce_weight=0.1):
+    log_q = torch.log_softmax(s_logits / T, -1)
+    log_p = torch.log_softmax(t_logits / T, -1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1) * T * T
+    ce = torch.nn.functional.cross_entropy(s_logits, labels, reduction="none")
+    return (kl + ce_weight * ce).mean()
+
+s, t, y = torch.randn(6, 50), torch.randn(6, 50), torch.randint(0, 50, (6,))
+assert torch.allclose(distill_by_hand(s, t, y), drafts.distill_loss(s, t, y, temperature=2.0, ce_weight=0.1))
+print("loss at random:", round(float(distill_by_hand(s, t, y)), 3), "| at the teacher:", float(drafts.distill_loss(t, t, ce_weight=0)))
+
+# %% [markdown]
+# ## A student that starts as an early exit
+# The student is a 1-layer Llama of the target's width. We copy the target's embeddings, layer 0
+# and final norm into it: at step 0 it *is* the target's exit after layer 1, a reasonable start.
+
+# %%
+from transformers import LlamaForCausalLM
+
+student = LlamaForCausalLM(drafts.tiny_draft_config(target.vocab_size)).to(DEVICE)
+drafts.init_from_target(student, target.model, layers=(0,))
+n_student = sum(p.numel() for p in student.parameters())
+n_target = sum(p.numel() for p in target.model.parameters())
+print(f"student {n_student/1e6:.2f}M params vs target {n_target/1e6:.2f}M")
+student_lm = models.LM(student, target.tokenizer, name="student")
+print("greedy agreement before training:", round(drafts.greedy_agreement(target, student_lm, prompts, 24), 3))
+
+# %% [markdown]
+# ## A few training steps, live
+# Random windows of the King James Bible; the teacher's logits come from one no-grad forward.
+# (`python -m refimpl.train tiny-draft` runs the same loop for ~180 steps.)
+
+# %%
+from refimpl import data
+from refimpl.train import encode_docs, random_windows
+
+stream = encode_docs(target.tokenizer, data.kjv_chapters()[:200], target.eos_token_id)
+opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
+gen = torch.Generator().manual_seed(0)
+student.train()
+for step in range(LIVE_STEPS):
+    x = random_windows(stream, 8, 64, gen).to(DEVICE)   # (B, T)
+    with torch.no_grad():
+        t_logits = target.model(input_ids=x).logits     # (B, T, V)
+    s_logits = student(input_ids=x).logits
+    V = s_logits.size(-1)
+    loss = distill_by_hand(s_logits[:, :-1].reshape(-1, V), t_logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1))
+    loss.backward(); opt.step(); opt.zero_grad()
+    print(step, round(loss.item(), 3))
+student.eval();
+
+# %% [markdown]
+# ## The committed draft
+# Now load the weights trained offline. `greedy_agreement` measures, along the target's own
+# greedy text, how often the draft's argmax equals the target's: the greedy `alpha`. Then
+# speculative decoding with it, exact first: it must reproduce autoregressive greedy decoding.
+
+# %%
+draft = models.load(DRAFT, device=DEVICE)
+speculative.check_same_tokenizer(target, draft)
+alpha_draft = drafts.greedy_agreement(target, draft, prompts, NEW_TOKENS)
+print(DRAFT, "layers:", draft.num_layers, "| greedy alpha vs", TARGET, "=", round(alpha_draft, 3))
+ref = autoregressive.generate(target, prompts, max_new_tokens=NEW_TOKENS)
+for gamma in (2, 4, 6):
+    g = speculative.generate(target, draft, prompts, gamma=gamma, max_new_tokens=NEW_TOKENS)
+    assert g.tokens == ref.tokens
+    print(f"gamma={gamma}: alpha={g.stats.alpha:.2f} tau={g.stats.tau:.2f} target calls={g.stats.target_calls}")
+print(repr(target.decode(ref.tokens[0])))
+
+# %% [markdown]
+# ## Part 2 · Self-speculation: an early exit, by hand
+# No second model at all: run the target's first `k` layers, then its final norm and LM head.
+# Here is that computation with the target's own modules:
+
+# %%
+def exit_logits_by_hand(lm, ids, k):
+    inner = lm.model.model
+    h = inner.embed_tokens(ids)                                     # (B, T, H)
+    pos = torch.arange(ids.size(1), device=ids.device)[None]
+    cos_sin = inner.rotary_emb(h, pos)
+    mask = torch.full((ids.size(1), ids.size(1)), float("-inf"), device=ids.device).triu(1)[None, None]
+    for layer in inner.layers[:k]:
+        h = layer(h, attention_mask=mask, position_embeddings=cos_sin, position_ids=pos)
+        h = h[0] if isinstance(h, tuple) else h
+    return lm.model.lm_head(inner.norm(h)).float()                  # (B, T, V)
+
+ids = torch.tensor([prompts[1]], device=DEVICE)
+for k in range(1, target.num_layers + 1):
+    ee = drafts.early_exit(target, k)       # shares every weight, has its own k-layer KV cache
+    assert torch.allclose(exit_logits_by_hand(target, ids, k), ee.logits(ids), atol=1e-4)
+print("early_exit(k) == first k layers + norm + head, for k = 1 ..", target.num_layers)
+
+# %% [markdown]
+# ## Acceptance per exit layer
+# `exit_layer_agreement` decodes greedily with the full target and, along that text, checks the
+# argmax of every exit at once (one forward with all hidden states). Shallow exits are cheap but
+# disagree more.
+
+# %%
+agree = drafts.exit_layer_agreement(target, prompts, NEW_TOKENS)
+ks = list(range(1, target.num_layers + 1))
+plt.figure(figsize=(5, 3))
+plt.bar(ks, agree, color="tab:blue")
+plt.axhline(alpha_draft, color="tab:red", ls="--", label=f"{DRAFT} (1 layer, distilled)")
+plt.xlabel("exit after layer k"); plt.ylabel("greedy alpha"); plt.legend(); plt.title(TARGET)
+plt.show()
+print({k: round(a, 3) for k, a in zip(ks, agree)})
+
+# %% [markdown]
+# ## Self-speculation end to end
+# The exit draft verifies with the full model, so the output is exact; the counters show how
+# `tau` grows with `k`.
+
+# %%
+for k in range(1, target.num_layers):
+    g = speculative.generate(target, drafts.early_exit(target, k), prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+    assert g.tokens == ref.tokens
+    print(f"exit k={k}: alpha={g.stats.alpha:.2f} tau={g.stats.tau:.2f}")
+
+# %% [markdown]
+# ## Part 3 · What a draft costs
+# `c` = (draft step time) / (target step time), one cached token at batch 1. On a CPU, small models
+# are dominated by per-layer overheads, so `c` follows the number of layers more than the FLOPs.
+
+# %%
+reps = 1 if FAST else 3
+t_target = drafts.step_seconds(target, repeats=reps)
+costs = {DRAFT: drafts.step_seconds(draft, repeats=reps) / t_target}
+for k in range(1, target.num_layers):
+    costs[f"exit{k}"] = drafts.step_seconds(drafts.early_exit(target, k), repeats=reps) / t_target
+alphas = {DRAFT: alpha_draft, **{f"exit{k}": agree[k - 1] for k in range(1, target.num_layers)}}
+print(f"target step: {t_target*1e3:.2f} ms"); print({n: round(c, 2) for n, c in costs.items()})
+
+# %% [markdown]
+# ## The trade-off: speedup over gamma
+# `speedup(gamma) = tau(alpha, gamma) / (1 + gamma·c)` for each draft's measured `alpha` and `c`.
+# A cheap-but-weak draft peaks early; a draft with `c` near 1 can never win.
+
+# %%
+gammas = list(range(1, 11))
+plt.figure(figsize=(6, 3.5))
+for name in costs:
+    plt.plot(gammas, [drafts.expected_speedup(alphas[name], g, costs[name]) for g in gammas], marker="o",
+             label=f"{name}: alpha={alphas[name]:.2f}, c={costs[name]:.2f}")
+plt.axhline(1.0, color="gray", lw=0.8); plt.xlabel("gamma"); plt.ylabel("predicted speedup")
+plt.legend(fontsize=7); plt.show()
+best = {n: max(gammas, key=lambda g: drafts.expected_speedup(alphas[n], g, costs[n])) for n in costs}
+print("best gamma per draft:", best)
+
+# %% [markdown]
+# ## Predicted vs measured
+# Wall-clock on this machine, same prompts, the distilled draft at its best predicted gamma.
+# (Timings on a shared CPU are noisy; the prediction assumes i.i.d. acceptance.) With models this
+# small, a CPU spends most of a step in per-call overheads, so `c` is large and the margin slim:
+# on a GPU, or with a bigger target, `c` falls and the same `alpha` buys much more.
+
+# %%
+def timed(fn):
+    t0 = time.perf_counter(); out = fn(); return out, time.perf_counter() - t0
+
+gb = best[DRAFT]
+ar_out, t_ar = timed(lambda: autoregressive.generate(target, prompts[:1], max_new_tokens=NEW_TOKENS))
+sp_out, t_sp = timed(lambda: speculative.generate(target, draft, prompts[:1], gamma=gb, max_new_tokens=NEW_TOKENS))
+assert sp_out.tokens == ar_out.tokens
+print(f"gamma={gb}: predicted {drafts.expected_speedup(alpha_draft, gb, costs[DRAFT]):.2f}x, measured {t_ar / t_sp:.2f}x")
+
+# %% [markdown]
+# ## Part 4 · VocabTrim: a smaller head
+# For a real vocabulary (SmolLM2: 49,152 tokens) the output layer is the largest matrix a small
+# draft multiplies. VocabTrim (arXiv 2506.22694) keeps only the K most frequent tokens in the
+# draft's head. The draft's `q` is then zero elsewhere; rejection sampling stays lossless for *any*
+# `q`, so the decoder only needs full-vocabulary logits with `-inf` outside. By hand:
+
+# %%
+K = 1024
+kept = drafts.frequent_tokens(target, data.kjv_chapters()[:100], K)          # (K,) sorted ids
+h = draft.model.model(input_ids=ids).last_hidden_state                     # (1, T, H)
+small = h @ draft.model.lm_head.weight[kept].T                              # (1, T, K): K rows only
+full_by_hand = torch.full((1, ids.size(1), draft.vocab_size), float("-inf")).index_copy(-1, kept, small.float())
+trimmed = drafts.trim_vocab(draft, kept)
+assert torch.allclose(trimmed.logits(ids), full_by_hand, atol=1e-5)
+print(f"head rows {draft.vocab_size} -> {K}; -inf outside:", bool(torch.isneginf(full_by_hand).sum() == ids.size(1) * (draft.vocab_size - K)))
+
+# %% [markdown]
+# The trimmed draft is still exact under greedy verification, and loses little acceptance
+# because the dropped tokens are rare. (`smollm2-135m-draft` is built this way: 2 layers, a head of
+# the ~2,000 tokens SmolLM2 generated most, sharing the target's embedding matrix.)
+
+# %%
+g = speculative.generate(target, trimmed, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+g_full = speculative.generate(target, draft, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+assert g.tokens == ref.tokens == g_full.tokens
+print(f"gamma=4: alpha with the head trimmed to {K} = {g.stats.alpha:.2f}, full head = {g_full.stats.alpha:.2f}")
+
+# %% [markdown]
+# ## Part 5 · Adaptive gamma: stop when the draft is unsure
+# A fixed `gamma` keeps drafting where the draft is guessing. SpecDec++ (arXiv 2405.19715) stops
+# once the chance that *some* draft of the round is rejected gets high. Training-free versions use
+# the draft's own top-1 probability `max q`: stop after a token with `max q < threshold`
+# (`"threshold"`), or once the product of the round's `max q` (an estimate of P(all accepted))
+# falls below `threshold` (`"cumulative"`). One drafting round by hand:
+
+# %%
+def draft_round_by_hand(draft, context, threshold, max_gamma, cumulative=False):
+    out, cache, feed, reach = [], None, torch.tensor([context], device=DEVICE), 1.0
+    for _ in range(max_gamma):
+        logits, cache = draft.forward(feed, cache)
+        q = torch.softmax(logits[0, -1], -1)
+        out.append(int(q.argmax()))
+        reach *= float(q.max())                    # estimated P(every draft so far accepted)
+        if (reach if cumulative else float(q.max())) < threshold:
+            break                                  # unsure: this token is proposed, then stop
+        feed = torch.tensor([[out[-1]]], device=DEVICE)
+    return out
+
+for th in (0.05, 0.2, 0.5):
+    print(th, [len(draft_round_by_hand(draft, p, th, 8, cumulative=True)) for p in prompts])
+
+# %% [markdown]
+# ## `refimpl.adaptive`: the same rules inside speculative decoding
+# Exact like every greedy method; `stats.extra["gammas"]` lists the draft length of each step.
+# The first step's length must match our hand-built round.
+
+# %%
+for policy, th in (("threshold", 0.3), ("cumulative", 0.05), ("cumulative", 0.2)):
+    g = adaptive.generate(target, draft, prompts, max_gamma=8, threshold=th, max_new_tokens=NEW_TOKENS, policy=policy)
+    assert g.tokens == ref.tokens
+    first = adaptive.generate(target, draft, prompts[0], max_gamma=8, threshold=th, max_new_tokens=NEW_TOKENS, policy=policy)
+    assert first.stats.extra["gammas"][0] == len(draft_round_by_hand(draft, prompts[0], th, 8, policy == "cumulative"))
+    print(f"{policy} {th}: mean gamma={g.stats.extra['mean_gamma']:.2f} alpha={g.stats.alpha:.2f} tau={g.stats.tau:.2f}")
+
+# %% [markdown]
+# ## Adaptive vs the best fixed gamma
+# We decode each prompt alone (batch 1) and count calls. Cost per token in target-call units is
+# `(target calls + c·draft calls) / tokens`: deterministic, no timing noise, and we can read it
+# for any `c` (ours on this CPU, or a GPU-like one) from the same runs.
+
+# %%
+def counts(fn):
+    gs = [fn(p).stats for p in prompts]
+    return [sum(s.target_calls for s in gs), sum(s.draft_calls for s in gs), sum(s.new_tokens for s in gs)]
+
+fixed = {gm: counts(lambda p: speculative.generate(target, draft, p, gamma=gm, max_new_tokens=NEW_TOKENS))
+         for gm in range(1, 9)}
+adapt = {(pol, th): counts(lambda p: adaptive.generate(target, draft, p, max_gamma=8, threshold=th, policy=pol,
+                                                       max_new_tokens=NEW_TOKENS))
+         for pol, th in [("cumulative", 0.02), ("cumulative", 0.05), ("cumulative", 0.1), ("cumulative", 0.2),
+                         ("threshold", 0.3), ("threshold", 0.6)]}
+cost = lambda n, c: (n[0] + c * n[1]) / n[2]
+
+# %% [markdown]
+# ## Which wins, and when?
+# For each `c`, the best fixed gamma against the best adaptive setting (lower cost is better).
+# A cheap draft (small `c`) wants long rounds; an expensive one wants short rounds. On this CPU
+# `c` of a 1-layer draft is large (per-call overheads), which leaves little to win.
+
+# %%
+cs = [0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8]
+ratio = [min(cost(n, c) for n in fixed.values()) / min(cost(n, c) for n in adapt.values()) for c in cs]
+plt.figure(figsize=(5.5, 3)); plt.plot(cs, ratio, "o-"); plt.axhline(1, color="gray", lw=0.8)
+plt.axvline(costs[DRAFT], color="tab:red", ls="--", label=f"measured c = {costs[DRAFT]:.2f}")
+plt.xlabel("c"); plt.ylabel("best fixed cost / best adaptive cost"); plt.legend(); plt.show()
+for c in (costs[DRAFT], 0.2):
+    bf, ba = min(fixed, key=lambda k: cost(fixed[k], c)), min(adapt, key=lambda k: cost(adapt[k], c))
+    print(f"c={c:.2f}: best fixed gamma={bf} {cost(fixed[bf], c):.3f} | best adaptive {ba} {cost(adapt[ba], c):.3f}")
+
+# %% [markdown]
+# ## A bandit over gamma
+# BanditSpec (arXiv 2505.15141) needs no confidence at all: UCB1 picks each step's `gamma` from
+# {1, 2, 4, 6, 8}, rewarding tokens per unit of cost `(n + 1) / (1 + gamma·c)`. Passing one
+# `UCB` object across calls lets it keep learning.
+
+# %%
+c = costs[DRAFT]
+bandit = adaptive.UCB(gammas=(1, 2, 4, 6, 8), cost_ratio=c)
+for rep in range(1 if FAST else 3):
+    g = adaptive.generate(target, draft, prompts, max_new_tokens=NEW_TOKENS, policy="ucb", bandit=bandit)
+    assert g.tokens == ref.tokens
+print("mean reward per arm:", {k: round(v, 3) for k, v in bandit.means().items()}, "pulls:", bandit.n)
+print(f"bandit: {g.stats.target_calls} target calls, {g.stats.draft_calls} draft calls for {g.stats.new_tokens} tokens")
+
+# %% [markdown]
+# ## Exercises
+# **1. The best fixed gamma.** For `alpha = 0.8` and `c = 0.1`, which integer `gamma` in 1..20
+# maximises the predicted speedup? Write `best_gamma(alpha, c)`.
+
+# %%
+def best_gamma(alpha, c):               # your answer here
+    return max(range(1, 21), key=lambda g: drafts.expected_speedup(alpha, g, c))
+
+def check_best_gamma(fn):
+    for a, cc in [(0.8, 0.1), (0.5, 0.3), (0.95, 0.02), (0.3, 0.5)]:
+        want = max(range(1, 21), key=lambda g: (1 - a ** (g + 1)) / (1 - a) / (1 + g * cc))
+        assert fn(a, cc) == want, f"alpha={a}, c={cc}: expected {want}"
+    return "correct"
+
+print(check_best_gamma(best_gamma), "| alpha=0.8, c=0.1 ->", best_gamma(0.8, 0.1))
+
+# %% [markdown]
+# **2. Which exit?** Exiting after layer `k` of `L` costs about `c_k = k / L`. Given the measured
+# `agree` list above, return the `k` in 1..L−1 with the best predicted speedup at `gamma = 4`.
+
+# %%
+def best_exit(agree, L, gamma=4):       # your answer here
+    return max(range(1, L), key=lambda k: drafts.expected_speedup(agree[k - 1], gamma, k / L))
+
+def check_best_exit(fn):
+    L = target.num_layers
+    want = max(range(1, L), key=lambda k: (1 - agree[k - 1] ** 5) / (1 - min(agree[k - 1], 0.999999)) / (1 + 4 * k / L))
+    assert fn(agree, L) == want
+    assert fn([0.0, 0.0, 0.99, 1.0], 4) == 3
+    return "correct"
+
+print(check_best_exit(best_exit), "| best exit:", best_exit(agree, target.num_layers))
+
+# %% [markdown]
+# ## Summary
+# - A draft is worth `tau / (1 + gamma·c)`: acceptance *and* cost. Distillation raises `alpha`;
+#   fewer layers and a trimmed head lower `c`.
+# - Early exit is a free draft (no training, no extra weights); without training its acceptance
+#   falls fast with depth removed (for SmolLM2-135M, `alpha` stays below 0.1 until layer ~20 of 30).
+# - A trimmed vocabulary keeps verification exact: `q = 0` outside the kept tokens is allowed.
+# - Adaptive gamma decides the draft length from the draft side (confidence, or a bandit over
+#   past steps) before the target is called, which keeps greedy exact and sampling lossless
+#   (tests/test_adaptive.py checks the sampled distribution by exact enumeration).

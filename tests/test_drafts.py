@@ -1,0 +1,148 @@
+"""Draft constructions (refimpl.drafts): tiny-draft, early exit, vocabulary trimming.
+
+Every draft must leave speculative greedy decoding exactly equal to AR greedy. The SmolLM2 draft
+tests load a 135M model: they are marked ``slow`` and run only with ``RUN_SLOW=1``.
+"""
+import os
+
+import pytest
+import torch
+
+from refimpl import autoregressive, drafts, models, speculative
+
+slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="loads SmolLM2-135M: set RUN_SLOW=1")
+
+PROMPTS = ["And God said", "In the beginning God created the heaven", "Jesus answered and said unto them,",
+           "The LORD is my shepherd"]
+
+
+@pytest.fixture(scope="module")
+def tiny_draft():
+    return models.load("tiny-draft", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def kept(tiny):
+    from refimpl import data
+
+    return drafts.frequent_tokens(tiny, data.kjv_chapters()[:40], 600)
+
+
+def test_tiny_draft_loads_with_the_same_tokenizer(tiny, tiny_draft):
+    assert tiny_draft.tokenizer.get_vocab() == tiny.tokenizer.get_vocab()
+    assert tiny_draft.vocab_size == tiny.vocab_size
+    assert tiny_draft.eos_token_id == tiny.eos_token_id
+    assert tiny_draft.num_layers < tiny.num_layers
+    n_draft = sum(p.numel() for p in tiny_draft.model.parameters())
+    assert n_draft < 0.6 * sum(p.numel() for p in tiny.model.parameters())
+    speculative.check_same_tokenizer(tiny, tiny_draft)
+
+
+def test_early_exit_shares_weights_and_computes_the_prefix(tiny):
+    ee = drafts.early_exit(tiny, 2)
+    assert ee.num_layers == 2 and ee.new_cache() is not None
+    assert ee.model.model.layers[1].self_attn.q_proj.weight is tiny.model.model.layers[1].self_attn.q_proj.weight
+    ids = torch.tensor([tiny.encode(PROMPTS[1])])
+    h = tiny.model.model(input_ids=ids, output_hidden_states=True).hidden_states[2]  # after layer 2
+    ref = tiny.model.lm_head(tiny.model.model.norm(h))
+    torch.testing.assert_close(ee.logits(ids), ref.float())
+    torch.testing.assert_close(drafts.early_exit(tiny, tiny.num_layers).logits(ids), tiny.logits(ids))
+    # cached forward == uncached logits
+    a, cache = ee.forward(ids[:, :3])
+    b, cache = ee.forward(ids[:, 3:], cache)
+    torch.testing.assert_close(torch.cat([a, b], 1), ee.logits(ids), atol=1e-4, rtol=1e-4)
+    for bad in (0, tiny.num_layers + 1, 1.5, True):
+        with pytest.raises(ValueError, match="k must"):
+            drafts.early_exit(tiny, bad)
+
+
+def test_exit_layer_agreement(tiny):
+    a = drafts.exit_layer_agreement(tiny, [tiny.encode(p) for p in PROMPTS[:2]], max_new_tokens=8)
+    assert len(a) == tiny.num_layers and a[-1] == 1.0
+    assert all(0.0 <= x <= 1.0 for x in a)
+
+
+def test_trimmed_vocab_is_minus_inf_outside_kept_tokens(tiny, kept):
+    tr = drafts.trim_vocab(tiny, kept)
+    ids = torch.tensor([tiny.encode(PROMPTS[0])])
+    full = tiny.logits(ids)  # (1, T, V)
+    got = tr.logits(ids)
+    assert got.shape == full.shape and tr.vocab_size == tiny.vocab_size
+    out = torch.ones(tiny.vocab_size, dtype=torch.bool)
+    out[kept] = False
+    assert torch.isneginf(got[..., out]).all()
+    torch.testing.assert_close(got[..., kept], full[..., kept])
+    step, _ = tr.forward(ids)
+    torch.testing.assert_close(step, got)
+    q = torch.softmax(step[0, -1], -1)
+    assert q[out].sum() == 0 and torch.isclose(q.sum(), torch.tensor(1.0))
+    with pytest.raises(ValueError, match="kept_ids"):
+        drafts.trim_vocab(tiny, [tiny.vocab_size + 5])
+
+
+@pytest.mark.parametrize("which", ["tiny-draft", "exit1", "exit2", "trimmed"])
+def test_speculative_greedy_equals_autoregressive(tiny, tiny_draft, kept, which):
+    draft = {"tiny-draft": lambda: tiny_draft, "exit1": lambda: drafts.early_exit(tiny, 1),
+             "exit2": lambda: drafts.early_exit(tiny, 2), "trimmed": lambda: drafts.trim_vocab(tiny_draft, kept)}[which]()
+    prompts = [tiny.encode(t) for t in PROMPTS]
+    comma = tiny.encode(",")[0]
+    for n, eos, gamma in ((3, None, 4), (17, comma, 3), (30, comma, 6)):
+        ref = autoregressive.generate(tiny, prompts, max_new_tokens=n, eos_token_id=eos).tokens
+        got = speculative.generate(tiny, draft, prompts, gamma=gamma, max_new_tokens=n, eos_token_id=eos)
+        assert got.tokens == ref, (which, n, eos, gamma)
+
+
+def test_acceptance_and_cost_helpers():
+    assert drafts.expected_tau(0.0, 4) == 1.0
+    assert drafts.expected_tau(1.0, 4) == 5.0
+    assert abs(drafts.expected_tau(0.5, 2) - 1.75) < 1e-12
+    assert abs(drafts.expected_speedup(0.5, 2, 0.25) - 1.75 / 1.5) < 1e-12
+
+
+def test_distill_loss_is_zero_at_the_teacher():
+    t = torch.randn(5, 11)
+    assert drafts.distill_loss(t, t, ce_weight=0.0).abs() < 1e-6
+    assert drafts.distill_loss(torch.zeros(5, 11), t, ce_weight=0.0) > 0.01
+
+
+def test_bench_methods():
+    ms = drafts.bench_methods()
+    assert ms and all(m.exact for m in ms)
+
+
+# ---------------------------------------------------------------------------------------
+# SmolLM2 (slow)
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smol():
+    return models.load("smollm2-135m", device="cpu"), models.load("smollm2-135m-draft", device="cpu")
+
+
+@slow
+def test_smollm2_draft_trimmed_and_hf_views_agree(smol):
+    target, draft = smol
+    assert isinstance(draft, drafts.TrimmedLM) and draft.vocab_size == target.vocab_size
+    assert draft.kept_ids.numel() < target.vocab_size // 8
+    ids = torch.tensor([drafts.chat_prompt_ids(target, "Name three colors.")])
+    trimmed = draft.logits(ids)  # (1, T, V)
+    hf = draft.to_hf()(input_ids=ids).logits.float()
+    assert hf.shape == trimmed.shape
+    torch.testing.assert_close(hf[..., draft.kept_ids], trimmed[..., draft.kept_ids], atol=1e-3, rtol=1e-4)
+    out = torch.ones(target.vocab_size, dtype=torch.bool)
+    out[draft.kept_ids] = False
+    assert torch.isneginf(trimmed[..., out]).all() and (hf[..., out] < -1e8).all()
+    assert (hf.argmax(-1) == trimmed.argmax(-1)).all()
+
+
+@slow
+def test_smollm2_speculative_and_hf_assisted(smol):
+    target, draft = smol
+    prompts = [drafts.chat_prompt_ids(target, t) for t in ("What is 2 + 2?", "Write a haiku about rain.")]
+    ref = autoregressive.generate(target, prompts, max_new_tokens=24).tokens
+    assert speculative.generate(target, draft, prompts, gamma=3, max_new_tokens=24).tokens == ref
+    x = torch.tensor([prompts[0]])
+    hf = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                               assistant_model=draft.hf_model, pad_token_id=target.pad_token_id)
+    plain = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                                  pad_token_id=target.pad_token_id)
+    assert hf.tolist() == plain.tolist()
