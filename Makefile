@@ -23,7 +23,7 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks
 
 test: setup
-	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests notebooks --nbval-lax
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 tests notebooks --nbval-lax
 
 test-fast: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests
