@@ -448,6 +448,109 @@ DISTILL_TEXTS = [
 ]
 
 
+#: Short passages for summary / copy / question-answer prompts (not the benchmark's passages).
+DISTILL_PASSAGES = [
+    "The old mill by the river was built in 1820 to grind wheat for the village. A flood damaged its "
+    "wheel in 1889, and the owners replaced it with a steam engine. The mill closed in 1951. Volunteers "
+    "restored it in the 1990s, and it now grinds flour for visitors every Saturday.",
+    "Honeybees live in colonies of up to sixty thousand insects. The queen lays the eggs, workers "
+    "collect nectar and pollen, and drones mate with new queens. Bees share the location of flowers "
+    "with a waggle dance, and they store honey in wax combs to survive the winter.",
+    "The school library will move to the new building in March. Students can borrow up to five books "
+    "at a time, and the opening hours will be extended until six in the evening. A quiet study room "
+    "and ten new computers will be available, and the librarian will run a reading club on Fridays.",
+    "Marie Curie was born in Warsaw in 1867 and moved to Paris to study physics. With her husband "
+    "Pierre she discovered polonium and radium. She won the Nobel Prize in Physics in 1903 and in "
+    "Chemistry in 1911, and she was the first woman to teach at the Sorbonne.",
+    "A volcano forms where molten rock, called magma, rises through cracks in the Earth's crust. When "
+    "pressure builds up, the magma erupts as lava, ash and gas. Some volcanoes erupt often, while "
+    "others stay quiet for thousands of years before a sudden eruption.",
+    "The company reported that sales grew by twelve percent last year, mostly thanks to its online "
+    "store. Costs also rose because of higher shipping prices. The board plans to open two new "
+    "warehouses and hire one hundred workers next spring.",
+]
+DISTILL_CODE = [
+    "def total_price(items):\n    s = 0\n    for item in items:\n        s += item['price'] * item['qty']\n    return s\n",
+    "def find_max(values):\n    best = values[0]\n    for v in values:\n        if v > best:\n            best = v\n    return best\n",
+    "def greet(name):\n    print('Hello, ' + name + '!')\n",
+]
+DISTILL_TOPICS = [
+    "the moon", "volcanoes", "honeybees", "the internet", "recycling", "the Roman Empire", "rainbows",
+    "electric cars", "coffee", "the human heart", "black holes", "gardening", "chess", "the ocean",
+    "democracy", "vaccines", "music", "friendship", "time management", "dinosaurs", "bread baking",
+    "solar energy", "the Great Wall of China", "penguins", "exercise", "social media", "the brain",
+    "earthquakes", "photography", "libraries", "trees", "money", "airplanes", "the desert", "tea",
+    "robots", "snow", "bicycles", "the printing press", "cats",
+]
+DISTILL_TEMPLATES = [
+    "Explain {} in simple terms.",
+    "Give me three interesting facts about {}.",
+    "Write a short paragraph about {}.",
+    "What are the pros and cons of {}?",
+    "Write a short poem about {}.",
+    "Why is {} important? Answer briefly.",
+]
+DISTILL_TASKS = [
+    "Write a Python function that returns the sum of a list of numbers.",
+    "Write a Python function that finds the largest number in a list.",
+    "Write a Python function that reverses a string.",
+    "Write a Python function that removes duplicates from a list.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function that counts the words in a sentence.",
+    "Write a Python function that converts Celsius to Fahrenheit.",
+    "Write a Python function that sorts a list of dictionaries by a key.",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "Write a Python function that returns the average of a list.",
+    "Write a Python function that capitalizes the first letter of every word.",
+    "What is 25% of 60? Show your work.",
+    "A car travels 150 km in 3 hours. What is its average speed? Explain step by step.",
+    "Solve for x: 2x - 4 = 10. Show each step.",
+    "What is the area of a circle with radius 5 cm?",
+    "A shop sells pens for 3 dollars each. How much do 7 pens cost? Explain.",
+    "If a square has sides of 6 m, what are its area and perimeter?",
+    "Sara has 20 candies and eats a quarter of them. How many are left? Explain.",
+    "What is 144 divided by 12? Show your steps.",
+    "Convert 3.5 hours into minutes. Explain.",
+    "What is the average of 4, 8, 15 and 21? Show your work.",
+    "How do I write a thank-you note to a teacher?",
+    "What should I bring to a picnic?",
+    "Suggest a name for a bakery and explain why.",
+    "How can I save money on groceries?",
+    "Give me a short plan for learning to cook in one month.",
+    "How do I politely ask a neighbor to turn down the music?",
+    "What are good habits for staying healthy at work?",
+    "How do I prepare for a job interview?",
+    "Give me tips for a first day at a new school.",
+    "What are some fun things to do on a rainy day?",
+]
+
+
+def greedy_distill_texts() -> list[str]:
+    """~380 chat prompts for the greedy distillation data: topics x templates, tasks, passages, code.
+
+    Written in the benchmark's categories (chat, summary, code, math, copy/edit, QA) but never
+    the benchmark's own prompts or passages.
+    """
+    out = [t.format(x) for x in DISTILL_TOPICS for t in DISTILL_TEMPLATES] + DISTILL_TASKS + DISTILL_PROMPTS
+    for p in DISTILL_PASSAGES:
+        first = p.split()[1]
+        out += [f"Summarize the following text in two sentences.\n\n{p}",
+                f"Write a one-sentence summary of this text.\n\n{p}",
+                f"Repeat the following text word for word.\n\n{p}",
+                f"Rewrite the following text, replacing '{first}' with 'the' and keeping everything else the same.\n\n{p}",
+                f"Fix any spelling mistakes and otherwise copy the text unchanged.\n\n{p}",
+                f"{p}\n\nQuestion: What is this text about?",
+                f"{p}\n\nQuestion: What happened first, according to the text?",
+                f"List the key facts in this text as bullet points.\n\n{p}"]
+    for c in DISTILL_CODE:
+        out += [f"Add a docstring and type hints to this function:\n\n{c}",
+                f"Rewrite this code with clearer variable names:\n\n{c}",
+                f"Explain what this function does:\n\n{c}",
+                f"Copy this code exactly and add a comment to each line:\n\n{c}"]
+    return out
+
+
 def chat_prompt_ids(lm: LM, text: str) -> list[int]:
     """``text`` as one user turn in the target's chat template, ready for the assistant's answer."""
     if getattr(lm.tokenizer, "chat_template", None):
@@ -529,6 +632,30 @@ def build_distill_data(lm: LM, seconds: float = 300.0, batch: int = 12, max_new_
     return data
 
 
+def build_greedy_data(lm: LM, texts=None, seconds: float = 600.0, batch: int = 24, max_new_tokens: int = 80,
+                      seed: int = 0, path: str | None = None, progress: bool = True):
+    """The target's GREEDY answers to :func:`greedy_distill_texts` (shuffled), until ``seconds`` run out.
+
+    Greedy continuations are the regime the draft is scored in (greedy speculative decoding), so
+    one answer per prompt; ``path`` saves the rows after every batch (a cut-off run keeps its work).
+    """
+    from tqdm.auto import tqdm
+
+    texts = greedy_distill_texts() if texts is None else texts
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+    prompts = [chat_prompt_ids(lm, texts[k]) for k in order]
+    data, t0 = [], time.time()
+    bar = tqdm(range(0, len(prompts), batch), desc="greedy target answers", disable=not progress)
+    for j in bar:
+        data += generate_with_hidden(lm, prompts[j : j + batch], max_new_tokens, temperature=0.0)
+        bar.set_postfix(rows=len(data), tokens=sum(len(r) for r, _ in data))
+        if path:
+            torch.save(data, path)
+        if time.time() - t0 >= seconds:
+            break
+    return data
+
+
 def top_tokens(data, k: int, always=()) -> torch.Tensor:
     """The ``k`` most frequent token ids in the generated rows (``always`` included first), sorted."""
     counts: dict[int, int] = {}
@@ -561,15 +688,18 @@ def _prune_mlp(dst_layer, src_layer, keep: int) -> None:
     dst_layer.load_state_dict(sd)
 
 
-def train_smollm2_draft(out_dir: str, steps: int = 300, gen_seconds: float = 300.0, train_seconds: float = 480.0,
+def train_smollm2_draft(out_dir: str, steps: int = 400, gen_seconds: float = 300.0, train_seconds: float = 600.0,
                         vocab_keep: int = 4096, num_layers: int = 2, intermediate_size: int = 512,
                         init_layers=(0, -1), batch: int = 8, lr: float = 1e-3, seed: int = 0,
                         gen_batch: int = 21, data_path: str | None = "default", more_gen_seconds: float = 0.0,
+                        greedy_seconds: float = 540.0, greedy_path: str | None = "default", greedy_share: float = 0.75,
                         progress: bool = True) -> dict:
     """Distil SmolLM2-135M-Instruct into a 2-layer, trimmed-vocabulary draft on its own generations.
 
-    1. the target samples answers (T = 0.8) to :data:`DISTILL_PROMPTS` for ``gen_seconds``, keeping
-       its final hidden states (so its logits on any token subset are one matmul away);
+    1. the target answers :func:`greedy_distill_texts` GREEDILY (the regime the draft is scored in)
+       for ``greedy_seconds`` and samples answers (T = 0.8) to :data:`DISTILL_PROMPTS` for
+       ``gen_seconds``, keeping its final hidden states (so its logits on any token subset are one
+       matmul away); a batch holds a ``greedy_share`` of greedy rows, the rest sampled ones;
     2. the kept vocabulary = the ``vocab_keep`` most frequent generated tokens (+ EOS / specials);
     3. the draft = target embeddings (frozen) -> ``num_layers`` layers initialised from the
        target's ``init_layers`` (MLP pruned to ``intermediate_size`` neurons) -> norm -> the kept
@@ -577,7 +707,8 @@ def train_smollm2_draft(out_dir: str, steps: int = 300, gen_seconds: float = 300
        ``KL(p_kept || q)`` where ``p_kept`` is the target's distribution renormalised on the kept set,
        for ``steps`` steps or ``train_seconds``, whichever comes first.
 
-    The generations are cached in ``data_path`` (default ``~/.cache/refimpl/smollm2-distill-data.pt``)
+    The generations are cached in ``greedy_path`` (default ``~/.cache/refimpl/smollm2-distill-greedy.pt``;
+    ``None``: no greedy data) and ``data_path`` (default ``~/.cache/refimpl/smollm2-distill-data.pt``)
     so a second run only retrains (``more_gen_seconds`` > 0 appends new generations first); pass
     ``data_path=None`` to regenerate. The learning rate follows a cosine over whichever budget
     (``steps`` or ``train_seconds``) runs out first.
@@ -601,6 +732,17 @@ def train_smollm2_draft(out_dir: str, steps: int = 300, gen_seconds: float = 300
         gen_data = more if gen_data is None else gen_data + more
         if data_path:
             torch.save(gen_data, data_path)
+    if greedy_path == "default":
+        greedy_path = os.path.join(cache_dir(), "smollm2-distill-greedy.pt")
+    if greedy_path:
+        if os.path.exists(greedy_path):
+            greedy = torch.load(greedy_path)
+        else:
+            greedy = build_greedy_data(target, seconds=greedy_seconds, seed=seed, path=greedy_path,
+                                       progress=progress)
+        gen_data = greedy + gen_data
+    else:
+        greedy = []
     specials = sorted({target.eos_token_id, target.pad_token_id, *target.tokenizer.all_special_ids})
     kept = top_tokens(gen_data, vocab_keep, always=specials)  # (K,)
     n_tok = sum(len(r) for r, _ in gen_data)
@@ -619,6 +761,8 @@ def train_smollm2_draft(out_dir: str, steps: int = 300, gen_seconds: float = 300
     head = E[kept].float()  # (K, H)
     gen = torch.Generator().manual_seed(seed)
     rows = [(torch.tensor(r), h) for r, h in gen_data if len(r) > 1]
+    n_greedy = sum(len(r) > 1 for r, _ in greedy)  # rows[:n_greedy] are the greedy answers
+    n_g = round(batch * greedy_share) if 0 < n_greedy < len(rows) else 0
     t0 = time.time()
     bar = tqdm(range(steps), desc="distil smollm2-135m-draft", disable=not progress)
     model.train()
@@ -626,7 +770,11 @@ def train_smollm2_draft(out_dir: str, steps: int = 300, gen_seconds: float = 300
         frac = max(step / steps, (time.time() - t0) / train_seconds)  # the budget used so far
         for g in opt.param_groups:
             g["lr"] = cosine_lr(int(frac * steps), steps, lr, warmup=10)
-        pick = torch.randint(0, len(rows), (batch,), generator=gen).tolist()
+        if n_g:  # ``n_g`` greedy rows, the rest sampled ones
+            pick = (torch.randint(0, n_greedy, (n_g,), generator=gen).tolist()
+                    + torch.randint(n_greedy, len(rows), (batch - n_g,), generator=gen).tolist())
+        else:
+            pick = torch.randint(0, len(rows), (batch,), generator=gen).tolist()
         T = max(rows[i][0].numel() for i in pick) - 1
         x = torch.full((batch, T), target.pad_token_id, dtype=torch.long)
         th = torch.zeros(batch, T, head.shape[1])
@@ -663,6 +811,8 @@ def train_smollm2_draft(out_dir: str, steps: int = 300, gen_seconds: float = 300
     report = {
         "target": "smollm2-135m",
         "generated_rows": len(gen_data),
+        "greedy_rows": len(greedy),
+        "greedy_tokens": sum(len(r) for r, _ in greedy),
         "generated_tokens": n_tok,
         "vocab_keep": int(kept.numel()),
         "kept_token_coverage": round(coverage, 4),
