@@ -80,28 +80,4 @@ def test_dispatcher_and_bad_input():
     assert callable(cs_mod)
 
 
-AOT = """
-import sys, triton
-from triton.backends.compiler import GPUTarget
-from kernels.confidence_select import aot_specs
-cc = int(sys.argv[1])
-for fn, sig, cx in aot_specs():
-    out = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=cx),
-                         target=GPUTarget("cuda", cc, 32))
-    assert out.asm.get("ptx") and out.asm.get("cubin"), sorted(out.asm)
-print("ok", cc)
-"""
-
-
-@pytest.mark.parametrize("cc", [80, 90])
-def test_aot_compile(cc):
-    # a fresh interpreter without TRITON_INTERPRET: @triton.jit must build a real (compilable) kernel
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", AOT, str(cc)], env=env, cwd=root, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0 and f"ok {cc}" in r.stdout, r.stderr[-3000:]
+# The sm80/sm90 ahead-of-time compile of this kernel is in tests/test_kernels_aot.py (all kernels).
