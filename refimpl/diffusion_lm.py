@@ -414,23 +414,9 @@ _register()
 # training (python -m refimpl.train tiny-dllm | tiny-dllm-add)
 # ---------------------------------------------------------------------------------------
 def _train_loop(model, batches, steps, lr, desc, warmup=50):
-    from tqdm.auto import tqdm
+    from .train import train_loop
 
-    from .train import cosine_lr
-
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    model.train()
-    bar = tqdm(range(steps), desc=desc)
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, warmup=warmup)
-        loss = batches(step)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    model.eval()
+    train_loop(model, batches, steps, lr, desc, warmup=warmup)
 
 
 def _tiny_tokenizer():

@@ -197,11 +197,10 @@ def train_tiny_draft(out_dir: str, steps: int = 180, batch: int = 16, length: in
     The student starts from the teacher's embeddings, layer 0 and final norm (an early exit at
     ``k = 1``) and learns to match the teacher's softened distribution on random KJV windows.
     """
-    from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
     from . import data
-    from .train import causal_lm_perplexity, cosine_lr, encode_docs, random_windows, save_half
+    from .train import causal_lm_perplexity, encode_docs, random_windows, save_half, train_loop
 
     torch.manual_seed(seed)
     teacher_lm = load(teacher, device="cpu") if isinstance(teacher, str) else teacher
@@ -214,23 +213,17 @@ def train_tiny_draft(out_dir: str, steps: int = 180, batch: int = 16, length: in
     opt = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
-    bar = tqdm(range(steps), desc="distil tiny-draft", disable=not progress)
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, warmup=20)
+
+    def distil_step(step):
         x = random_windows(train_stream, batch, length, gen)  # (B, T)
         with torch.no_grad():
             t_logits = teacher_lm.model(input_ids=x).logits  # (B, T, V)
         s_logits = student(input_ids=x).logits  # (B, T, V)
         V = s_logits.size(-1)
-        loss = distill_loss(s_logits[:, :-1].reshape(-1, V), t_logits[:, :-1].reshape(-1, V),
+        return distill_loss(s_logits[:, :-1].reshape(-1, V), t_logits[:, :-1].reshape(-1, V),
                             x[:, 1:].reshape(-1), temperature, ce_weight)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    student.eval()
+
+    train_loop(student, distil_step, steps, lr, "distil tiny-draft", warmup=20, opt=opt, progress=progress)
     os.makedirs(out_dir, exist_ok=True)
     save_half(student, out_dir)
     tok.save_pretrained(out_dir)

@@ -89,6 +89,28 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def train_loop(model, batches, steps: int, lr: float, desc: str, warmup: int = 50, opt=None,
+               progress: bool = True) -> None:
+    """The one optimisation loop of the zoo: ``batches(step) -> loss``, AdamW (betas 0.9/0.95,
+    weight decay 0.1 unless ``opt`` is given), cosine schedule with ``warmup``, grad clip 1.0, tqdm."""
+    from tqdm.auto import tqdm
+
+    if opt is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    bar = tqdm(range(steps), desc=desc, disable=not progress)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, steps, lr, warmup=warmup)
+        loss = batches(step)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+
+
 @torch.no_grad()
 def causal_lm_perplexity(model_fn, stream: torch.Tensor, length: int = 256, max_windows: int = 64) -> float:
     """Perplexity of ``model_fn(ids) -> logits`` on non-overlapping windows of ``stream``."""
@@ -141,7 +163,6 @@ def tiny_config(vocab_size: int, **overrides):
 
 def train_tiny(out_dir: str, steps: int = 800, batch: int = 16, length: int = 128, lr: float = 2e-3, seed: int = 0):
     """Tokenizer + 4-layer Llama on the King James Bible. About 7 minutes on 2 CPU cores."""
-    from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -155,21 +176,14 @@ def train_tiny(out_dir: str, steps: int = 800, batch: int = 16, length: int = 12
     print(f"tokens: train {train_stream.numel():,}, valid {valid_stream.numel():,}")
 
     model = LlamaForCausalLM(tiny_config(len(tok)))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
-    bar = tqdm(range(steps), desc="train tiny")
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, warmup=50)
-        x = random_windows(train_stream, batch, length, gen)
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    model.eval()
+
+    def next_token_loss(step):
+        x = random_windows(train_stream, batch, length, gen)  # (batch, length)
+        return model(input_ids=x, labels=x).loss
+
+    train_loop(model, next_token_loss, steps, lr, "train tiny")
     save_half(model, out_dir)
     # Report on the weights as stored (float16 round trip).
     from .models import load
