@@ -23,9 +23,9 @@ Both stay exact: the draft length is decided from the draft's side (and from pas
 the target is called, and verification is the one of :mod:`refimpl.speculative`: greedy gives
 the autoregressive greedy tokens, sampling gives the target's distribution.
 
-The decoding loop reuses :mod:`refimpl.speculative`'s per-row slot caches and its verification
-kernels (``kernels.verify_greedy`` / ``kernels.rejection_sample``, whose ``valid`` argument holds
-each row's draft length).
+The decoding loop is :func:`refimpl.speculative.decode` (slot caches, verification kernels
+``kernels.verify_greedy`` / ``kernels.rejection_sample`` whose ``valid`` argument holds each
+row's draft length, roll-back); this module only supplies the draft-length policies.
 """
 from __future__ import annotations
 
@@ -33,16 +33,18 @@ import math
 
 import torch
 
-from . import sampling
-from .autoregressive import check_generate_args, left_pad
-from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
-from .speculative import _Slots, check_same_tokenizer
+from . import speculative
+from .generation import Generation, check_positive_int
 
 POLICIES = ("threshold", "cumulative", "ucb")
 
 
 class UCB:
-    """UCB1 over draft lengths: play each arm once, then the arm maximising mean + sqrt(2 ln t / n)."""
+    """UCB1 over draft lengths: play each arm once, then the arm maximising mean + sqrt(2 ln t / n).
+
+    A draft-length policy of :func:`refimpl.speculative.decode` (``cap`` = the chosen arm)."""
+
+    confidence = False
 
     def __init__(self, gammas=(1, 2, 4, 6, 8), cost_ratio: float = 0.2, explore: float = 1.0):
         if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gammas):
@@ -70,11 +72,39 @@ class UCB:
         self.n[self.arm] += 1
         self.total[self.arm] += emitted / (1 + gamma * self.c) / self.best
 
+    def cap(self) -> int:
+        return self.choose()
+
+    def stop(self, g: int, conf: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+        return stop
+
     def means(self) -> dict:
         return {g: (s / n if n else float("nan")) for g, s, n in zip(self.gammas, self.total, self.n)}
 
 
-@torch.no_grad()
+class Confidence:
+    """Stop a row's drafting once the draft is unsure (``policy`` "threshold" or "cumulative")."""
+
+    confidence = True
+
+    def __init__(self, policy: str, threshold: float, max_gamma: int):
+        self.policy, self.threshold, self.max_gamma = policy, threshold, max_gamma
+        self.cum = None
+
+    def cap(self) -> int:
+        return self.max_gamma
+
+    def stop(self, g: int, conf: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+        """After draft token ``g``: rows still drafting whose draft is unsure stop at ``g``."""
+        self.cum = conf if g == 1 else self.cum * conf  # (b,) estimated P(every draft so far accepted)
+        score = conf if self.policy == "threshold" else self.cum
+        unsure = (score < self.threshold) & (stop > g)
+        return torch.where(unsure, torch.full_like(stop, g), stop)
+
+    def update(self, emitted: float, g: int) -> None:
+        pass
+
+
 def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_token_id=None, policy: str = "threshold",
@@ -92,132 +122,20 @@ def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6,
     ``stats.extra["mean_gamma"]`` the mean draft length per row and step. ``_verify`` (tests only)
     replaces the sampling rule ``kernels.rejection_sample``.
     """
-    import kernels
-
     check_positive_int("max_gamma", max_gamma)
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
         raise ValueError(f"threshold must be in [0, 1], got {threshold!r}")
-    check_generate_args(max_new_tokens, temperature, top_k, top_p)
-    check_same_tokenizer(target, draft)
-    prompts = normalize_prompts(prompts, min(target.max_length, draft.max_length), max_new_tokens)
-    if policy == "ucb" and bandit is None:
-        bandit = UCB(gammas, cost_ratio)
-    eos = eos_set(eos_token_id, target.eos_token_id)
-    greedy = temperature == 0
-    device = target.device
-    B = len(prompts)
-    stats = Stats(rows=B)
-    out: list[list[int]] = [[] for _ in prompts]
-    step_gammas: list[int] = []
-    row_lengths: list[int] = []
-    with Timer(stats):
-        ids, pmask = left_pad(prompts, target.pad_token_id, device)  # (B, L)
-        padded = bool((pmask == 0).any())
-        tgt, drf = _Slots(target, B, device), _Slots(draft, B, draft.device)
-        t_feed, t_fmask = ids, (pmask if padded else None)
-        d_feed, d_fmask = ids.to(draft.device), (pmask.to(draft.device) if padded else None)
-        rows = list(range(B))
-        while rows:
-            remaining = [max_new_tokens - len(out[r]) for r in rows]
-            cap = bandit.choose() if policy == "ucb" else max_gamma
-            cap = min(cap, max(remaining) - 1)
-            # 1. draft until every row has stopped (confidence) or the cap is reached
-            stop = torch.tensor([min(cap, m - 1) for m in remaining], device=draft.device)  # (b,) per-row cap
-            drafts, qs = [], []
-            g = 0
-            while g < int(stop.max()):
-                dl = drf.feed(d_feed, d_fmask)[:, -1]  # (b, V)
-                if greedy:
-                    x = dl.argmax(-1)  # (b,)
-                    conf = torch.softmax(dl.float(), -1).amax(-1)  # (b,) the draft's top-1 probability
-                else:
-                    qs.append(sampling.probs(dl, temperature, top_k, top_p))  # (b, V)
-                    x = sampling.sample_from_probs(qs[-1], generator)
-                    conf = qs[-1].amax(-1)
-                drafts.append(x)
-                g += 1
-                if policy != "ucb":
-                    # rows still drafting whose draft is unsure stop after this token
-                    cum = conf if g == 1 else cum * conf  # (b,) estimated P(every draft so far accepted)
-                    unsure = ((conf if policy == "threshold" else cum) < threshold) & (stop > g)
-                    stop = torch.where(unsure, torch.full_like(stop, g), stop)
-                d_feed, d_fmask = x[:, None], None
-            stats.draft_calls += g
-            step_gammas.append(g)
-            valid = stop.clamp(max=g).to(device)  # (b,) drafts each row proposes
-            x = torch.stack(drafts, 1).to(device) if g else ids.new_zeros((len(rows), 0))  # (b, g)
-            # 2. one target call on the unprocessed tokens + drafts
-            qt = t_feed.shape[1]
-            fm = None if t_fmask is None else torch.cat([t_fmask, torch.ones_like(x)], 1)
-            logits = tgt.feed(torch.cat([t_feed, x], 1), fm)[:, qt - 1:]  # (b, g + 1, V)
-            stats.target_calls += 1
-            # 3. verification (speculative's kernels; ``valid`` makes the row lengths ragged)
-            if greedy:
-                n, nxt = kernels.verify_greedy(x, logits, valid)
-            else:
-                p = sampling.probs(logits, temperature, top_k, top_p)  # (b, g + 1, V)
-                q = torch.stack(qs, 1).to(device) if g else p[:, :0]  # (b, g, V)
-                u = torch.rand((len(rows), g + 1), generator=generator,
-                               device=generator.device if generator is not None else device).to(device)
-                n, nxt = (_verify or kernels.rejection_sample)(x, p, q, u, valid)
-            host = torch.cat([n[:, None], nxt[:, None], valid[:, None], x], 1).tolist()
-            # 4. emit
-            step_acc = [0] * B
-            finished, emitted = [], []
-            for i, r in enumerate(rows):
-                k, t, v, xs = host[i][0], host[i][1], host[i][2], host[i][3:]
-                step_acc[r] = k
-                stats.drafted += v
-                row_lengths.append(v)
-                new, done = truncate_at_eos(xs[:k] + [t], eos, remaining[i])
-                out[r].extend(new)
-                emitted.append(len(new))
-                if done or len(out[r]) >= max_new_tokens:
-                    finished.append(i)
-            stats.accepted.append(step_acc)
-            if bandit is not None and policy == "ucb":
-                bandit.update(sum(emitted) / len(emitted), g)
-            if len(finished) == len(rows) or g == 0:  # g == 0 only when every row needed one token
-                break
-            # 5. roll both caches back past the rejected (or never proposed) drafts
-            n_list = [h[0] for h in host]
-            nmax = max(n_list)
-            slot = torch.arange(g, device=device)
-            tgt.keep(g, (slot[None, :] < n[:, None]).long(), tgt.mask.shape[1] - g + nmax,
-                     new_holes=len(set(n_list)) > 1)
-            if g > 1:  # the draft processed x_1 .. x_{g-1}; keep the accepted ones
-                dn = n.clamp(max=g - 1).to(draft.device)
-                dkeep = (slot[None, : g - 1].to(draft.device) < dn[:, None]).long()
-                drf.keep(g - 1, dkeep, drf.mask.shape[1] - (g - 1) + min(nmax, g - 1),
-                         new_holes=len({min(k, g - 1) for k in n_list}) > 1)
-            # 6. unprocessed tokens: the new one, and the last draft where a row accepted all g
-            t_feed, t_fmask = nxt[:, None], None
-            nxt_d = nxt.to(draft.device)
-            if nmax == g:
-                all_acc = (n == g).to(draft.device)  # (b,)
-                d_feed = torch.stack([torch.where(all_acc, x[:, -1].to(draft.device), nxt_d), nxt_d], 1)
-                d_fmask = None if all(k == g for k in n_list) else torch.stack(
-                    [all_acc.long(), torch.ones_like(nxt_d)], 1)
-            else:
-                d_feed, d_fmask = nxt_d[:, None], None
-            if finished:
-                keep = [i for i in range(len(rows)) if i not in finished]
-                sel = torch.tensor(keep, device=device)
-                tgt.select(sel)
-                drf.select(sel.to(draft.device))
-                t_feed = t_feed[sel]
-                d_feed = d_feed[sel.to(draft.device)]
-                d_fmask = None if d_fmask is None else d_fmask[sel.to(draft.device)]
-                rows = [rows[i] for i in keep]
-    stats.nfe = stats.target_calls + stats.draft_calls
-    stats.new_tokens = sum(len(o) for o in out)
-    stats.extra["gammas"] = step_gammas
-    stats.extra["mean_gamma"] = sum(row_lengths) / len(row_lengths) if row_lengths else 0.0
-    if bandit is not None:
-        stats.extra["bandit_means"] = bandit.means()
-    return Generation(out, stats)
+    if policy == "ucb":
+        rule = bandit if bandit is not None else UCB(gammas, cost_ratio)
+    else:
+        rule = Confidence(policy, threshold, max_gamma)
+    g = speculative.decode(target, draft, prompts, rule, max_new_tokens, temperature, top_k, top_p, generator,
+                           eos_token_id, _verify)
+    if policy == "ucb":
+        g.stats.extra["bandit_means"] = rule.means()
+    return g
 
 
 # ---------------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ ids count only a row's valid slots, so every row computes exactly what it would 
 At batch 1 there are never holes and no mask is passed at all. Rows that finish (EOS or
 ``max_new_tokens``) are dropped from both caches.
 
+Draft lengths come from a policy object (:class:`FixedGamma` here; the adaptive policies of
+:mod:`refimpl.adaptive` plug into the same loop, :func:`decode`), and each row verifies only its
+own drafts.
+
 The draft is never run twice on a token: after verification its cache keeps the accepted
 drafts it has already processed, and the next round first feeds what it has not seen: the
 correction/bonus token, preceded by the last draft token when all ``gamma`` were accepted (the
@@ -69,7 +73,7 @@ def check_same_tokenizer(target, draft) -> None:
 # ---------------------------------------------------------------------------------------
 # a KV cache with per-row valid slots
 # ---------------------------------------------------------------------------------------
-class _Slots:
+class SlotCache:
     """One model's KV cache plus a (B, slots) mask of valid slots and per-row valid counts."""
 
     def __init__(self, lm, batch: int, device):
@@ -109,6 +113,34 @@ class _Slots:
 
 
 # ---------------------------------------------------------------------------------------
+# draft-length policies: how many tokens to draft this step
+# ---------------------------------------------------------------------------------------
+class FixedGamma:
+    """Draft ``gamma`` tokens every step (fewer where a row needs fewer tokens).
+
+    The interface every draft-length policy of :func:`decode` has (see :mod:`refimpl.adaptive`):
+    ``cap()`` the most drafts this step; when ``confidence`` is True, ``stop(g, conf, stop)`` is
+    called after the g-th draft token with the draft's top-1 probabilities ``conf`` (b,) and
+    returns the per-row draft lengths ``stop`` (b,) updated; ``update(emitted, g)`` sees the mean
+    tokens emitted per row after each step.
+    """
+
+    confidence = False
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+
+    def cap(self) -> int:
+        return self.gamma
+
+    def stop(self, g: int, conf: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+        return stop
+
+    def update(self, emitted: float, g: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------
 # the decoder
 # ---------------------------------------------------------------------------------------
 @torch.no_grad()
@@ -126,9 +158,24 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
     ``row`` accepted at that step (0 once the row has finished) and ``stats.extra["gammas"][step]``
     the draft length of that step (``gamma``, less near ``max_new_tokens``).
     """
+    check_positive_int("gamma", gamma)
+    return decode(target, draft, prompts, FixedGamma(gamma), max_new_tokens, temperature, top_k, top_p, generator,
+                  eos_token_id, _verify)
+
+
+@torch.no_grad()
+def decode(target, draft, prompts, policy, max_new_tokens: int = 64, temperature: float = 0.0,
+           top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+           eos_token_id=None, _verify=None) -> Generation:
+    """The draft / verify / roll-back loop shared by fixed and adaptive draft lengths.
+
+    ``policy`` decides each step's draft length (:class:`FixedGamma`, or the adaptive policies of
+    :mod:`refimpl.adaptive`); every row verifies only its own drafts (``valid`` of the kernels).
+    ``stats.extra["gammas"]`` lists the draft calls of each step, ``stats.extra["mean_gamma"]`` the
+    mean draft length per row and step.
+    """
     import kernels
 
-    check_positive_int("gamma", gamma)
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
     check_same_tokenizer(target, draft)
     prompts = normalize_prompts(prompts, min(target.max_length, draft.max_length), max_new_tokens, target.vocab_size)
@@ -139,29 +186,42 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
     B = len(prompts)
     stats = Stats(rows=B)
     out: list[list[int]] = [[] for _ in prompts]
+    step_gammas: list[int] = []
+    row_lengths: list[int] = []
     with Timer(stats):
         ids, pmask = left_pad(prompts, target.pad_token_id, device)  # (B, L)
         padded = bool((pmask == 0).any())
-        tgt, drf = _Slots(target, B, device), _Slots(draft, B, draft.device)
+        tgt, drf = SlotCache(target, B, device), SlotCache(draft, B, draft.device)
         t_feed, t_fmask = ids, (pmask if padded else None)  # tokens the target has not processed
         d_feed, d_fmask = ids.to(draft.device), (pmask.to(draft.device) if padded else None)
         rows = list(range(B))  # current batch index -> original row
         while rows:
             remaining = [max_new_tokens - len(out[r]) for r in rows]
-            g = min(gamma, max(remaining) - 1)  # never draft past what any row still needs
-            valid = torch.tensor([min(g, m - 1) for m in remaining], device=device)  # (b,)
-            # 1. draft g tokens (the first call also feeds what the draft has not processed)
+            cap = min(policy.cap(), max(remaining) - 1)  # never draft past what any row still needs
+            per_row = [min(cap, m - 1) for m in remaining]
+            stop = torch.tensor(per_row, device=draft.device)  # (b,) each row's draft length
+            limit = max(per_row)
+            # 1. draft (the first call also feeds what the draft has not processed)
             drafts, qs = [], []
-            for i in range(g):
+            g = 0
+            while g < limit:
                 dl = drf.feed(d_feed, d_fmask)[:, -1]  # (b, V)
                 if greedy:
                     x = dl.argmax(-1)  # (b,)
+                    conf = torch.softmax(dl.float(), -1).amax(-1) if policy.confidence else None
                 else:
-                    qs.append(sampling.probs(dl, temperature, top_k, top_p))
+                    qs.append(sampling.probs(dl, temperature, top_k, top_p))  # (b, V)
                     x = sampling.sample_from_probs(qs[-1], generator)
+                    conf = qs[-1].amax(-1)
                 drafts.append(x)
+                g += 1
+                if policy.confidence:  # the draft's top-1 probability may stop rows early
+                    stop = policy.stop(g, conf, stop)
+                    limit = int(stop.max())
                 d_feed, d_fmask = x[:, None], None
             stats.draft_calls += g
+            step_gammas.append(g)
+            valid = stop.clamp(max=g).to(device)  # (b,) drafts each row proposes
             x = torch.stack(drafts, 1).to(device) if g else ids.new_zeros((len(rows), 0))  # (b, g)
             # 2. one target call: unprocessed tokens (last committed, or the prompt) + drafts
             qt = t_feed.shape[1]
@@ -177,41 +237,43 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
                 u = torch.rand((len(rows), g + 1), generator=generator,
                                device=generator.device if generator is not None else device).to(device)
                 n, nxt = verify(x, p, q, u, valid)
-            host = torch.cat([n[:, None], nxt[:, None], x], 1).tolist()  # the one sync per step
+            host = torch.cat([n[:, None], nxt[:, None], valid[:, None], x], 1).tolist()  # the one sync per step
             # 4. emit, stop rows at EOS / max_new_tokens
             step_acc = [0] * B
-            finished = []
+            finished, emitted = [], []
             for i, r in enumerate(rows):
-                k, t, xs = host[i][0], host[i][1], host[i][2:]
+                k, t, v, xs = host[i][0], host[i][1], host[i][2], host[i][3:]
                 step_acc[r] = k
-                stats.drafted += min(g, remaining[i] - 1)
+                stats.drafted += v
+                row_lengths.append(v)
                 new, done = truncate_at_eos(xs[:k] + [t], eos, remaining[i])
                 out[r].extend(new)
+                emitted.append(len(new))
                 if done or len(out[r]) >= max_new_tokens:
                     finished.append(i)
             stats.accepted.append(step_acc)
-            stats.extra.setdefault("gammas", []).append(g)  # draft length of each step
-            if len(finished) == len(rows) or g == 0:
+            policy.update(sum(emitted) / len(emitted), g)
+            if len(finished) == len(rows) or g == 0:  # g == 0 only when every row needed one token
                 break
-            # 5. roll both caches back past the rejected drafts
+            # 5. roll both caches back past the rejected (or never proposed) drafts
             n_list = [h[0] for h in host]
             nmax = max(n_list)
             slot = torch.arange(g, device=device)
             tgt.keep(g, (slot[None, :] < n[:, None]).long(), tgt.mask.shape[1] - g + nmax,
                      new_holes=len(set(n_list)) > 1)
-            dn = n.clamp(max=g - 1).to(draft.device)  # drafts the draft model has processed and kept
-            dkeep = (slot[None, : g - 1].to(draft.device) < dn[:, None]).long()
-            dmax = min(nmax, g - 1)
-            drf.keep(g - 1, dkeep, drf.mask.shape[1] - (g - 1) + dmax,
-                     new_holes=len({min(k, g - 1) for k in n_list}) > 1)
+            if g > 1:  # the draft processed x_1 .. x_{g-1}; keep the accepted ones
+                dn = n.clamp(max=g - 1).to(draft.device)
+                dkeep = (slot[None, : g - 1].to(draft.device) < dn[:, None]).long()
+                drf.keep(g - 1, dkeep, drf.mask.shape[1] - (g - 1) + min(nmax, g - 1),
+                         new_holes=len({min(k, g - 1) for k in n_list}) > 1)
             # 6. what each model has not processed yet: the new token (and x_g if all were accepted)
             t_feed, t_fmask = nxt[:, None], None
-            all_acc = (n == g).to(draft.device)  # (b,)
             nxt_d = nxt.to(draft.device)
-            if g and nmax == g:
+            if nmax == g:
+                all_acc = (n == g).to(draft.device)  # (b,)
                 d_feed = torch.stack([torch.where(all_acc, x[:, -1].to(draft.device), nxt_d), nxt_d], 1)
-                every = all(k == g for k in n_list)
-                d_fmask = None if every else torch.stack([all_acc.long(), torch.ones_like(nxt_d)], 1)
+                d_fmask = None if all(k == g for k in n_list) else torch.stack(
+                    [all_acc.long(), torch.ones_like(nxt_d)], 1)
             else:
                 d_feed, d_fmask = nxt_d[:, None], None
             if finished:
@@ -225,6 +287,8 @@ def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, t
                 rows = [rows[i] for i in keep]
     stats.nfe = stats.target_calls + stats.draft_calls
     stats.new_tokens = sum(len(o) for o in out)
+    stats.extra["gammas"] = step_gammas
+    stats.extra["mean_gamma"] = sum(row_lengths) / len(row_lengths) if row_lengths else 0.0
     return Generation(out, stats)
 
 
