@@ -17,15 +17,17 @@ three kinds of draft, each an :class:`refimpl.models.LM` that any decoder can ca
   lossless for any q (the accepted-or-resampled token is distributed as p whatever q is), so
   :class:`TrimmedLM` returns full-vocabulary logits with ``-inf`` outside the kept set. The draft
   shares the target's embedding matrix (input embeddings and, for the head, its kept rows), so
-  only its own 2 transformer layers are committed; :meth:`TrimmedLM.to_hf` gives a full-vocab
+  only its own transformer layers are committed. It is distilled on ~6,000 of the target's own
+  greedy answers to generated prompts (:mod:`refimpl.distill_data`); :meth:`TrimmedLM.to_hf` gives a full-vocab
   ``LlamaForCausalLM`` for Hugging Face assisted generation.
 - **Early exit** (:func:`early_exit`): the target's first ``k`` layers, then its final norm and
   head, with their own KV cache: a training-free draft ("Draft & Verify: Lossless Large Language
   Model Acceleration via Self-Speculative Decoding", Zhang et al., arXiv 2309.08168, skips layers;
   "LayerSkip", Elhoushi et al., arXiv 2404.16710, exits early and verifies with the rest).
 
-Reproduce the committed weights with ``python -m refimpl.train tiny-draft`` and
-``python -m refimpl.train smollm2-135m-draft`` (both train on CPU in minutes).
+Reproduce the committed weights with ``python -m refimpl.train tiny-draft`` (minutes) and
+``python -m refimpl.train smollm2-135m-draft`` (about 30 min of target generations, then about
+20 min of training, on 2 CPU cores).
 """
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ import copy
 import json
 import math
 import os
+import random
 import time
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -387,163 +391,8 @@ def trimmed_model(config, embed: torch.Tensor, kept_ids: torch.Tensor):
 
 
 # ---------------------------------------------------------------------------------------
-# smollm2-135m-draft: data from the target, distillation, loading
+# smollm2-135m-draft: distillation on the target's own answers, loading
 # ---------------------------------------------------------------------------------------
-#: A small, diverse prompt set for the target's own generations (chat, code, math, summaries, Bible).
-DISTILL_PROMPTS = [
-    "What is the capital of France? Answer in one sentence.",
-    "Give me three tips for staying focused while studying.",
-    "Explain what a neural network is to a ten-year-old.",
-    "Write a short poem about the ocean at night.",
-    "What are the health benefits of drinking water?",
-    "How do I make a cup of green tea?",
-    "Tell me a fun fact about octopuses.",
-    "Write a polite email asking my manager for a day off.",
-    "What is the difference between weather and climate?",
-    "Describe a sunny day in the park.",
-    "Write a Python function that returns the factorial of n.",
-    "Write a Python function to check whether a string is a palindrome.",
-    "Explain what a for loop does in Python, with an example.",
-    "Write a JavaScript function that reverses an array.",
-    "How do I read a CSV file in Python?",
-    "Write a SQL query that counts the rows of a table named users.",
-    "What is 17 times 23? Show your steps.",
-    "Solve for x: 3x + 5 = 20.",
-    "A train travels 60 miles per hour for 2.5 hours. How far does it go?",
-    "What is the sum of the first 10 positive integers?",
-    "If I have 12 apples and give away 5, how many do I have left?",
-    "Explain the Pythagorean theorem with an example.",
-    "Summarize the story of Romeo and Juliet in a few sentences.",
-    "Summarize the main causes of the French Revolution.",
-    "Summarize the water cycle in simple terms.",
-    "Summarize this text: The city council met on Tuesday to discuss the new park. Residents asked "
-    "for more trees and a playground. The council agreed to fund both next year.",
-    "Summarize the plot of a typical superhero movie.",
-    "Who was Moses in the Bible?",
-    "Retell the story of Noah's ark in a few sentences.",
-    "What does the Bible say in the first verse of Genesis?",
-    "Explain the parable of the good Samaritan.",
-    "List five animals that live in the desert.",
-    "What are the planets of the solar system?",
-    "Give me a recipe for pancakes.",
-    "How can I improve my sleep?",
-    "What is photosynthesis?",
-]
-
-#: Raw-text prompts (no chat template): the target continues them as a base LM would.
-DISTILL_TEXTS = [
-    "In the beginning God created the heaven and the earth.",
-    "def fibonacci(n):\n",
-    "The history of the Roman Empire",
-    "import numpy as np\n\n",
-    "Once upon a time, in a small village,",
-    "The quick brown fox",
-]
-
-
-#: Short passages for summary / copy / question-answer prompts (not the benchmark's passages).
-DISTILL_PASSAGES = [
-    "The old mill by the river was built in 1820 to grind wheat for the village. A flood damaged its "
-    "wheel in 1889, and the owners replaced it with a steam engine. The mill closed in 1951. Volunteers "
-    "restored it in the 1990s, and it now grinds flour for visitors every Saturday.",
-    "Honeybees live in colonies of up to sixty thousand insects. The queen lays the eggs, workers "
-    "collect nectar and pollen, and drones mate with new queens. Bees share the location of flowers "
-    "with a waggle dance, and they store honey in wax combs to survive the winter.",
-    "The school library will move to the new building in March. Students can borrow up to five books "
-    "at a time, and the opening hours will be extended until six in the evening. A quiet study room "
-    "and ten new computers will be available, and the librarian will run a reading club on Fridays.",
-    "Marie Curie was born in Warsaw in 1867 and moved to Paris to study physics. With her husband "
-    "Pierre she discovered polonium and radium. She won the Nobel Prize in Physics in 1903 and in "
-    "Chemistry in 1911, and she was the first woman to teach at the Sorbonne.",
-    "A volcano forms where molten rock, called magma, rises through cracks in the Earth's crust. When "
-    "pressure builds up, the magma erupts as lava, ash and gas. Some volcanoes erupt often, while "
-    "others stay quiet for thousands of years before a sudden eruption.",
-    "The company reported that sales grew by twelve percent last year, mostly thanks to its online "
-    "store. Costs also rose because of higher shipping prices. The board plans to open two new "
-    "warehouses and hire one hundred workers next spring.",
-]
-DISTILL_CODE = [
-    "def total_price(items):\n    s = 0\n    for item in items:\n        s += item['price'] * item['qty']\n    return s\n",
-    "def find_max(values):\n    best = values[0]\n    for v in values:\n        if v > best:\n            best = v\n    return best\n",
-    "def greet(name):\n    print('Hello, ' + name + '!')\n",
-]
-DISTILL_TOPICS = [
-    "the moon", "volcanoes", "honeybees", "the internet", "recycling", "the Roman Empire", "rainbows",
-    "electric cars", "coffee", "the human heart", "black holes", "gardening", "chess", "the ocean",
-    "democracy", "vaccines", "music", "friendship", "time management", "dinosaurs", "bread baking",
-    "solar energy", "the Great Wall of China", "penguins", "exercise", "social media", "the brain",
-    "earthquakes", "photography", "libraries", "trees", "money", "airplanes", "the desert", "tea",
-    "robots", "snow", "bicycles", "the printing press", "cats",
-]
-DISTILL_TEMPLATES = [
-    "Explain {} in simple terms.",
-    "Give me three interesting facts about {}.",
-    "Write a short paragraph about {}.",
-    "What are the pros and cons of {}?",
-    "Write a short poem about {}.",
-    "Why is {} important? Answer briefly.",
-]
-DISTILL_TASKS = [
-    "Write a Python function that returns the sum of a list of numbers.",
-    "Write a Python function that finds the largest number in a list.",
-    "Write a Python function that reverses a string.",
-    "Write a Python function that removes duplicates from a list.",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Write a Python function that checks whether a number is prime.",
-    "Write a Python function that counts the words in a sentence.",
-    "Write a Python function that converts Celsius to Fahrenheit.",
-    "Write a Python function that sorts a list of dictionaries by a key.",
-    "Write a Python class for a simple bank account with deposit and withdraw methods.",
-    "Write a Python function that returns the average of a list.",
-    "Write a Python function that capitalizes the first letter of every word.",
-    "What is 25% of 60? Show your work.",
-    "A car travels 150 km in 3 hours. What is its average speed? Explain step by step.",
-    "Solve for x: 2x - 4 = 10. Show each step.",
-    "What is the area of a circle with radius 5 cm?",
-    "A shop sells pens for 3 dollars each. How much do 7 pens cost? Explain.",
-    "If a square has sides of 6 m, what are its area and perimeter?",
-    "Sara has 20 candies and eats a quarter of them. How many are left? Explain.",
-    "What is 144 divided by 12? Show your steps.",
-    "Convert 3.5 hours into minutes. Explain.",
-    "What is the average of 4, 8, 15 and 21? Show your work.",
-    "How do I write a thank-you note to a teacher?",
-    "What should I bring to a picnic?",
-    "Suggest a name for a bakery and explain why.",
-    "How can I save money on groceries?",
-    "Give me a short plan for learning to cook in one month.",
-    "How do I politely ask a neighbor to turn down the music?",
-    "What are good habits for staying healthy at work?",
-    "How do I prepare for a job interview?",
-    "Give me tips for a first day at a new school.",
-    "What are some fun things to do on a rainy day?",
-]
-
-
-def greedy_distill_texts() -> list[str]:
-    """~380 chat prompts for the greedy distillation data: topics x templates, tasks, passages, code.
-
-    Written in the benchmark's categories (chat, summary, code, math, copy/edit, QA) but never
-    the benchmark's own prompts or passages.
-    """
-    out = [t.format(x) for x in DISTILL_TOPICS for t in DISTILL_TEMPLATES] + DISTILL_TASKS + DISTILL_PROMPTS
-    for p in DISTILL_PASSAGES:
-        first = p.split()[1]
-        out += [f"Summarize the following text in two sentences.\n\n{p}",
-                f"Write a one-sentence summary of this text.\n\n{p}",
-                f"Repeat the following text word for word.\n\n{p}",
-                f"Rewrite the following text, replacing '{first}' with 'the' and keeping everything else the same.\n\n{p}",
-                f"Fix any spelling mistakes and otherwise copy the text unchanged.\n\n{p}",
-                f"{p}\n\nQuestion: What is this text about?",
-                f"{p}\n\nQuestion: What happened first, according to the text?",
-                f"List the key facts in this text as bullet points.\n\n{p}"]
-    for c in DISTILL_CODE:
-        out += [f"Add a docstring and type hints to this function:\n\n{c}",
-                f"Rewrite this code with clearer variable names:\n\n{c}",
-                f"Explain what this function does:\n\n{c}",
-                f"Copy this code exactly and add a comment to each line:\n\n{c}"]
-    return out
-
-
 def chat_prompt_ids(lm: LM, text: str) -> list[int]:
     """``text`` as one user turn in the target's chat template, ready for the assistant's answer."""
     if getattr(lm.tokenizer, "chat_template", None):
@@ -555,111 +404,17 @@ def chat_prompt_ids(lm: LM, text: str) -> list[int]:
     return lm.encode(text)
 
 
-def distill_prompts(lm: LM) -> list[list[int]]:
-    return [chat_prompt_ids(lm, t) for t in DISTILL_PROMPTS] + [lm.encode(t) for t in DISTILL_TEXTS]
-
-
-@torch.no_grad()
-def generate_with_hidden(lm: LM, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.8,
-                         generator: torch.Generator | None = None):
-    """Sample continuations of a ragged batch and keep the target's final (post-norm) hidden states.
-
-    Returns a list of ``(ids, hidden)`` per row: ``ids`` = prompt + new tokens (stopped after the
-    first EOS), ``hidden`` (len(ids) - 1, H) float16 with ``hidden[t] @ W_head`` = the target's
-    logits for token ``t + 1``: enough to distil any head on these positions later.
-    """
-    from .autoregressive import left_pad, positions_from_mask
-    from .sampling import sample
-
-    inner = _decoder(lm.model)
-    ids, mask = left_pad(prompts, lm.pad_token_id, lm.device)  # (B, L)
-    pos = positions_from_mask(mask)
-    B = len(prompts)
-    rows = [list(p) for p in prompts]
-    hid = [[] for _ in range(B)]
-    done = [False] * B
-    cache = lm.new_cache()
-    feed, feed_pos = ids, pos
-    for step in range(max_new_tokens):
-        h = inner(input_ids=feed, past_key_values=cache, position_ids=feed_pos, attention_mask=mask,
-                  use_cache=True).last_hidden_state  # (B, Q, H)
-        logits = lm.model.lm_head(h[:, -1]).float()  # (B, V)
-        nxt = sample(logits, temperature, None, None, generator)  # (B,)
-        for b in range(B):
-            if done[b]:
-                continue
-            keep = h[b][mask[b, -h.size(1):].bool()] if step == 0 else h[b]
-            hid[b].append(keep.half().cpu())
-            t = int(nxt[b])
-            rows[b].append(t)
-            done[b] = t == lm.eos_token_id
-        if all(done):
-            break
-        feed, feed_pos = nxt[:, None], pos[:, -1:] + 1
-        pos = torch.cat([pos, feed_pos], 1)
-        mask = torch.cat([mask, torch.ones_like(feed)], 1)
-    return [(r, torch.cat(h, 0)) for r, h in zip(rows, hid)]
-
-
-def build_distill_data(lm: LM, seconds: float = 300.0, batch: int = 12, max_new_tokens: int = 128,
-                       temperature: float = 0.8, seed: int = 0, progress: bool = True):
-    """Batches of the target's own sampled answers to :data:`DISTILL_PROMPTS`, until ``seconds`` run out."""
-    from tqdm.auto import tqdm
-
-    gen = torch.Generator().manual_seed(seed)
-    prompts = distill_prompts(lm)
-    data, t0, i = [], time.time(), 0
-    bar = tqdm(total=int(seconds), desc="target generations (s)", disable=not progress)
-    while time.time() - t0 < seconds:
-        order = torch.randperm(len(prompts), generator=gen).tolist()
-        for j in range(0, len(order), batch):
-            chunk = [prompts[k] for k in order[j : j + batch]]
-            data += generate_with_hidden(lm, chunk, max_new_tokens, temperature, gen)
-            i += len(chunk)
-            bar.n = min(int(time.time() - t0), int(seconds))
-            bar.set_postfix(rows=i, tokens=sum(len(r) for r, _ in data))
-            bar.refresh()
-            if time.time() - t0 >= seconds:
-                break
-    bar.close()
-    return data
-
-
-def build_greedy_data(lm: LM, texts=None, seconds: float = 600.0, batch: int = 24, max_new_tokens: int = 80,
-                      seed: int = 0, path: str | None = None, progress: bool = True):
-    """The target's GREEDY answers to :func:`greedy_distill_texts` (shuffled), until ``seconds`` run out.
-
-    Greedy continuations are the regime the draft is scored in (greedy speculative decoding), so
-    one answer per prompt; ``path`` saves the rows after every batch (a cut-off run keeps its work).
-    """
-    from tqdm.auto import tqdm
-
-    texts = greedy_distill_texts() if texts is None else texts
-    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
-    prompts = [chat_prompt_ids(lm, texts[k]) for k in order]
-    data, t0 = [], time.time()
-    bar = tqdm(range(0, len(prompts), batch), desc="greedy target answers", disable=not progress)
-    for j in bar:
-        data += generate_with_hidden(lm, prompts[j : j + batch], max_new_tokens, temperature=0.0)
-        bar.set_postfix(rows=len(data), tokens=sum(len(r) for r, _ in data))
-        if path:
-            torch.save(data, path)
-        if time.time() - t0 >= seconds:
-            break
-    return data
-
-
 def top_tokens(data, k: int, always=()) -> torch.Tensor:
-    """The ``k`` most frequent token ids in the generated rows (``always`` included first), sorted."""
+    """The ``k`` most frequent token ids in the rows ``(ids, ...)`` (``always`` included first), sorted."""
     counts: dict[int, int] = {}
-    for ids, _ in data:
-        for t in ids:
+    for row in data:
+        for t in row[0]:
             counts[t] = counts.get(t, 0) + 1
     ranked = [t for t in always] + [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1]) if t not in always]
     return torch.tensor(sorted(ranked[:k]), dtype=torch.long)
 
 
-def smol_draft_config(target_config, num_layers: int = 2, intermediate_size: int = 512):
+def smol_draft_config(target_config, num_layers: int = 2, intermediate_size: int = 1536):
     cfg = copy.deepcopy(target_config)
     cfg.num_hidden_layers = num_layers
     cfg.intermediate_size = intermediate_size
@@ -670,7 +425,7 @@ def smol_draft_config(target_config, num_layers: int = 2, intermediate_size: int
 
 
 def _prune_mlp(dst_layer, src_layer, keep: int) -> None:
-    """Copy a layer, keeping the ``keep`` MLP neurons with the largest weight norms."""
+    """Copy a layer, keeping the ``keep`` MLP neurons with the largest weight norms (all: a plain copy)."""
     sd = src_layer.state_dict()
     mlp = src_layer.mlp
     score = mlp.down_proj.weight.norm(dim=0) * (mlp.gate_proj.weight.norm(dim=1) + mlp.up_proj.weight.norm(dim=1))
@@ -681,105 +436,119 @@ def _prune_mlp(dst_layer, src_layer, keep: int) -> None:
     dst_layer.load_state_dict(sd)
 
 
-def train_smollm2_draft(out_dir: str, steps: int = 400, gen_seconds: float = 300.0, train_seconds: float = 600.0,
-                        vocab_keep: int = 4096, num_layers: int = 2, intermediate_size: int = 512,
-                        init_layers=(0, -1), batch: int = 8, lr: float = 1e-3, seed: int = 0,
-                        gen_batch: int = 21, data_path: str | None = "default", more_gen_seconds: float = 0.0,
-                        greedy_seconds: float = 540.0, greedy_path: str | None = "default", greedy_share: float = 0.75,
+def _draft_batch(rows, pick, pad_id: int, head: torch.Tensor | None = None):
+    """Right-padded inputs (B, T), the loss positions (B, T) bool and the teacher's logits (N, K)
+    on the kept tokens (``head`` = their embedding rows (K, H); None: no logits)."""
+    T = max(len(rows[i][0]) for i in pick) - 1
+    x = torch.full((len(pick), T), pad_id, dtype=torch.long)
+    m = torch.zeros(len(pick), T, dtype=torch.bool)
+    hs = []
+    for b, i in enumerate(pick):
+        ids, n, h = rows[i][:3]
+        x[b, : len(ids) - 1] = torch.tensor(ids[:-1])
+        m[b, n - 1 : len(ids) - 1] = True  # position t predicts ids[t + 1]: the answer tokens
+        hs.append(h)
+    if head is None:
+        return x, m, None
+    with torch.no_grad():
+        t_logits = torch.cat(hs).float() @ head.T  # (N, K): the target's logits on the kept tokens
+    return x, m, t_logits
+
+
+@torch.no_grad()
+def _agreement(model, rows, head_ids: torch.Tensor, pad_id: int, batch: int = 16) -> float:
+    """Teacher-forced top-1 agreement on answer tokens: how often the draft's argmax is the target's."""
+    hit = n = 0
+    for j in range(0, len(rows), batch):
+        pick = list(range(j, min(j + batch, len(rows))))
+        x, m, _ = _draft_batch(rows, pick, pad_id)
+        h = model.model(input_ids=x).last_hidden_state[m]  # (N, H)
+        pred = head_ids[model.lm_head(h).argmax(-1)]  # (N,) token ids
+        nxt = torch.cat([torch.tensor(rows[i][0][rows[i][1]:]) for i in pick])  # (N,) greedy = target argmax
+        hit += int((pred == nxt).sum())
+        n += nxt.numel()
+    return hit / max(n, 1)
+
+
+def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 1800, train_seconds: float = 2400.0,
+                        vocab_keep: int = 8192, num_layers: int = 3, intermediate_size: int = 1536,
+                        init_layers=(0, 1, -1), batch: int = 32, lr: float = 5e-4, holdout: int = 50, seed: int = 0,
+                        bf16: bool = True, stages=(1, 2, 3), init_from: str | None = None,
                         progress: bool = True) -> dict:
-    """Distil SmolLM2-135M-Instruct into a 2-layer, trimmed-vocabulary draft on its own generations.
+    """Distil SmolLM2-135M-Instruct into a small trimmed-vocabulary draft on its own greedy answers.
 
-    1. the target answers :func:`greedy_distill_texts` GREEDILY (the regime the draft is scored in)
-       for ``greedy_seconds`` and samples answers (T = 0.8) to :data:`DISTILL_PROMPTS` for
-       ``gen_seconds``, keeping its final hidden states (so its logits on any token subset are one
-       matmul away); a batch holds a ``greedy_share`` of greedy rows, the rest sampled ones;
-    2. the kept vocabulary = the ``vocab_keep`` most frequent generated tokens (+ EOS / specials);
+    1. data (:mod:`refimpl.distill_data`): the target (bf16, batched) answers ~6,500 generated
+       prompts greedily, keeping its final hidden state at every answer position; cached in
+       ``~/.cache/refimpl/smollm2-distill-s{1,2}.pt`` (a rerun continues for ``gen_seconds``);
+    2. the kept vocabulary = the ``vocab_keep`` most frequent answer tokens (+ specials);
     3. the draft = target embeddings (frozen) -> ``num_layers`` layers initialised from the
-       target's ``init_layers`` (MLP pruned to ``intermediate_size`` neurons) -> norm -> the kept
-       rows of the embedding as head (frozen); only the layers and the norm train, on
-       ``KL(p_kept || q)`` where ``p_kept`` is the target's distribution renormalised on the kept set,
-       for ``steps`` steps or ``train_seconds``, whichever comes first.
+       target's ``init_layers`` (MLP pruned to ``intermediate_size`` if smaller) -> norm -> the kept
+       rows of the embedding as head (frozen); the layers and the norm train on
+       ``KL(p_kept || q)`` over answer positions, ``p_kept`` = the target's distribution
+       renormalised on the kept set (DistillSpec's forward KL on on-policy data), in bf16 autocast;
+    4. one prompt in ``holdout`` (by a hash of its text) is kept out and scored by teacher-forced
+       top-1 agreement (~ alpha); ``init_from`` continues a saved draft (its vocabulary and layers).
 
-    The generations are cached in ``greedy_path`` (default ``~/.cache/refimpl/smollm2-distill-greedy.pt``;
-    ``None``: no greedy data) and ``data_path`` (default ``~/.cache/refimpl/smollm2-distill-data.pt``)
-    so a second run only retrains (``more_gen_seconds`` > 0 appends new generations first); pass
-    ``data_path=None`` to regenerate. The learning rate follows a cosine over whichever budget
-    (``steps`` or ``train_seconds``) runs out first.
+    Runs for ``steps`` steps or ``train_seconds``, whichever comes first (cosine learning rate over
+    the budget that runs out first).
     """
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
+    from . import distill_data
     from .train import cosine_lr
 
     torch.manual_seed(seed)
+    rows = distill_data.build(cache_dir(), seconds=gen_seconds, seed=seed, progress=progress, stages=stages)
     target = load("smollm2-135m", device="cpu")
-    if data_path == "default":
-        data_path = os.path.join(cache_dir(), "smollm2-distill-data.pt")
-    gen_data = None
-    if data_path and os.path.exists(data_path):
-        gen_data = torch.load(data_path)
-    if gen_data is None or more_gen_seconds > 0:
-        more = build_distill_data(target, seconds=gen_seconds if gen_data is None else more_gen_seconds,
-                                  batch=gen_batch, seed=seed + (0 if gen_data is None else len(gen_data)),
-                                  progress=progress)
-        gen_data = more if gen_data is None else gen_data + more
-        if data_path:
-            torch.save(gen_data, data_path)
-    if greedy_path == "default":
-        greedy_path = os.path.join(cache_dir(), "smollm2-distill-greedy.pt")
-    if greedy_path:
-        if os.path.exists(greedy_path):
-            greedy = torch.load(greedy_path)
-        else:
-            greedy = build_greedy_data(target, seconds=greedy_seconds, seed=seed, path=greedy_path,
-                                       progress=progress)
-        gen_data = greedy + gen_data
-    else:
-        greedy = []
+    random.Random(seed).shuffle(rows)
+    # held out by a hash of the prompt: the same rows whichever stages are included
+    out_ = [zlib.crc32(r[3].encode()) % holdout == 0 for r in rows]
+    valid = [r for r, o in zip(rows, out_) if o]
+    rows = [r for r, o in zip(rows, out_) if not o]
     specials = sorted({target.eos_token_id, target.pad_token_id, *target.tokenizer.all_special_ids})
-    kept = top_tokens(gen_data, vocab_keep, always=specials)  # (K,)
-    n_tok = sum(len(r) for r, _ in gen_data)
+    if init_from:  # continue training a saved draft (its kept vocabulary and layers)
+        start = load_smollm2_draft(device="cpu", path=init_from)
+        kept = start.kept_ids.cpu()
+    else:
+        kept = top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always=specials)  # (K,)
     kept_set = set(kept.tolist())
-    coverage = sum(t in kept_set for r, _ in gen_data for t in r) / n_tok
+    answers = [t for r in valid for t in r[0][r[1]:]]
+    coverage = sum(t in kept_set for t in answers) / max(len(answers), 1)
 
     E = _decoder(target.model).embed_tokens.weight.detach()  # (V, H)
-    cfg = smol_draft_config(target.config, num_layers, intermediate_size)
-    model = trimmed_model(cfg, E, kept)
-    L = target.num_layers
-    for i, j in enumerate(init_layers[:num_layers]):
-        _prune_mlp(model.model.layers[i], _decoder(target.model).layers[j % L], intermediate_size)
-    model.model.norm.load_state_dict(_decoder(target.model).norm.state_dict())
-    params = [p for n, p in model.named_parameters() if p.requires_grad]
+    if init_from:
+        model, cfg = start.model, start.model.config
+        num_layers, intermediate_size = cfg.num_hidden_layers, cfg.intermediate_size
+        for n, p in model.named_parameters():  # the shared embedding and the head stay frozen
+            p.requires_grad_(not n.startswith(("model.embed_tokens", "lm_head")))
+    else:
+        cfg = smol_draft_config(target.config, num_layers, intermediate_size)
+        model = trimmed_model(cfg, E, kept)
+        L = target.num_layers
+        for i, j in enumerate(init_layers[:num_layers]):
+            _prune_mlp(model.model.layers[i], _decoder(target.model).layers[j % L], intermediate_size)
+        model.model.norm.load_state_dict(_decoder(target.model).norm.state_dict())
+    del target
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     head = E[kept].float()  # (K, H)
+    pad = int(cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id)
+    alpha0 = _agreement(model, valid, kept, pad)
     gen = torch.Generator().manual_seed(seed)
-    rows = [(torch.tensor(r), h) for r, h in gen_data if len(r) > 1]
-    n_greedy = sum(len(r) > 1 for r, _ in greedy)  # rows[:n_greedy] are the greedy answers
-    n_g = round(batch * greedy_share) if 0 < n_greedy < len(rows) else 0
     t0 = time.time()
     bar = tqdm(range(steps), desc="distil smollm2-135m-draft", disable=not progress)
     model.train()
     for step in bar:
         frac = max(step / steps, (time.time() - t0) / train_seconds)  # the budget used so far
         for g in opt.param_groups:
-            g["lr"] = cosine_lr(int(frac * steps), steps, lr, warmup=10)
-        if n_g:  # ``n_g`` greedy rows, the rest sampled ones
-            pick = (torch.randint(0, n_greedy, (n_g,), generator=gen).tolist()
-                    + torch.randint(n_greedy, len(rows), (batch - n_g,), generator=gen).tolist())
-        else:
-            pick = torch.randint(0, len(rows), (batch,), generator=gen).tolist()
-        T = max(rows[i][0].numel() for i in pick) - 1
-        x = torch.full((batch, T), target.pad_token_id, dtype=torch.long)
-        th = torch.zeros(batch, T, head.shape[1])
-        m = torch.zeros(batch, T, dtype=torch.bool)
-        for b, i in enumerate(pick):
-            r, h = rows[i]
-            n = r.numel() - 1
-            x[b, :n], th[b, :n], m[b, :n] = r[:-1], h.float(), True
-        with torch.no_grad():
-            t_logits = th @ head.T  # (B, T, K): the target's logits on the kept tokens
-        s_logits = model(input_ids=x).logits  # (B, T, K); right padding is harmless for a causal LM
-        loss = distill_loss(s_logits[m], t_logits[m], temperature=1.0, ce_weight=0.0)
+            g["lr"] = cosine_lr(int(frac * steps), steps, lr, warmup=20)
+        pick = torch.randint(0, len(rows), (batch,), generator=gen).tolist()
+        x, m, t_logits = _draft_batch(rows, pick, pad, head)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            h = model.model(input_ids=x).last_hidden_state[m]  # (N, H): answer positions only
+            s_logits = model.lm_head(h)  # (N, K)
+        loss = distill_loss(s_logits, t_logits, temperature=1.0, ce_weight=0.0)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -788,37 +557,86 @@ def train_smollm2_draft(out_dir: str, steps: int = 400, gen_seconds: float = 300
         if time.time() - t0 > train_seconds:
             break
     model.eval()
+    alpha = _agreement(model, valid, kept, pad)
     os.makedirs(out_dir, exist_ok=True)
-    state = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()
-             if not k.startswith(("model.embed_tokens", "lm_head"))}
+    state = quantize_int8({k: v.detach() for k, v in model.state_dict().items()
+                           if not k.startswith(("model.embed_tokens", "lm_head"))})
     state["kept_ids"] = kept.to(torch.int32)
     save_file(state, os.path.join(out_dir, "draft.safetensors"), metadata={"format": "pt"})
     cfg.save_pretrained(out_dir)
-    meta = {"target": "smollm2-135m", "vocab_keep": int(kept.numel()), "init_layers": list(init_layers),
-            "head": "target embedding rows of kept_ids", "tie": "embed_tokens from the target"}
+    meta = {"target": "smollm2-135m", "vocab_keep": int(kept.numel()),
+            "init": f"continued from {init_from}" if init_from else f"target layers {list(init_layers)}",
+            "head": "target embedding rows of kept_ids", "tie": "embed_tokens from the target",
+            "storage": "matrices int8 with one float16 scale per row (name + '.scale'); vectors float16"}
     with open(os.path.join(out_dir, "draft.json"), "w") as f:
         json.dump(meta, f, indent=2)
-    draft = load_smollm2_draft(device="cpu", path=out_dir)
-    probe = [chat_prompt_ids(target, t) for t in ("Name three colors.", "Write a haiku about rain.",
-                                                    "What is 5 + 7?")]
     report = {
         "target": "smollm2-135m",
-        "generated_rows": len(gen_data),
-        "greedy_rows": len(greedy),
-        "greedy_tokens": sum(len(r) for r, _ in greedy),
-        "generated_tokens": n_tok,
+        "train_rows": len(rows),
+        "answer_tokens": sum(len(r[0]) - r[1] for r in rows),
+        "heldout_rows": len(valid),
         "vocab_keep": int(kept.numel()),
-        "kept_token_coverage": round(coverage, 4),
+        "heldout_kept_coverage": round(coverage, 4),
+        "layers": num_layers,
+        "intermediate_size": intermediate_size,
         "trained_params": sum(p.numel() for p in params),
         "steps": step + 1,
+        "batch": batch,
         "train_minutes": round((time.time() - t0) / 60, 1),
         "final_loss": round(loss.item(), 4),
-        "greedy_agreement": round(greedy_agreement(target, draft, probe), 3),
+        "data_stages": list(stages),
+        "init_from": init_from,
+        "lr": lr,
+        "heldout_agreement_at_init": round(alpha0, 4),
+        "heldout_agreement": round(alpha, 4),
+        "expected_tau_gamma4": round(expected_tau(alpha, 4), 3),
     }
     with open(os.path.join(out_dir, "train_report.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))
     return report
+
+
+def train_smollm2_draft_recipe(out_dir: str, progress: bool = True) -> dict:
+    """The committed ``smollm2-135m-draft``: ``python -m refimpl.train smollm2-135m-draft``.
+
+    Phase 1 (40 min): a 3-layer draft from the target's layers 0, 1 and 29 on stages 1-2 (the
+    target's answers to chat / code / math / passage prompts); phase 2 (16 min): continued on
+    stages 1-3 (adds copy / edit tasks on human text), lr 2e-4. Data generation first: ~35 min.
+    """
+    phase1 = out_dir.rstrip("/") + "-phase1"
+    train_smollm2_draft(phase1, stages=(1, 2), progress=progress)
+    return train_smollm2_draft(out_dir, gen_seconds=0, init_from=phase1, lr=2e-4, steps=600, train_seconds=960,
+                               progress=progress)
+
+
+def quantize_int8(state: dict) -> dict:
+    """Matrices -> int8 with one float16 scale per row (``name + ".scale"``); other tensors float16.
+
+    Halves the committed size of a draft; a draft's precision only moves its acceptance rate,
+    never the output (verification is exact)."""
+    out = {}
+    for k, v in state.items():
+        v = v.float()
+        if v.dim() == 2:
+            scale = (v.abs().amax(1, keepdim=True) / 127).clamp(min=1e-12)  # (rows, 1)
+            out[k] = (v / scale).round().clamp(-127, 127).to(torch.int8).contiguous()
+            out[k + ".scale"] = scale.half().contiguous()
+        else:
+            out[k] = v.half().contiguous()
+    return out
+
+
+def dequantize_int8(state: dict) -> dict:
+    """Inverse of :func:`quantize_int8` (float16 checkpoints pass through unchanged)."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith(".scale") and k[: -len(".scale")] in state:
+            continue
+        if v.dtype == torch.int8 and k + ".scale" in state:
+            v = v.float() * state[k + ".scale"].float()
+        out[k] = v
+    return out
 
 
 def load_smollm2_draft(device=None, dtype=None, attn=None, path: str | None = None) -> TrimmedLM:
@@ -844,7 +662,7 @@ def load_smollm2_draft(device=None, dtype=None, attn=None, path: str | None = No
                 E = st.get_tensor("model.embed_tokens.weight").float()
     if E is None:
         raise FileNotFoundError(f"no model.embed_tokens.weight in the converted target at {tdir}")
-    state = load_file(os.path.join(path, "draft.safetensors"))
+    state = dequantize_int8(load_file(os.path.join(path, "draft.safetensors")))
     kept = state.pop("kept_ids").long()
     cfg = AutoConfig.from_pretrained(path)
     model = trimmed_model(cfg, E, kept)

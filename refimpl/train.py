@@ -27,7 +27,7 @@ TRAINERS: dict[str, str] = {
     "tiny-dllm": "refimpl.diffusion_lm:train_tiny_dllm",
     "tiny-dllm-rev": "refimpl.diffusion_lm:train_tiny_dllm_rev",
     "tiny-draft": "refimpl.drafts:train_tiny_draft",
-    "smollm2-135m-draft": "refimpl.drafts:train_smollm2_draft",
+    "smollm2-135m-draft": "refimpl.drafts:train_smollm2_draft_recipe",
 }
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")

@@ -122,7 +122,7 @@ def smol():
 def test_smollm2_draft_trimmed_and_hf_views_agree(smol):
     target, draft = smol
     assert isinstance(draft, drafts.TrimmedLM) and draft.vocab_size == target.vocab_size
-    assert draft.kept_ids.numel() < target.vocab_size // 8
+    assert draft.kept_ids.numel() <= target.vocab_size // 6  # a head of at most 1/6 of the rows
     ids = torch.tensor([drafts.chat_prompt_ids(target, "Name three colors.")])
     trimmed = draft.logits(ids)  # (1, T, V)
     hf = draft.to_hf()(input_ids=ids).logits.float()

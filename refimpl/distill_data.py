@@ -1,0 +1,429 @@
+"""Distillation data for ``smollm2-135m-draft``: a large prompt pool and the target's own answers.
+
+A draft is scored on how often it predicts the target's next token (greedy speculative decoding
+accepts exactly those), so it is trained on the *target's* answers, not on human text: the
+classic recipe of DistillSpec (Zhou et al., "DistillSpec: Improving Speculative Decoding via
+Knowledge Distillation", arXiv 2310.08461, section 4: on-policy data from the model being served).
+
+Nothing is downloaded: every prompt is built here from word lists, random arithmetic, King James
+Bible passages (``refimpl.data``) and passages/functions that the target itself writes in a first
+stage. The benchmark's prompts (``refimpl.prompts``) are excluded, and :func:`prompt_pool` checks it.
+
+Stage 1 asks the target for short paragraphs and Python functions about many topics; stage 2 reuses
+those answers as source texts for summary / copy / edit / question-answer / code-edit tasks (the
+categories of the benchmark), together with chat questions, random word problems and KJV passages.
+Stage 3 adds copy / edit tasks on *human* text (standard-library docstrings, KJV): the target's
+own paragraphs are easy to predict without looking back, so they never teach a draft to copy.
+
+``generate_answers`` runs the target batched in bfloat16 (about 2x the tokens/s of float32 on a
+CPU with bf16 matrix units) and keeps, for every answer position, the target's final hidden state
+``h`` (float16): the target's logits on any token subset are then one matmul, ``h @ E[kept].T``.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+#: Topics for chat questions and for the stage-1 paragraphs (everyday, science, history, skills).
+TOPICS = [
+    "the moon", "volcanoes", "honeybees", "the internet", "recycling", "the Roman Empire", "rainbows",
+    "electric cars", "coffee", "the human heart", "black holes", "gardening", "chess", "the ocean",
+    "democracy", "vaccines", "music", "friendship", "time management", "dinosaurs", "bread baking",
+    "solar energy", "the Great Wall of China", "penguins", "exercise", "social media", "the brain",
+    "earthquakes", "photography", "libraries", "trees", "money", "airplanes", "the desert", "tea",
+    "robots", "snow", "bicycles", "the printing press", "cats", "dogs", "rivers", "mountains",
+    "the weather", "clouds", "lightning", "the seasons", "birds", "butterflies", "whales", "sharks",
+    "forests", "rain", "wind power", "nuclear energy", "plastic pollution", "climate change",
+    "the solar system", "Mars", "stars", "telescopes", "microscopes", "bacteria", "viruses", "sleep",
+    "healthy eating", "vitamins", "running", "swimming", "yoga", "football", "the Olympic Games",
+    "painting", "poetry", "novels", "theatre", "movies", "video games", "board games", "cooking",
+    "pizza", "chocolate", "rice", "farming", "cities", "villages", "trains", "ships", "bridges",
+    "castles", "ancient Egypt", "the pyramids", "ancient Greece", "the Vikings", "the Middle Ages",
+    "the Renaissance", "the Industrial Revolution", "the steam engine", "electricity", "magnets",
+    "computers", "smartphones", "programming", "artificial intelligence", "the stock market",
+    "saving money", "budgeting", "shopping", "advertising", "newspapers", "radio", "television",
+    "languages", "learning a new language", "writing letters", "public speaking", "teamwork",
+    "leadership", "kindness", "patience", "happiness", "stress", "meditation", "holidays", "camping",
+    "hiking", "the beach", "islands", "maps", "compasses", "clocks", "calendars", "gold", "diamonds",
+    "glass", "paper", "cotton", "wool", "water", "salt", "sugar", "bees and flowers", "frogs",
+    "elephants", "lions", "horses", "owls", "ants", "spiders", "the rainforest", "the Arctic",
+    "glaciers", "tides", "the Amazon river", "the Nile", "deserts at night", "caves", "fossils",
+]
+#: Chat question templates ({} = a topic).
+CHAT_TEMPLATES = [
+    "Explain {} in simple terms.",
+    "Give me three interesting facts about {}.",
+    "What are the pros and cons of {}?",
+    "Write a short poem about {}.",
+    "Why is {} important? Answer briefly.",
+    "Tell me something surprising about {}.",
+    "How would you explain {} to a child?",
+    "What is the history of {} in a few sentences?",
+    "List five words related to {} and explain each.",
+    "Write a short story that involves {}.",
+    "What are common questions people ask about {}? Answer two of them.",
+    "Give me a fun quiz question about {} and its answer.",
+]
+#: Stage-1 passage templates: the answers become source texts for stage 2.
+PASSAGE_TEMPLATES = [
+    "Write a short paragraph about {}.",
+    "Write a short news report about {}.",
+]
+#: Everyday requests (no topic slot).
+ADVICE = [
+    "How do I write a thank-you note to a teacher?", "What should I bring to a picnic?",
+    "Suggest a name for a bakery and explain why.", "How can I save money on groceries?",
+    "Give me a short plan for learning to cook in one month.", "How do I prepare for a job interview?",
+    "How do I politely ask a neighbor to turn down the music?", "Give me tips for a first day at a new school.",
+    "What are some fun things to do on a rainy day?", "How can I stay focused while working from home?",
+    "What are good habits for staying healthy at work?", "How do I make a cup of green tea?",
+    "Give me a recipe for pancakes.", "How can I make new friends in a new city?",
+    "What should I do if I cannot fall asleep?", "How do I start running as a beginner?",
+    "Suggest three gifts for a friend who loves books.", "How do I keep a houseplant alive?",
+    "What is a good way to organize my week?", "How can I become a better listener?",
+    "Write a polite email asking my manager for a day off.", "How do I apologize to a friend?",
+    "Plan a simple birthday party for a seven-year-old.", "What should I know before adopting a dog?",
+    "How do I clean a cast iron pan?", "Give me a short packing list for a beach holiday.",
+    "How can I reduce my screen time?", "Write a short speech to welcome new students.",
+    "Suggest a weekend itinerary for a small town.", "How do I change a flat bicycle tire?",
+]
+#: Python function tasks ("Write a Python function that ...").
+CODE_TASKS = [
+    "returns the sum of a list of numbers", "finds the largest number in a list", "reverses a string",
+    "removes duplicates from a list", "returns the n-th Fibonacci number", "checks whether a number is prime",
+    "counts the words in a sentence", "converts Celsius to Fahrenheit", "sorts a list of dictionaries by a key",
+    "returns the average of a list", "capitalizes the first letter of every word", "checks whether a year is a leap year",
+    "returns the greatest common divisor of two numbers", "flattens a list of lists",
+    "counts how often each character appears in a string", "returns the second largest number in a list",
+    "checks whether two strings are anagrams", "converts a number to binary", "returns the product of a list",
+    "finds the index of an item in a list", "returns all even numbers from a list", "squares every number in a list",
+    "checks whether a list is sorted", "returns the length of the longest word in a sentence",
+    "reads a text file and returns its lines", "writes a list of strings to a file",
+    "returns the minimum and maximum of a list", "computes the power of a number without using **",
+    "returns a dictionary of word counts", "splits a list into chunks of size n", "rotates a list by k positions",
+    "returns the digits of a number as a list", "checks whether a string contains only digits",
+    "computes the area of a circle", "converts kilometers to miles", "returns the median of a list",
+    "merges two dictionaries", "returns the common elements of two lists", "removes all spaces from a string",
+    "counts the lines in a file", "returns the last n items of a list", "generates a multiplication table",
+    "checks whether a number is even", "returns the sum of the digits of a number",
+    "finds the shortest string in a list", "replaces every vowel in a string with a star",
+    "implements binary search", "implements bubble sort", "returns the transpose of a matrix",
+    "adds two matrices", "returns the first non-repeated character in a string",
+    "converts a list of strings to uppercase", "checks whether a number is a perfect square",
+    "computes compound interest", "returns the number of days between two dates",
+    "validates a simple email address", "returns a random password of length n",
+    "counts the negative numbers in a list", "returns the cumulative sum of a list",
+    "groups words by their first letter",
+]
+CODE_TEMPLATES = [
+    "Write a Python function that {}.",
+    "Write a short Python function that {}, with a docstring.",
+    "How do I write a function in Python that {}? Show the code.",
+]
+#: Stage-2 edits of a function the target wrote ({} = the code).
+CODE_EDITS = [
+    "Add a docstring and type hints to this function:\n\n{}",
+    "Explain what this function does:\n\n{}",
+    "Copy this code exactly and add a comment to each line:\n\n{}",
+    "Rewrite this code with clearer variable names:\n\n{}",
+    "Write two test cases for this function:\n\n{}",
+]
+#: Stage-2 tasks on a passage ({} = the passage; {w} = a word of it, {n} = a replacement).
+PASSAGE_TASKS = [
+    "Summarize the following text in two sentences.\n\n{}",
+    "Write a one-sentence summary of this text.\n\n{}",
+    "Repeat the following text word for word.\n\n{}",
+    "Rewrite the following text, replacing '{w}' with '{n}' and keeping everything else the same.\n\n{}",
+    "Copy the following text exactly, but change the word '{w}' to '{n}'.\n\n{}",
+    "Fix any spelling mistakes and otherwise copy the text unchanged.\n\n{}",
+    "{}\n\nQuestion: What is this text about?",
+    "{}\n\nQuestion: What is the most important fact in this text?",
+    "List the key facts in this text as bullet points.\n\n{}",
+    "Rewrite this text for a young child.\n\n{}",
+    "Give this text a short title.\n\n{}",
+    "Translate this text into simpler English.\n\n{}",
+]
+REPLACEMENTS = ["it", "the thing", "this", "something", "the place", "people", "a lot", "that"]
+KJV_TASKS = [
+    "Explain this Bible passage in modern English.\n\n{}",
+    "Summarize this passage in one sentence.\n\n{}",
+    "Repeat the following text word for word.\n\n{}",
+    "{}\n\nQuestion: Who is speaking in this passage, and what do they say?",
+    "What lesson can we learn from this passage?\n\n{}",
+]
+
+
+def _math_problems(rng: random.Random, n: int) -> list[str]:
+    """``n`` word problems with random numbers, in a dozen shapes."""
+    names = ["Anna", "Ben", "Carlos", "Dina", "Eli", "Fatima", "George", "Hana", "Ivan", "Julia", "Kofi", "Lena"]
+    things = ["apples", "books", "marbles", "stickers", "pencils", "cookies", "coins", "cards", "eggs", "flowers"]
+    vehicles = ["car", "bus", "cyclist", "boat", "plane", "runner", "truck"]
+    shapes = [
+        lambda: f"What is {rng.randint(5, 60)}% of {rng.randint(2, 40) * 10}? Show your work.",
+        lambda: f"A {rng.choice(vehicles)} travels {rng.randint(3, 60) * 10} km in {rng.randint(2, 6)} hours. "
+                f"What is its average speed? Explain step by step.",
+        lambda: f"Solve for x: {rng.randint(2, 9)}x + {rng.randint(1, 30)} = {rng.randint(31, 99)}. Show each step.",
+        lambda: f"If a rectangle is {rng.randint(2, 30)} m long and {rng.randint(2, 30)} m wide, "
+                f"what are its area and perimeter?",
+        lambda: f"{rng.choice(names)} has {rng.randint(10, 90)} {rng.choice(things)} and gives away "
+                f"{rng.randint(2, 9)} of them. How many are left? Explain.",
+        lambda: f"What is {rng.randint(11, 99)} times {rng.randint(11, 99)}? Show your steps.",
+        lambda: f"What is {rng.randint(2, 40) * 12} divided by {rng.choice([2, 3, 4, 6, 12])}? Show your steps.",
+        lambda: f"A shop sells {rng.choice(things)} for {rng.randint(2, 9)} dollars each. How much do "
+                f"{rng.randint(3, 20)} of them cost? Explain.",
+        lambda: f"What is the average of {', '.join(str(rng.randint(1, 50)) for _ in range(rng.randint(3, 5)))}? "
+                f"Show your work.",
+        lambda: f"Convert {rng.randint(2, 12)}.5 hours into minutes. Explain.",
+        lambda: f"What is the area of a circle with radius {rng.randint(2, 20)} cm?",
+        lambda: f"{rng.choice(names)} reads {rng.randint(5, 40)} pages a day. How many pages in "
+                f"{rng.randint(2, 14)} days? Explain.",
+        lambda: f"A recipe needs {rng.randint(2, 5)} eggs for {rng.randint(2, 6)} people. How many eggs "
+                f"for {rng.randint(7, 20)} people? Explain.",
+        lambda: f"What is {rng.randint(100, 999)} + {rng.randint(100, 999)} - {rng.randint(10, 99)}? Show each step.",
+    ]
+    return [rng.choice(shapes)() for _ in range(n)]
+
+
+def _kjv_passages(rng: random.Random, n: int) -> list[str]:
+    from .data import kjv_verses
+
+    verses = kjv_verses()
+    out = []
+    for _ in range(n):
+        i = rng.randrange(len(verses) - 3)
+        out.append(" ".join(v["text"].strip() for v in verses[i : i + rng.randint(2, 3)]))
+    return out
+
+
+def stage1_prompts() -> list[str]:
+    """Paragraph and function requests whose answers become stage-2 source texts."""
+    return ([t.format(x) for x in TOPICS for t in PASSAGE_TEMPLATES]
+            + [f"Write a Python function that {task}." for task in CODE_TASKS])
+
+
+def _bench_texts() -> set[str]:
+    from .prompts import PROMPTS
+
+    return {t for texts in PROMPTS.values() for t in texts}
+
+
+def stage2_prompts(passages: list[str], functions: list[str], seed: int = 0, n_math: int = 600,
+                   n_kjv: int = 300) -> list[str]:
+    """Chat, advice, code, math, passage tasks on ``passages``, code edits of ``functions``, KJV."""
+    rng = random.Random(seed)
+    out = [t.format(x) for x in TOPICS for t in CHAT_TEMPLATES] + list(ADVICE)
+    out += [t.format(task) for task in CODE_TASKS for t in CODE_TEMPLATES[1:]]
+    out += _math_problems(rng, n_math)
+    for p in passages:
+        words = [w.strip(".,;:!?'\"") for w in p.split() if len(w) > 4 and w.isalpha()]
+        for t in PASSAGE_TASKS:
+            w = rng.choice(words) if words else "the"
+            out.append(t.replace("{w}", w).replace("{n}", rng.choice(REPLACEMENTS)).format(p))
+    for f in functions:
+        out += [t.format(f) for t in CODE_EDITS]
+    for p in _kjv_passages(rng, n_kjv):
+        out.append(rng.choice(KJV_TASKS).format(p))
+    bench = _bench_texts()
+    return [t for t in out if t not in bench]
+
+
+def prompt_pool(seed: int = 0) -> list[str]:
+    """Stage-1 prompts (the pool that needs no model); stage 2 is built from their answers."""
+    pool = stage1_prompts()
+    if set(pool) & _bench_texts():
+        raise AssertionError("the distillation pool must not contain benchmark prompts")
+    return pool
+
+
+@torch.inference_mode()
+def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int = 96, seconds: float = 1e9,
+                     path: str | None = None, progress: bool = True, start: list | None = None,
+                     min_answer: int = 4):
+    """Greedy answers of ``lm`` to ``texts`` as chat turns, batched by prompt length.
+
+    Returns rows ``(ids, n_prompt, hidden, text)``: ``ids`` = prompt + answer (up to and including
+    the first EOS), ``hidden`` (n_answer, H) float16 = the target's final hidden states at positions
+    ``n_prompt - 1 .. len(ids) - 2`` (``hidden[i]`` predicts answer token ``i``). Prompts are
+    shuffled, then sorted by length within windows of 8 batches (little padding, no length bias
+    when ``seconds`` cuts the run short); ``path`` saves after every batch (a cut-off run keeps its
+    rows); ``start`` continues an earlier list (its texts are skipped).
+    """
+    from tqdm.auto import tqdm
+
+    from .autoregressive import left_pad, positions_from_mask
+    from .drafts import _decoder, chat_prompt_ids
+
+    rows = list(start or [])
+    done_texts = {r[3] for r in rows} if rows and len(rows[0]) > 3 else set()
+    todo = [t for t in texts if t not in done_texts]
+    random.Random(len(rows)).shuffle(todo)
+    enc = [(chat_prompt_ids(lm, t), t) for t in todo]
+    win = 8 * batch
+    enc = [x for i in range(0, len(enc), win) for x in sorted(enc[i : i + win], key=lambda x: len(x[0]))]
+    inner, head = _decoder(lm.model), lm.model.lm_head
+    t0 = time.time()
+    bar = tqdm(range(0, len(enc), batch), desc="target answers", disable=not progress)
+    for j in bar:
+        chunk = enc[j : j + batch]
+        prompts = [p for p, _ in chunk]
+        ids, mask = left_pad(prompts, lm.pad_token_id, lm.device)  # (B, L)
+        pos = positions_from_mask(mask)
+        B, L = ids.shape
+        cache = lm.new_cache()
+        feed, feed_pos = ids, pos
+        hs, toks = [], []  # per step: (B, H) hidden, (B,) token
+        alive = torch.ones(B, dtype=torch.bool)
+        for _ in range(max_new_tokens):
+            h = inner(input_ids=feed, past_key_values=cache, position_ids=feed_pos, attention_mask=mask,
+                      use_cache=True).last_hidden_state[:, -1]  # (B, H)
+            nxt = head(h).float().argmax(-1)  # (B,)
+            hs.append(h.half())
+            toks.append(nxt)
+            alive &= nxt != lm.eos_token_id
+            if not alive.any():
+                break
+            feed, feed_pos = nxt[:, None], pos[:, -1:] + 1
+            pos = torch.cat([pos, feed_pos], 1)
+            mask = torch.cat([mask, torch.ones_like(feed)], 1)
+        H = torch.stack(hs, 1)  # (B, S, H)
+        T = torch.stack(toks, 1)  # (B, S)
+        for b, (p, text) in enumerate(chunk):
+            ans = T[b].tolist()
+            n = ans.index(lm.eos_token_id) + 1 if lm.eos_token_id in ans else len(ans)
+            if n >= min_answer:
+                rows.append((p + ans[:n], len(p), H[b, :n].clone(), text))
+        bar.set_postfix(rows=len(rows), tokens=sum(len(r[0]) - r[1] for r in rows))
+        if path:
+            torch.save(rows, path)
+        if time.time() - t0 > seconds:
+            break
+    return rows
+
+
+def answer_text(lm, row) -> str:
+    """The decoded answer of a row from :func:`generate_answers` (EOS dropped)."""
+    ids, n, _, _ = row
+    return lm.tokenizer.decode([t for t in ids[n:] if t != lm.eos_token_id], skip_special_tokens=True).strip()
+
+
+def extract_code(text: str) -> str | None:
+    """The first Python function in an answer (fenced or not), or None."""
+    if "```" in text:
+        parts = text.split("```")
+        if len(parts) >= 3:
+            body = parts[1]
+            body = body[body.index("\n") + 1:] if "\n" in body else body
+            return body.strip("\n") + "\n" if "def " in body else None
+    i = text.find("def ")
+    return text[i:].strip("\n") + "\n" if i >= 0 else None
+
+
+def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch: int = 96, seed: int = 0,
+          progress: bool = True, stages=(1, 2, 3)):
+    """The target's (SmolLM2-135M, bfloat16) answers for every stage; returns all rows.
+
+    Stage 1: :func:`prompt_pool`; stage 2: :func:`stage2_prompts` on stage 1's paragraphs and
+    functions; stage 3: :func:`human_copy_prompts` (copy / edit tasks on human-written text).
+    Rows are cached in ``folder/smollm2-distill-s{1,2,3}.pt``; a rerun continues where a stage
+    stopped, for at most ``seconds`` in all.
+    """
+    import os
+
+    from .models import load
+
+    lm = load("smollm2-135m", device="cpu", dtype=torch.bfloat16)
+    t0 = time.time()
+    out = []
+    for stage in (1, 2, 3):
+        path = os.path.join(folder, f"smollm2-distill-s{stage}.pt")
+        rows = torch.load(path) if os.path.exists(path) else []
+        if stage == 1:
+            texts = prompt_pool(seed)
+        elif stage == 2:
+            passages, functions = _stage1_sources(lm, s1)
+            texts = stage2_prompts(passages, functions, seed)
+            random.Random(seed).shuffle(texts)
+        else:
+            texts = human_copy_prompts(seed)
+        left = seconds - (time.time() - t0)
+        if left > 0:
+            rows = generate_answers(lm, texts, max_new_tokens, batch, seconds=left, path=path, progress=progress,
+                                    start=rows)
+        if stage == 1:
+            s1 = rows
+        if stage in stages:
+            out += rows
+    return out
+
+
+def _stage1_sources(lm, rows):
+    """Stage 1's paragraphs (cut at their last full stop) and Python functions."""
+    passages, functions = [], []
+    for row in rows:
+        text = answer_text(lm, row)
+        if row[3].startswith("Write a Python function"):
+            code = extract_code(text)
+            if code and len(code) < 700:
+                functions.append(code)
+        elif "```" not in text and "." in text:
+            text = text[: text.rindex(".") + 1]  # answers cut at max_new_tokens end mid-sentence
+            if 150 < len(text) < 900:
+                passages.append(text)
+    return passages, functions
+
+
+#: Standard-library modules whose docstrings give human-written modern English passages.
+DOC_MODULES = ["argparse", "asyncio", "calendar", "collections", "csv", "datetime", "decimal", "difflib", "email",
+               "fractions", "ftplib", "functools", "gettext", "glob", "gzip", "heapq", "html", "http.client",
+               "imaplib", "inspect", "io", "ipaddress", "itertools", "json", "locale", "logging", "mailbox",
+               "multiprocessing", "os", "pathlib", "pickle", "platform", "poplib", "queue", "random", "re",
+               "shutil", "smtplib", "socket", "sqlite3", "statistics", "string", "subprocess", "tarfile",
+               "tempfile", "textwrap", "threading", "time", "tkinter", "turtle", "unittest", "urllib.request",
+               "uuid", "warnings", "wave", "weakref", "xml.dom.minidom", "zipfile"]
+
+
+def human_passages(seed: int = 0, limit: int = 1500) -> list[str]:
+    """Prose paragraphs from standard-library docstrings (human text the target did not write).
+
+    Copying text the target could not have predicted is what a draft must learn for copy /
+    summary / question-answer prompts; the target's own paragraphs do not teach it.
+    """
+    import importlib
+    import inspect
+    import re
+
+    seen, out = set(), []
+    for name in DOC_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module missing on this Python is simply skipped
+            continue
+        objs = [mod] + [v for _, v in sorted(vars(mod).items()) if inspect.isfunction(v) or inspect.isclass(v)]
+        for obj in objs:
+            for para in (inspect.getdoc(obj) or "").split("\n\n"):
+                text = " ".join(para.split())
+                letters = sum(ch.isalpha() or ch in " ,.;:'-()" for ch in text)
+                if (120 <= len(text) <= 600 and letters > 0.9 * len(text) and ">>>" not in text
+                        and re.match(r"[A-Z]", text) and text.endswith(".") and text not in seen):
+                    seen.add(text)
+                    out.append(text)
+    random.Random(seed).shuffle(out)
+    return out[:limit]
+
+
+def human_copy_prompts(seed: int = 0, limit: int = 1500) -> list[str]:
+    """Two tasks per human passage (a copy / edit task and any passage task), plus KJV copies."""
+    rng = random.Random(seed)
+    copy_tasks = [t for t in PASSAGE_TASKS if "word for word" in t or "{w}" in t or "spelling" in t]
+    out = []
+    for p in human_passages(seed, limit):
+        words = [w.strip(".,;:!?'\"") for w in p.split() if len(w) > 4 and w.isalpha()]
+        for t in (rng.choice(copy_tasks), rng.choice(PASSAGE_TASKS)):
+            out.append(t.replace("{w}", rng.choice(words) if words else "the").replace(
+                "{n}", rng.choice(REPLACEMENTS)).format(p))
+    out += [rng.choice(copy_tasks).replace("{w}", "unto").replace("{n}", "to").format(p)
+            for p in _kjv_passages(rng, limit // 4)]
+    bench = _bench_texts()
+    return [t for t in out if t not in bench]

@@ -1,0 +1,78 @@
+"""Distillation data for the SmolLM2 draft (refimpl.distill_data) and the draft trainer's batches.
+
+Run on ``tiny`` (no chat template: prompts are encoded as plain text), so they are fast.
+"""
+import torch
+
+from refimpl import distill_data, drafts, prompts
+
+TEXTS = ["And God said", "In the beginning God created", "Jesus wept.", "The LORD is my shepherd; I shall",
+         "And it came to pass"]
+
+
+def test_pools_exclude_the_benchmark_prompts_and_cover_its_categories(monkeypatch):
+    bench = {t for texts in prompts.PROMPTS.values() for t in texts}
+    stage1 = distill_data.prompt_pool()
+    passages = ["The mill by the river was built long ago and grinds flour for visitors on Saturdays."] * 3
+    stage2 = distill_data.stage2_prompts(passages, ["def f(x):\n    return x + 1\n"], seed=1, n_math=50, n_kjv=20)
+    assert not (set(stage1) | set(stage2)) & bench
+    assert len(stage2) > 1500 and len(set(stage2)) > 0.9 * len(stage2)
+    for needle in ("Summarize", "Repeat the following text", "Question:", "def f(x)", "Solve for x", "Python"):
+        assert any(needle in t for t in stage2), needle
+    # a benchmark prompt slipped into a word list is filtered out of stage 2
+    sneaky = prompts.PROMPTS["chat"][0]
+    monkeypatch.setattr(distill_data, "ADVICE", distill_data.ADVICE + [sneaky, "A new question?"])
+    leaked = distill_data.stage2_prompts([], [], n_math=0, n_kjv=0)
+    assert "A new question?" in leaked and sneaky not in leaked
+
+
+def test_generated_rows_hold_the_targets_greedy_answers_and_hidden_states(tiny):
+    rows = distill_data.generate_answers(tiny, TEXTS, max_new_tokens=12, batch=2, progress=False, min_answer=1)
+    assert sorted(r[3] for r in rows) == sorted(TEXTS)
+    head = tiny.model.lm_head.weight.float()  # (V, H)
+    for ids, n, hidden, text in rows:
+        assert ids[:n] == tiny.encode(text)
+        answer = ids[n:]
+        assert 1 <= len(answer) <= 12 and hidden.shape == (len(answer), head.shape[1])
+        assert tiny.eos_token_id not in answer[:-1]
+        # hidden[i] @ head.T is the target's logits for answer token i, whose argmax it is (greedy)
+        assert (hidden.float() @ head.T).argmax(-1).tolist() == answer
+        # and the answer equals plain AR greedy decoding of the same prompt
+        from refimpl import autoregressive
+
+        ref = autoregressive.generate(tiny, [ids[:n]], max_new_tokens=len(answer)).tokens[0]
+        assert ref == answer
+
+
+def test_draft_batch_marks_exactly_the_answer_positions(tiny):
+    rows = distill_data.generate_answers(tiny, TEXTS[:3], max_new_tokens=6, batch=3, progress=False, min_answer=1)
+    kept = torch.arange(50)
+    head = tiny.model.lm_head.weight.float()[kept]
+    x, m, t_logits = drafts._draft_batch(rows, [0, 1, 2], tiny.pad_token_id, head)
+    assert x.shape[0] == 3 and m.shape == x.shape
+    assert int(m.sum()) == sum(len(r[0]) - r[1] for r in rows) == t_logits.shape[0]
+    for b, (ids, n, _, _) in enumerate(rows):
+        pos = m[b].nonzero().flatten().tolist()
+        assert pos == list(range(n - 1, len(ids) - 1))  # position t predicts ids[t + 1]
+        assert x[b, : len(ids) - 1].tolist() == ids[:-1]
+
+
+def test_extract_code():
+    fenced = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    assert distill_data.extract_code(fenced) == "def add(a, b):\n    return a + b\n"
+    assert distill_data.extract_code("def f():\n    pass") == "def f():\n    pass\n"
+    assert distill_data.extract_code("No code here.") is None
+
+
+def test_int8_draft_storage_round_trips():
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(7, 33, generator=g) * torch.rand(7, 1, generator=g), "norm": torch.rand(33, generator=g)}
+    q = drafts.quantize_int8(state)
+    assert q["w"].dtype == torch.int8 and q["w.scale"].shape == (7, 1) and q["norm"].dtype == torch.float16
+    back = drafts.dequantize_int8(q)
+    assert set(back) == {"w", "norm"}
+    err = (back["w"] - state["w"]).abs().amax(1) / state["w"].abs().amax(1)  # per row, relative to its max
+    assert float(err.max()) < 0.6 / 127 + 1e-3
+    assert torch.allclose(back["norm"].float(), state["norm"], atol=1e-3)
+    # a float16 checkpoint passes through unchanged
+    assert drafts.dequantize_int8({"w": state["w"].half()})["w"].dtype == torch.float16
