@@ -22,6 +22,8 @@ class Stats:
     - ``seconds``: wall time of the call.
     - ``new_tokens``: tokens emitted, summed over rows; ``rows``: the batch size.
     - ``drafted``: draft tokens proposed, summed over rows (for ``alpha``).
+    - ``row_steps``: target passes counted per row still decoding (0: the decoder does not
+      count them, and ``tau`` assumes every row took part in every pass).
     - ``extra``: method-specific numbers (iterations, proposals, ...).
     """
 
@@ -33,6 +35,7 @@ class Stats:
     new_tokens: int = 0
     drafted: int = 0
     rows: int = 1
+    row_steps: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -43,7 +46,12 @@ class Stats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens emitted per target forward pass, per row (prefill included): 1.0 for AR."""
+        """Mean tokens emitted per target forward pass, per row (prefill included): 1.0 for AR.
+
+        Rows that finished early do not count in later passes when the decoder records ``row_steps``.
+        """
+        if self.row_steps:
+            return self.new_tokens / self.row_steps
         if self.target_calls == 0 or self.rows == 0:
             return float("nan")
         return self.new_tokens / (self.rows * self.target_calls)

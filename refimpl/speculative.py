@@ -228,6 +228,7 @@ def decode(target, draft, prompts, policy, max_new_tokens: int = 64, temperature
             fm = None if t_fmask is None else torch.cat([t_fmask, torch.ones_like(x)], 1)
             logits = tgt.feed(torch.cat([t_feed, x], 1), fm)[:, qt - 1:]  # (b, g + 1, V)
             stats.target_calls += 1
+            stats.row_steps += len(rows)  # rows still decoding in this pass
             # 3. accept / reject
             if greedy:
                 n, nxt = kernels.verify_greedy(x, logits, valid)
