@@ -253,13 +253,14 @@ def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int 
     from tqdm.auto import tqdm
 
     from .autoregressive import left_pad, positions_from_mask
-    from .drafts import _decoder, chat_prompt_ids
+    from .drafts import _decoder
+    from .prompts import encode_prompt
 
     rows = list(start or [])
     done_texts = {r[3] for r in rows} if rows and len(rows[0]) > 3 else set()
     todo = [t for t in texts if t not in done_texts]
     random.Random(len(rows)).shuffle(todo)
-    enc = [(chat_prompt_ids(lm, t), t) for t in todo]
+    enc = [(encode_prompt(lm, t), t) for t in todo]
     win = 8 * batch
     enc = [x for i in range(0, len(enc), win) for x in sorted(enc[i : i + win], key=lambda x: len(x[0]))]
     inner, head = _decoder(lm.model), lm.model.lm_head
@@ -270,7 +271,7 @@ def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int 
         prompts = [p for p, _ in chunk]
         ids, mask = left_pad(prompts, lm.pad_token_id, lm.device)  # (B, L)
         pos = positions_from_mask(mask)
-        B, L = ids.shape
+        B = ids.shape[0]
         cache = lm.new_cache()
         feed, feed_pos = ids, pos
         hs, toks = [], []  # per step: (B, H) hidden, (B,) token

@@ -17,7 +17,7 @@ three kinds of draft, each an :class:`refimpl.models.LM` that any decoder can ca
   lossless for any q (the accepted-or-resampled token is distributed as p whatever q is), so
   :class:`TrimmedLM` returns full-vocabulary logits with ``-inf`` outside the kept set. The draft
   shares the target's embedding matrix (input embeddings and, for the head, its kept rows), so
-  only its own transformer layers are committed. It is distilled on ~6,000 of the target's own
+  only its own transformer layers are committed. It is distilled on ~8,800 of the target's own
   greedy answers to generated prompts (:mod:`refimpl.distill_data`); :meth:`TrimmedLM.to_hf` gives a full-vocab
   ``LlamaForCausalLM`` for Hugging Face assisted generation.
 - **Early exit** (:func:`early_exit`): the target's first ``k`` layers, then its final norm and
@@ -26,8 +26,8 @@ three kinds of draft, each an :class:`refimpl.models.LM` that any decoder can ca
   "LayerSkip", Elhoushi et al., arXiv 2404.16710, exits early and verifies with the rest).
 
 Reproduce the committed weights with ``python -m refimpl.train tiny-draft`` (minutes) and
-``python -m refimpl.train smollm2-135m-draft`` (about 30 min of target generations, then about
-20 min of training, on 2 CPU cores).
+``python -m refimpl.train smollm2-135m-draft`` (about 35 min of target generations, then 40 + 16
+min of training, on 2 CPU cores).
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import LM, MODELS_DIR, ZOO, cache_dir, load
+from .speculative import expected_tau  # noqa: F401 - re-exported: drafts.expected_tau
 
 TINY_DRAFT = "tiny-draft"
 SMOL_DRAFT = "smollm2-135m-draft"
@@ -142,13 +143,6 @@ def step_seconds(lm: LM, context: int = 64, steps: int = 20, repeats: int = 3) -
 def cost_ratio(target: LM, draft: LM, context: int = 64, steps: int = 20, repeats: int = 3) -> float:
     """``c`` = draft step time / target step time (cached, batch 1, one token)."""
     return step_seconds(draft, context, steps, repeats) / step_seconds(target, context, steps, repeats)
-
-
-def expected_tau(alpha: float, gamma: int) -> float:
-    """Expected tokens per target call with i.i.d. acceptance ``alpha`` (Leviathan et al., eq. 1)."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 def expected_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -393,17 +387,6 @@ def trimmed_model(config, embed: torch.Tensor, kept_ids: torch.Tensor):
 # ---------------------------------------------------------------------------------------
 # smollm2-135m-draft: distillation on the target's own answers, loading
 # ---------------------------------------------------------------------------------------
-def chat_prompt_ids(lm: LM, text: str) -> list[int]:
-    """``text`` as one user turn in the target's chat template, ready for the assistant's answer."""
-    if getattr(lm.tokenizer, "chat_template", None):
-        ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                               tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
-    return lm.encode(text)
-
-
 def top_tokens(data, k: int, always=()) -> torch.Tensor:
     """The ``k`` most frequent token ids in the rows ``(ids, ...)`` (``always`` included first), sorted."""
     counts: dict[int, int] = {}
@@ -477,9 +460,10 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
                         progress: bool = True) -> dict:
     """Distil SmolLM2-135M-Instruct into a small trimmed-vocabulary draft on its own greedy answers.
 
-    1. data (:mod:`refimpl.distill_data`): the target (bf16, batched) answers ~6,500 generated
+    1. data (:mod:`refimpl.distill_data`): the target (bf16, batched) answers ~8,800 generated
        prompts greedily, keeping its final hidden state at every answer position; cached in
-       ``~/.cache/refimpl/smollm2-distill-s{1,2}.pt`` (a rerun continues for ``gen_seconds``);
+       ``~/.cache/refimpl/smollm2-distill-s{1,2,3}.pt`` (a rerun continues for ``gen_seconds``);
+       ``stages`` picks which stages train;
     2. the kept vocabulary = the ``vocab_keep`` most frequent answer tokens (+ specials);
     3. the draft = target embeddings (frozen) -> ``num_layers`` layers initialised from the
        target's ``init_layers`` (MLP pruned to ``intermediate_size`` if smaller) -> norm -> the kept

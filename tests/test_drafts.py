@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from refimpl import autoregressive, drafts, models, speculative
+from refimpl.prompts import encode_prompt
 
 slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="loads SmolLM2-135M: set RUN_SLOW=1")
 
@@ -123,7 +124,7 @@ def test_smollm2_draft_trimmed_and_hf_views_agree(smol):
     target, draft = smol
     assert isinstance(draft, drafts.TrimmedLM) and draft.vocab_size == target.vocab_size
     assert draft.kept_ids.numel() <= target.vocab_size // 6  # a head of at most 1/6 of the rows
-    ids = torch.tensor([drafts.chat_prompt_ids(target, "Name three colors.")])
+    ids = torch.tensor([encode_prompt(target, "Name three colors.")])
     trimmed = draft.logits(ids)  # (1, T, V)
     hf = draft.to_hf()(input_ids=ids).logits.float()
     assert hf.shape == trimmed.shape
@@ -137,7 +138,7 @@ def test_smollm2_draft_trimmed_and_hf_views_agree(smol):
 @slow
 def test_smollm2_speculative_and_hf_assisted(smol):
     target, draft = smol
-    prompts = [drafts.chat_prompt_ids(target, t) for t in ("What is 2 + 2?", "Write a haiku about rain.")]
+    prompts = [encode_prompt(target, t) for t in ("What is 2 + 2?", "Write a haiku about rain.")]
     ref = autoregressive.generate(target, prompts, max_new_tokens=24).tokens
     assert speculative.generate(target, draft, prompts, gamma=3, max_new_tokens=24).tokens == ref
     x = torch.tensor([prompts[0]])
