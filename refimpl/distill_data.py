@@ -14,6 +14,10 @@ those answers as source texts for summary / copy / edit / question-answer / code
 categories of the benchmark), together with chat questions, random word problems and KJV passages.
 Stage 3 adds copy / edit tasks on *human* text (standard-library docstrings, KJV): the target's
 own paragraphs are easy to predict without looking back, so they never teach a draft to copy.
+Stage 4 is self-instruct (Wang et al., "Self-Instruct", arXiv 2212.10560): the target *samples*
+lists of user questions of several kinds about the topics, then answers them greedily. Templated prompts
+alone left a gap (held-out agreement 0.72, benchmark chat prompts 0.32): the questions a person
+asks are more varied than any template list.
 
 ``generate_answers`` runs the target batched in bfloat16 (about 2x the tokens/s of float32 on a
 CPU with bf16 matrix units) and keeps, for every answer position, the target's final hidden state
@@ -326,10 +330,13 @@ def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch:
     """The target's (SmolLM2-135M, bfloat16) answers for every stage; returns all rows.
 
     Stage 1: :func:`prompt_pool`; stage 2: :func:`stage2_prompts` on stage 1's paragraphs and
-    functions; stage 3: :func:`human_copy_prompts` (copy / edit tasks on human-written text).
-    Rows are cached in ``folder/smollm2-distill-s{1,2,3}.pt``; a rerun continues where a stage
-    stopped, for at most ``seconds`` in all.
+    functions; stage 3: :func:`human_copy_prompts` (copy / edit tasks on human-written text);
+    stage 4: :func:`self_instruct_questions` (questions sampled from the target; the list is cached
+    in ``smollm2-distill-s4-questions.json``). Rows are cached in
+    ``folder/smollm2-distill-s{1,2,3,4}.pt``; a rerun continues where a stage stopped, for at most
+    ``seconds`` in all.
     """
+    import json
     import os
 
     from .models import load
@@ -337,17 +344,29 @@ def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch:
     lm = load("smollm2-135m", device="cpu", dtype=torch.bfloat16)
     t0 = time.time()
     out = []
-    for stage in (1, 2, 3):
+    for stage in (1, 2, 3, 4):
         path = os.path.join(folder, f"smollm2-distill-s{stage}.pt")
         rows = torch.load(path) if os.path.exists(path) else []
+        if stage not in stages and not (stage == 1 and 2 in stages):
+            continue  # stage 2 is built from stage 1's answers
         if stage == 1:
             texts = prompt_pool(seed)
         elif stage == 2:
             passages, functions = _stage1_sources(lm, s1)
             texts = stage2_prompts(passages, functions, seed)
             random.Random(seed).shuffle(texts)
-        else:
+        elif stage == 3:
             texts = human_copy_prompts(seed)
+        else:
+            qpath = os.path.join(folder, "smollm2-distill-s4-questions.json")
+            if not os.path.exists(qpath):
+                if seconds - (time.time() - t0) <= 0:
+                    continue
+                questions = self_instruct_questions(lm, seed=seed, progress=progress)
+                with open(qpath, "w") as f:  # written only once complete
+                    json.dump(questions, f, indent=0)
+            with open(qpath) as f:
+                texts = json.load(f)
         left = seconds - (time.time() - t0)
         if left > 0:
             rows = generate_answers(lm, texts, max_new_tokens, batch, seconds=left, path=path, progress=progress,
@@ -357,6 +376,62 @@ def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch:
         if stage in stages:
             out += rows
     return out
+
+
+#: Stage-4 question lists: the target continues "1." with user questions / requests on a topic.
+ASK_KINDS = ["questions", "requests for advice", "questions asking for a list or a plan", "requests to write something",
+             "questions starting with 'How' or 'Why'", "questions a student asked"]
+ASK_PROMPT = "Here are some {} about {} that people typed into a helpful AI chatbot:\n\n1."
+#: first words of a request that is not phrased as a question
+REQUEST_VERBS = ("Write", "Give", "Suggest", "Tell", "Explain", "List", "Describe", "Help", "Create", "Plan",
+                 "Make", "Recommend", "Share", "Compose", "Draft", "Summarize", "Compare", "Name", "Teach", "Show")
+
+
+def _clean_question(line: str) -> str | None:
+    """One sampled list item as a user question (number and quotes removed); None if it is not one."""
+    import re
+
+    line = re.sub(r"^\s*\d+[.)]\s*", "", line.strip()).strip().strip('"').strip()
+    for prefix in ("Question:", "Request:", "User:", "Q:"):
+        if line.startswith(prefix):
+            line = line[len(prefix):].strip()
+    if not (15 <= len(line) <= 220) or not line[0].isupper():
+        return None
+    if not (line.endswith("?") or (line.startswith(REQUEST_VERBS) and line[-1] in ".!")):
+        return None
+    return line
+
+
+@torch.inference_mode()
+def self_instruct_questions(lm, n: int = 2000, seed: int = 0, batch: int = 96, temperature: float = 0.8,
+                            top_p: float = 0.95, max_new_tokens: int = 48, progress: bool = True) -> list[str]:
+    """About ``n`` distinct user questions sampled from ``lm``: it continues numbered lists
+    (:data:`ASK_PROMPT` x :data:`ASK_KINDS` x :data:`TOPICS`, plain text, no chat template) and
+    every complete list item that looks like a question or a request is kept (:func:`_clean_question`)."""
+    from tqdm.auto import tqdm
+
+    from .autoregressive import generate
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    bench, seen, out = _bench_texts(), set(), []
+    bar = tqdm(total=n, desc="self-instruct questions", disable=not progress)
+    for _ in range(2 * n // batch + 1):
+        asks = [ASK_PROMPT.format(rng.choice(ASK_KINDS), rng.choice(TOPICS)) for _ in range(batch)]
+        ids = [lm.tokenizer(a, add_special_tokens=False)["input_ids"] for a in asks]
+        g = generate(lm, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=gen)
+        for toks in g.tokens:
+            lines = ("1." + lm.tokenizer.decode(toks, skip_special_tokens=True)).split("\n")[:-1]  # complete lines
+            for line in lines:
+                q = _clean_question(line)
+                if q and q not in seen and q not in bench:
+                    seen.add(q)
+                    out.append(q)
+                    bar.update(1)
+        if len(out) >= n:
+            break
+    bar.close()
+    return out[:n]
 
 
 def _stage1_sources(lm, rows):

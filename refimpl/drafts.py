@@ -17,8 +17,10 @@ three kinds of draft, each an :class:`refimpl.models.LM` that any decoder can ca
   lossless for any q (the accepted-or-resampled token is distributed as p whatever q is), so
   :class:`TrimmedLM` returns full-vocabulary logits with ``-inf`` outside the kept set. The draft
   shares the target's embedding matrix (input embeddings and, for the head, its kept rows), so
-  only its own transformer layers are committed. It is distilled on ~8,800 of the target's own
-  greedy answers to generated prompts (:mod:`refimpl.distill_data`); :meth:`TrimmedLM.to_hf` gives a full-vocab
+  only its own transformer layers are committed. It is distilled on ~10,000 of the target's own
+  greedy answers to generated and self-instruct prompts (:mod:`refimpl.distill_data`), next to an
+  *induction drill* (:func:`copy_drill`: spans shown twice, copy the second showing) that gives it
+  the copying ability distillation alone never did; :meth:`TrimmedLM.to_hf` gives a full-vocab
   ``LlamaForCausalLM`` for Hugging Face assisted generation.
 - **Early exit** (:func:`early_exit`): the target's first ``k`` layers, then its final norm and
   head, with their own KV cache: a training-free draft ("Draft & Verify: Lossless Large Language
@@ -26,8 +28,8 @@ three kinds of draft, each an :class:`refimpl.models.LM` that any decoder can ca
   "LayerSkip", Elhoushi et al., arXiv 2404.16710, exits early and verifies with the rest).
 
 Reproduce the committed weights with ``python -m refimpl.train tiny-draft`` (minutes) and
-``python -m refimpl.train smollm2-135m-draft`` (about 35 min of target generations, then 40 + 16
-min of training, on 2 CPU cores).
+``python -m refimpl.train smollm2-135m-draft`` (about 47 min of target generations, then 40 + 16
++ 25 + 25 min of training in four phases, on 2 CPU cores).
 """
 from __future__ import annotations
 
@@ -438,6 +440,58 @@ def _draft_batch(rows, pick, pad_id: int, head: torch.Tensor | None = None):
     return x, m, t_logits
 
 
+def copy_drill(kept: torch.Tensor, text_ids: torch.Tensor, batch: int, span: int, gen: torch.Generator):
+    """An induction drill: spans of ``span`` tokens, each shown twice -> (x (B, 3*span), labels).
+
+    Half the spans are random kept tokens, half are windows of human text ``text_ids`` (1-D). Each
+    row is ``noise(span - g) + span + noise(g) + span`` with its own gap ``g`` in [0, span] (noise:
+    random kept tokens), so the distance between the two showings differs from row to row: a
+    fixed-offset attention pattern cannot solve the drill, only copying by content can (with one
+    fixed distance a draft learned "look back 47 tokens" and still copied nothing at 40). The
+    labels (B, 3*span) are the *kept-vocabulary indices* of the next token inside the second
+    showing (from its second token on, where copying determines the answer) and -100 elsewhere. A
+    draft that cannot copy scores ~0; the target copies ~92% of random spans (its induction heads
+    sit in layers 17-18).
+    """
+    K = kept.numel()
+    index = torch.full((int(kept.max()) + 1,), -100, dtype=torch.long)
+    index[kept] = torch.arange(K)
+    n_rand = batch // 2
+    rand = kept[torch.randint(0, K, (n_rand, span), generator=gen)]  # (b, span)
+    starts = torch.randint(0, max(len(text_ids) - span, 1), (batch - n_rand,), generator=gen)
+    text = torch.stack([text_ids[s: s + span] for s in starts.tolist()]) if batch > n_rand else rand[:0]
+    first = torch.cat([rand, text])  # (B, span)
+    x = kept[torch.randint(0, K, (batch, 3 * span), generator=gen)]  # (B, 3*span) noise
+    gaps = torch.randint(0, span + 1, (batch,), generator=gen)
+    for b, g in enumerate(gaps.tolist()):
+        x[b, span - g: 2 * span - g] = first[b]
+    x[:, 2 * span:] = first
+    nxt = x[:, 1:].clamp(max=len(index) - 1)
+    lab = torch.where(x[:, 1:] < len(index), index[nxt], torch.full_like(nxt, -100))  # (B, 3*span-1)
+    lab[:, : 2 * span] = -100  # position t predicts x[t+1]: score only inside the second showing
+    labels = torch.cat([lab, torch.full((batch, 1), -100, dtype=torch.long)], dim=1)
+    return x, labels
+
+
+def drill_text_ids(tokenizer, chapters: int = 400) -> torch.Tensor:
+    """Human text for :func:`copy_drill`: KJV chapters and standard-library docstrings, tokenized (1-D)."""
+    from . import data, distill_data
+
+    texts = data.kjv_chapters()[:chapters] + distill_data.human_passages()
+    return torch.tensor([t for s in texts for t in tokenizer(s + "\n", add_special_tokens=False)["input_ids"]])
+
+
+@torch.no_grad()
+def copy_accuracy(model, kept: torch.Tensor, span: int = 40, batch: int = 8, seed: int = 1) -> float:
+    """Top-1 accuracy on the second showing of random spans (:func:`copy_drill`, random half only)."""
+    gen = torch.Generator().manual_seed(seed)
+    x, labels = copy_drill(kept, kept[:1].repeat(span + 1), 2 * batch, span, gen)
+    x, labels = x[:batch], labels[:batch]  # the random half
+    pred = model(input_ids=x).logits.argmax(-1)  # (B, T) kept indices
+    m = labels >= 0
+    return float((pred[m] == labels[m]).float().mean())
+
+
 @torch.no_grad()
 def _agreement(model, rows, head_ids: torch.Tensor, pad_id: int, batch: int = 16) -> float:
     """Teacher-forced top-1 agreement on answer tokens: how often the draft's argmax is the target's."""
@@ -457,6 +511,7 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
                         vocab_keep: int = 8192, num_layers: int = 3, intermediate_size: int = 1536,
                         init_layers=(0, 1, -1), batch: int = 32, lr: float = 5e-4, holdout: int = 50, seed: int = 0,
                         bf16: bool = True, stages=(1, 2, 3), init_from: str | None = None,
+                        drill_batch: int = 0, drill_span: int = 48, drill_weight: float = 0.5,
                         progress: bool = True) -> dict:
     """Distil SmolLM2-135M-Instruct into a small trimmed-vocabulary draft on its own greedy answers.
 
@@ -471,7 +526,11 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
        ``KL(p_kept || q)`` over answer positions, ``p_kept`` = the target's distribution
        renormalised on the kept set (DistillSpec's forward KL on on-policy data), in bf16 autocast;
     4. one prompt in ``holdout`` (by a hash of its text) is kept out and scored by teacher-forced
-       top-1 agreement (~ alpha); ``init_from`` continues a saved draft (its vocabulary and layers).
+       top-1 agreement (~ alpha); ``init_from`` continues a saved draft (its vocabulary and layers);
+    5. ``drill_batch > 0`` adds the induction drill (:func:`copy_drill`, spans of up to
+       ``drill_span`` tokens shown twice, cross-entropy weighted ``drill_weight``): distillation
+       alone never taught the draft to copy from its context (:func:`copy_accuracy` stayed 0.0),
+       which summary / copy / question-answer prompts need.
 
     Runs for ``steps`` steps or ``train_seconds``, whichever comes first (cosine learning rate over
     the budget that runs out first).
@@ -513,12 +572,15 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
         for i, j in enumerate(init_layers[:num_layers]):
             _prune_mlp(model.model.layers[i], _decoder(target.model).layers[j % L], intermediate_size)
         model.model.norm.load_state_dict(_decoder(target.model).norm.state_dict())
+    tokenizer = target.tokenizer
     del target
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     head = E[kept].float()  # (K, H)
     pad = int(cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id)
     alpha0 = _agreement(model, valid, kept, pad)
+    copy0 = copy_accuracy(model, kept)
+    drill_ids = drill_text_ids(tokenizer) if drill_batch else None
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
     bar = tqdm(range(steps), desc="distil smollm2-135m-draft", disable=not progress)
@@ -533,15 +595,23 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
             h = model.model(input_ids=x).last_hidden_state[m]  # (N, H): answer positions only
             s_logits = model.lm_head(h)  # (N, K)
         loss = distill_loss(s_logits, t_logits, temperature=1.0, ce_weight=0.0)
+        if drill_batch:  # the induction drill: copy a span seen earlier in the sequence
+            dx, dl = copy_drill(kept, drill_ids, drill_batch, drill_span, gen)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                d_logits = model(input_ids=dx).logits  # (b, 2*span, K)
+            drill = torch.nn.functional.cross_entropy(d_logits.float().flatten(0, 1), dl.flatten(), ignore_index=-100)
+            loss = loss + drill_weight * drill
+            bar.set_postfix(drill=f"{drill.item():.3f}", refresh=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}", **({"drill": f"{drill.item():.2f}"} if drill_batch else {}))
         if time.time() - t0 > train_seconds:
             break
     model.eval()
     alpha = _agreement(model, valid, kept, pad)
+    copy1 = copy_accuracy(model, kept)
     os.makedirs(out_dir, exist_ok=True)
     state = quantize_int8({k: v.detach() for k, v in model.state_dict().items()
                            if not k.startswith(("model.embed_tokens", "lm_head"))})
@@ -574,6 +644,9 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
         "heldout_agreement_at_init": round(alpha0, 4),
         "heldout_agreement": round(alpha, 4),
         "expected_tau_gamma4": round(expected_tau(alpha, 4), 3),
+        "drill_batch": drill_batch,
+        "copy_accuracy_at_init": round(copy0, 3),
+        "copy_accuracy": round(copy1, 3),
     }
     with open(os.path.join(out_dir, "train_report.json"), "w") as f:
         json.dump(report, f, indent=2)
@@ -586,12 +659,20 @@ def train_smollm2_draft_recipe(out_dir: str, progress: bool = True) -> dict:
 
     Phase 1 (40 min): a 3-layer draft from the target's layers 0, 1 and 29 on stages 1-2 (the
     target's answers to chat / code / math / passage prompts); phase 2 (16 min): continued on
-    stages 1-3 (adds copy / edit tasks on human text), lr 2e-4. Data generation first: ~35 min.
+    stages 1-3 (adds copy / edit tasks on human text), lr 2e-4; phase 3 (25 min): the induction
+    drill (:func:`copy_drill`) next to distillation, lr 1e-3, which takes copying from 0.0 to 0.90;
+    phase 4 (25 min): stages 1-4 (adds self-instruct questions) with the drill, lr 3e-4. Data
+    generation first: ~35 min for stages 1-3, ~12 min for stage 4.
     """
-    phase1 = out_dir.rstrip("/") + "-phase1"
-    train_smollm2_draft(phase1, stages=(1, 2), progress=progress)
-    return train_smollm2_draft(out_dir, gen_seconds=0, init_from=phase1, lr=2e-4, steps=600, train_seconds=960,
-                               progress=progress)
+    phases = [out_dir.rstrip("/") + f"-phase{i}" for i in (1, 2, 3)]
+    train_smollm2_draft(phases[0], stages=(1, 2), progress=progress)
+    train_smollm2_draft(phases[1], gen_seconds=0, init_from=phases[0], lr=2e-4, steps=600, train_seconds=960,
+                        progress=progress)
+    train_smollm2_draft(phases[2], gen_seconds=0, init_from=phases[1], lr=1e-3, steps=1000, train_seconds=1500,
+                        batch=16, drill_batch=32, drill_span=24, drill_weight=1.0, progress=progress)
+    return train_smollm2_draft(out_dir, gen_seconds=900, stages=(1, 2, 3, 4), init_from=phases[2], lr=3e-4,
+                               steps=1000, train_seconds=1500, batch=16, drill_batch=16, drill_span=24,
+                               drill_weight=1.0, progress=progress)
 
 
 def quantize_int8(state: dict) -> dict:

@@ -76,3 +76,24 @@ def test_int8_draft_storage_round_trips():
     assert torch.allclose(back["norm"].float(), state["norm"], atol=1e-3)
     # a float16 checkpoint passes through unchanged
     assert drafts.dequantize_int8({"w": state["w"].half()})["w"].dtype == torch.float16
+
+
+def test_self_instruct_keeps_clean_distinct_questions_and_never_a_benchmark_prompt(tiny, monkeypatch):
+    clean = distill_data._clean_question
+    assert clean('2. "How do volcanoes form?"') == "How do volcanoes form?"
+    assert clean("Question: Why is the sky blue?") == "Why is the sky blue?"
+    assert clean("Write a short poem about the sea.") == "Write a short poem about the sea."
+    assert clean("why") is None and clean("no capital letter here?") is None
+    assert clean("I'm afraid of you, I am a cat.") is None  # neither a question nor a request
+    # a fake sampler whose "lists" hold a duplicate, a benchmark prompt and an unfinished last line
+    bench_q = prompts.PROMPTS["chat"][0]
+    lists = iter([f" How do bees make honey?\n2. {bench_q}\n3. Why do cats purr?\n4. What is a bl",
+                  " How do bees make honey?\n2. bad\n3. Give me a fact about owls.\n4. Why"] * 10)
+
+    class FakeGen:
+        def __init__(self, n):
+            self.tokens = [tiny.tokenizer(next(lists), add_special_tokens=False)["input_ids"] for _ in range(n)]
+
+    monkeypatch.setattr("refimpl.autoregressive.generate", lambda lm, ps, **kw: FakeGen(len(ps)))
+    qs = distill_data.self_instruct_questions(tiny, n=3, batch=2, progress=False)
+    assert qs == ["How do bees make honey?", "Why do cats purr?", "Give me a fact about owls."]

@@ -147,3 +147,50 @@ def test_smollm2_speculative_and_hf_assisted(smol):
     plain = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
                                   pad_token_id=target.pad_token_id)
     assert hf.tolist() == plain.tolist()
+
+
+def test_copy_drill_labels_are_the_second_showing():
+    kept = torch.tensor([5, 9, 11, 20, 33, 40, 41])
+    text = torch.tensor([5, 9, 99, 11, 20, 33, 40, 41, 5, 9] * 3)  # 99 is not a kept token
+    x, labels = drafts.copy_drill(kept, text, batch=8, span=5, gen=torch.Generator().manual_seed(0))
+    assert x.shape == labels.shape == (8, 15)
+    second = x[:, 10:]
+    index = {int(t): i for i, t in enumerate(kept)}
+    offsets = set()
+    for b in range(8):
+        # the span appears earlier at a row-dependent distance (5..10 tokens back)
+        hits = [o for o in range(5, 11) if torch.equal(x[b, 10 - o: 15 - o], second[b])]
+        assert hits, b
+        offsets.add(hits[0])
+        for t in range(15):
+            want = index.get(int(x[b, t + 1]), -100) if 10 <= t < 14 else -100
+            assert labels[b, t] == want, (b, t)
+    assert len(offsets) > 1  # no fixed look-back distance solves the drill
+    assert set(x[:4].flatten().tolist()) <= set(kept.tolist())  # the random half uses kept tokens
+    assert (labels[4:] == -100).sum() > 4 * 11  # the text half marks the out-of-vocabulary 99 as -100
+
+
+class _Copier(torch.nn.Module):
+    """A perfect induction head over kept indices: predicts the token after the previous occurrence."""
+
+    def __init__(self, kept):
+        super().__init__()
+        self.index = {int(t): i for i, t in enumerate(kept)}
+        self.K = len(kept)
+
+    def forward(self, input_ids):
+        B, T = input_ids.shape
+        logits = torch.zeros(B, T, self.K)
+        for b in range(B):
+            for t in range(1, T - 1):  # the token after the latest earlier occurrence of input_ids[b, t]
+                prev = [s for s in range(t) if input_ids[b, s] == input_ids[b, t]]
+                if prev:
+                    logits[b, t, self.index[int(input_ids[b, prev[-1] + 1])]] = 1.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_copy_accuracy_separates_a_copier_from_a_guesser():
+    kept = torch.arange(3, 20000)  # large enough that noise rarely repeats a token
+    assert drafts.copy_accuracy(_Copier(kept), kept, span=40) > 0.95
+    guesser = lambda input_ids: type("Out", (), {"logits": torch.zeros(*input_ids.shape, len(kept))})()  # noqa: E731
+    assert drafts.copy_accuracy(guesser, kept, span=40) < 0.05
