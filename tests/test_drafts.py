@@ -149,6 +149,14 @@ def test_smollm2_speculative_and_hf_assisted(smol):
     assert hf.tolist() == plain.tolist()
 
 
+
+@slow
+def test_smollm2_draft_copies_like_its_target(smol):
+    """The committed draft learned to copy (the induction drill): without it, it scored 0.0."""
+    target, draft = smol
+    assert drafts.copy_accuracy(draft.model, draft.kept_ids) > 0.6
+    assert drafts.copy_accuracy(target.model, torch.arange(target.vocab_size)) > 0.8
+
 def test_copy_drill_labels_are_the_second_showing():
     kept = torch.tensor([5, 9, 11, 20, 33, 40, 41])
     text = torch.tensor([5, 9, 99, 11, 20, 33, 40, 41, 5, 9] * 3)  # 99 is not a kept token
