@@ -262,7 +262,8 @@ print(f"head rows {draft.vocab_size} -> {K}; -inf outside:", bool(torch.isneginf
 # The trimmed draft is still exact under greedy verification, and loses little acceptance
 # because the dropped tokens are rare. (`smollm2-135m-draft` is built this way: a few layers, a
 # head of the 8,192 tokens SmolLM2 generated most, sharing the target's embedding matrix; it is
-# distilled on ~7,000 of SmolLM2's own greedy answers, see `refimpl/distill_data.py`.)
+# distilled on ~10,800 of SmolLM2's own greedy answers next to the induction drill below,
+# see `refimpl/distill_data.py`.)
 
 # %%
 g = speculative.generate(target, trimmed, prompts, gamma=4, max_new_tokens=NEW_TOKENS)

@@ -515,9 +515,9 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
                         progress: bool = True) -> dict:
     """Distil SmolLM2-135M-Instruct into a small trimmed-vocabulary draft on its own greedy answers.
 
-    1. data (:mod:`refimpl.distill_data`): the target (bf16, batched) answers ~8,800 generated
+    1. data (:mod:`refimpl.distill_data`): the target (bf16, batched) answers ~10,800 generated
        prompts greedily, keeping its final hidden state at every answer position; cached in
-       ``~/.cache/refimpl/smollm2-distill-s{1,2,3}.pt`` (a rerun continues for ``gen_seconds``);
+       ``~/.cache/refimpl/smollm2-distill-s{1,2,3,4}.pt`` (a rerun continues for ``gen_seconds``);
        ``stages`` picks which stages train;
     2. the kept vocabulary = the ``vocab_keep`` most frequent answer tokens (+ specials);
     3. the draft = target embeddings (frozen) -> ``num_layers`` layers initialised from the
