@@ -450,7 +450,7 @@ def copy_drill(kept: torch.Tensor, text_ids: torch.Tensor, batch: int, span: int
     fixed distance a draft learned "look back 47 tokens" and still copied nothing at 40). The
     labels (B, 3*span) are the *kept-vocabulary indices* of the next token inside the second
     showing (from its second token on, where copying determines the answer) and -100 elsewhere. A
-    draft that cannot copy scores ~0; the target copies ~92% of random spans (its induction heads
+    draft that cannot copy scores ~0; the target, scored on the same kept tokens, ~83% (its induction heads
     sit in layers 17-18).
     """
     K = kept.numel()
