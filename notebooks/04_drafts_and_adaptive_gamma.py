@@ -277,7 +277,7 @@ print(f"gamma=4: alpha with the head trimmed to {K} = {g.stats.alpha:.2f}, full 
 # with *induction heads*: one head marks each token with the token before it, a later head finds
 # the earlier occurrence of the current token and predicts what followed it. Distillation on
 # the target's answers did not teach the SmolLM2 draft this (it copied 0% of repeated random
-# spans while the target copies ~83%). `drafts.copy_drill` builds batches where each span is shown
+# spans while the target copies ~82%). `drafts.copy_drill` builds batches where each span is shown
 # twice at a row-dependent distance, so only copying by content scores; `drafts.copy_accuracy`
 # measures top-1 accuracy on the second showing. (With one fixed distance a draft learned "look
 # 47 tokens back" instead: it scored 0.96 at that distance and 0.0 at any other.)
@@ -294,7 +294,7 @@ for name, lm in [(TARGET, target), (DRAFT, draft)]:
 # %% [markdown]
 # Neither `tiny` nor its draft copies: `tiny` was trained for minutes on the King James Bible and
 # never formed induction heads, so on this pair copying buys nothing. SmolLM2-135M, trained on
-# trillions of tokens, copies ~83% of such spans (scored on its draft's 8,192 tokens), and its
+# trillions of tokens, copies ~82% of such spans (scored on its draft's 8,192 tokens), and its
 # draft has to match that.
 #
 # The committed SmolLM2 draft was trained with the drill next to distillation (phase 3 and 4 of

@@ -345,10 +345,10 @@ def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch:
     t0 = time.time()
     out = []
     for stage in (1, 2, 3, 4):
+        if stage not in stages and not (stage == 1 and 2 in stages):
+            continue  # (stage 2 is built from stage 1's answers)
         path = os.path.join(folder, f"smollm2-distill-s{stage}.pt")
         rows = torch.load(path) if os.path.exists(path) else []
-        if stage not in stages and not (stage == 1 and 2 in stages):
-            continue  # stage 2 is built from stage 1's answers
         if stage == 1:
             texts = prompt_pool(seed)
         elif stage == 2:
