@@ -236,14 +236,29 @@ def _load_smollm2(device=None, dtype=None, attn=None) -> LM:
 ZOO["smollm2-135m"] = _load_smollm2
 
 
-def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | None = None) -> LM:
+def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | None = None,
+         prepack: bool = False) -> LM:
     """Load a model by zoo name, local folder or (already cached) Hugging Face id. Never downloads.
 
     ``attn``: None (transformers' default), ``"eager"``, ``"sdpa"`` or ``"triton"``
     (our :func:`kernels.decode_attention`, under ``TRITON_INTERPRET=1`` on CPU).
+    ``prepack=True`` packs every linear layer's weight once for oneDNN
+    (:mod:`refimpl.cpu_linear`): on a CPU in fp32, scoring k tokens then costs about as much as
+    scoring one, as speculative decoding assumes. Inference only; a no-op elsewhere.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a model name or path, got {name!r}")
+    if not isinstance(prepack, bool):
+        raise ValueError(f"prepack must be True or False, got {prepack!r}")
+    lm = _load(name, device, dtype, attn)
+    if prepack:
+        from .cpu_linear import prepack_linears
+
+        prepack_linears(lm.model)
+    return lm
+
+
+def _load(name: str, device, dtype, attn) -> LM:
     if name in ZOO:
         return ZOO[name](device=device, dtype=dtype, attn=attn)
     if os.path.isdir(name):
