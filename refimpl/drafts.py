@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import lean_llama
 from .models import LM, MODELS_DIR, ZOO, cache_dir, load
 from .speculative import expected_tau  # noqa: F401 - re-exported: drafts.expected_tau
 
@@ -273,14 +274,21 @@ class TrimmedLM(LM):
     ``kept_ids[i]``); its config keeps the full ``vocab_size`` V of the embeddings. ``forward`` and
     ``logits`` return full-vocabulary logits (B, Q, V) with ``-inf`` outside ``kept_ids``, so any
     decoder uses it unchanged; ``forward_trimmed`` returns the (B, Q, K) logits.
+
+    ``lean=True`` runs the cached steps through :mod:`refimpl.lean_llama` (same logits, a third
+    less per-call overhead, its own preallocated cache from ``new_cache()``); ``logits`` and
+    :meth:`to_hf` always use the Hugging Face model.
     """
 
     kept_ids: torch.Tensor | None = None
+    lean: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         if self.kept_ids is None:
             raise ValueError("kept_ids must list the token ids the trimmed head scores")
+        if self.lean and not lean_llama.supports(self.model):
+            raise ValueError("lean=True needs a plain Llama-recipe model (see refimpl.lean_llama.supports)")
         self.kept_ids = self.kept_ids.long().to(self.device)
         self.vocab_size = int(self.config.vocab_size)
         if self.model.lm_head.weight.shape[0] != self.kept_ids.numel():
@@ -294,12 +302,24 @@ class TrimmedLM(LM):
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         return self.expand(super().logits(input_ids, attention_mask, position_ids))
 
+    def new_cache(self):
+        return lean_llama.KVCache(self.num_layers) if self.lean else super().new_cache()
+
     def forward_trimmed(self, input_ids, cache=None, position_ids=None, attention_mask=None,
                         output_hidden_states=False):
-        return super().forward(input_ids, cache, position_ids, attention_mask, output_hidden_states)
+        if not self.lean:
+            return super().forward(input_ids, cache, position_ids, attention_mask, output_hidden_states)
+        if cache is None:
+            cache = self.new_cache()
+        dev = self.device
+        logits, hidden = lean_llama.forward(
+            self.model, input_ids.to(dev), cache,
+            position_ids=None if position_ids is None else position_ids.to(dev),
+            attention_mask=None if attention_mask is None else attention_mask.to(dev))
+        return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, output_hidden_states=False):
-        out = super().forward(input_ids, cache, position_ids, attention_mask, output_hidden_states)
+        out = self.forward_trimmed(input_ids, cache, position_ids, attention_mask, output_hidden_states)
         return (self.expand(out[0]),) + tuple(out[1:])
 
     @property
@@ -346,8 +366,10 @@ class TrimmedLM(LM):
         return full
 
 
-def trim_vocab(lm: LM, kept_ids) -> TrimmedLM:
-    """VocabTrim any Llama-like ``lm``: same layers (shared), a head with only the ``kept_ids`` rows."""
+def trim_vocab(lm: LM, kept_ids, lean: bool = False) -> TrimmedLM:
+    """VocabTrim any Llama-like ``lm``: same layers (shared), a head with only the ``kept_ids`` rows.
+
+    ``lean=True``: cached steps through :mod:`refimpl.lean_llama` (see :class:`TrimmedLM`)."""
     kept = torch.as_tensor(kept_ids, dtype=torch.long).unique()  # sorted, no repeats
     if kept.numel() == 0 or int(kept.min()) < 0 or int(kept.max()) >= lm.vocab_size:
         raise ValueError(f"kept_ids must be non-empty token ids in [0, {lm.vocab_size})")
@@ -363,7 +385,7 @@ def trim_vocab(lm: LM, kept_ids) -> TrimmedLM:
     with torch.no_grad():
         m.lm_head.weight.copy_(W[kept.to(W.device)])  # (K, H)
     m.eval()
-    return TrimmedLM(m, lm.tokenizer, name=f"{lm.name}-trim{kept.numel()}", kept_ids=kept)
+    return TrimmedLM(m, lm.tokenizer, name=f"{lm.name}-trim{kept.numel()}", kept_ids=kept, lean=lean)
 
 
 def frequent_tokens(lm: LM, texts, k: int) -> torch.Tensor:
@@ -419,6 +441,36 @@ def _prune_mlp(dst_layer, src_layer, keep: int) -> None:
     sd["mlp.up_proj.weight"] = mlp.up_proj.weight[idx]
     sd["mlp.down_proj.weight"] = mlp.down_proj.weight[:, idx]
     dst_layer.load_state_dict(sd)
+
+
+def grow_layer(model, source_layer, at: int):
+    """``model`` (a trimmed Llama draft) with one more decoder layer at index ``at``: a copy of
+    ``source_layer`` whose attention output and MLP down projections are zero, so the residual
+    stream -- and every prediction -- is unchanged until training moves them ("zero-init residual
+    branch", as in Goyal et al., arXiv 1706.02677, section 5.1, for batch-norm gammas)."""
+    L = model.config.num_hidden_layers
+    if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= L:
+        raise ValueError(f"at must be a layer index in [0, {L}], got {at!r}")
+    cfg = copy.deepcopy(model.config)
+    cfg.num_hidden_layers = L + 1
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = [cfg.layer_types[0]] * (L + 1)
+    inner = _decoder(model)
+    kept_rows = model.lm_head.weight.shape[0]
+    big = trimmed_model(cfg, inner.embed_tokens.weight.detach(), torch.arange(kept_rows))
+    big.lm_head.weight = model.lm_head.weight
+    big.model.embed_tokens.weight = inner.embed_tokens.weight
+    old = list(inner.layers)
+    for i, layer in enumerate(big.model.layers):
+        if i == at:
+            _prune_mlp(layer, source_layer, cfg.intermediate_size)
+            with torch.no_grad():
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+        else:
+            layer.load_state_dict(old[i if i < at else i - 1].state_dict())
+    big.model.norm.load_state_dict(inner.norm.state_dict())
+    return big.to(model.lm_head.weight.device)
 
 
 def _draft_batch(rows, pick, pad_id: int, head: torch.Tensor | None = None):
@@ -511,7 +563,7 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
                         init_layers=(0, 1, -1), batch: int = 32, lr: float = 5e-4, holdout: int = 50, seed: int = 0,
                         bf16: bool = True, stages=(1, 2, 3), init_from: str | None = None,
                         drill_batch: int = 0, drill_span: int = 48, drill_weight: float = 0.5,
-                        progress: bool = True) -> dict:
+                        grow: tuple[int, int] | None = None, progress: bool = True) -> dict:
     """Distil SmolLM2-135M-Instruct into a small trimmed-vocabulary draft on its own greedy answers.
 
     1. data (:mod:`refimpl.distill_data`): the target (bf16, batched) answers ~10,800 generated
@@ -529,7 +581,10 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
     5. ``drill_batch > 0`` adds the induction drill (:func:`copy_drill`, spans of up to
        ``drill_span`` tokens shown twice, cross-entropy weighted ``drill_weight``): distillation
        alone never taught the draft to copy from its context (:func:`copy_accuracy` stayed 0.0),
-       which summary / copy / question-answer prompts need.
+       which summary / copy / question-answer prompts need;
+    6. ``grow=(at, j)`` (with ``init_from``) inserts one more layer at index ``at``, copied from
+       the target's layer ``j`` with its two output projections zeroed (:func:`grow_layer`), so
+       training starts from exactly the smaller draft's predictions.
 
     Runs for ``steps`` steps or ``train_seconds``, whichever comes first (cosine learning rate over
     the budget that runs out first).
@@ -561,10 +616,15 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
     E = _decoder(target.model).embed_tokens.weight.detach()  # (V, H)
     if init_from:
         model, cfg = start.model, start.model.config
+        if grow is not None:
+            model = grow_layer(model, _decoder(target.model).layers[grow[1]], grow[0])
+            cfg = model.config
         num_layers, intermediate_size = cfg.num_hidden_layers, cfg.intermediate_size
         for n, p in model.named_parameters():  # the shared embedding and the head stay frozen
             p.requires_grad_(not n.startswith(("model.embed_tokens", "lm_head")))
     else:
+        if grow is not None:
+            raise ValueError("grow inserts a layer into a saved draft: pass init_from too")
         cfg = smol_draft_config(target.config, num_layers, intermediate_size)
         model = trimmed_model(cfg, E, kept)
         L = target.num_layers
@@ -617,7 +677,9 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
     save_file(state, os.path.join(out_dir, "draft.safetensors"), metadata={"format": "pt"})
     cfg.save_pretrained(out_dir)
     meta = {"target": "smollm2-135m", "vocab_keep": int(kept.numel()),
-            "init": f"continued from {init_from}" if init_from else f"target layers {list(init_layers)}",
+            "init": (f"continued from {init_from}" + (f", layer inserted at {grow[0]} from target layer {grow[1]}"
+                                                      if grow else "")) if init_from
+            else f"target layers {list(init_layers)}",
             "head": "target embedding rows of kept_ids", "tie": "embed_tokens from the target",
             "storage": "matrices int8 with one float16 scale per row (name + '.scale'); vectors float16"}
     with open(os.path.join(out_dir, "draft.json"), "w") as f:
@@ -736,7 +798,9 @@ def load_smollm2_draft(device=None, dtype=None, attn=None, path: str | None = No
     tok = AutoTokenizer.from_pretrained(tdir)
     device = torch.device(device) if device is not None else None
     base = _finish(model, tok, SMOL_DRAFT, device, dtype, attn)
-    return TrimmedLM(base.model, tok, name=SMOL_DRAFT, kept_ids=kept)
+    # cached steps through the lean forward unless another attention was asked for
+    return TrimmedLM(base.model, tok, name=SMOL_DRAFT, kept_ids=kept,
+                     lean=attn is None and lean_llama.supports(base.model))
 
 
 def _load_tiny_draft(device=None, dtype=None, attn=None) -> LM:

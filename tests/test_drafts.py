@@ -204,3 +204,17 @@ def test_copy_accuracy_separates_a_copier_from_a_guesser():
     assert drafts.copy_accuracy(_Copier(kept), kept, span=40) > 0.95
     guesser = lambda input_ids: type("Out", (), {"logits": torch.zeros(*input_ids.shape, len(kept))})()  # noqa: E731
     assert drafts.copy_accuracy(guesser, kept, span=40) < 0.05
+
+
+def test_grow_layer_starts_from_the_same_predictions(tiny, tiny_draft):
+    """A layer inserted with zeroed output projections changes nothing until it is trained."""
+    ids = torch.tensor([tiny.encode(PROMPTS[2])])
+    L = tiny_draft.num_layers
+    for at in (0, L):
+        big = drafts.grow_layer(tiny_draft.model, tiny.model.model.layers[1], at)
+        assert big.config.num_hidden_layers == L + 1
+        with torch.no_grad():
+            torch.testing.assert_close(big(ids).logits, tiny_draft.model(ids).logits)
+        assert big.model.embed_tokens.weight is tiny_draft.model.model.embed_tokens.weight
+    with pytest.raises(ValueError, match="at must"):
+        drafts.grow_layer(tiny_draft.model, tiny.model.model.layers[1], L + 2)

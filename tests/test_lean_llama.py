@@ -1,0 +1,126 @@
+"""refimpl.lean_llama: the lean forward gives the Hugging Face Llama's logits (prefill, steps, crop,
+padding masks, token-tree masks, batch selection), and a lean trimmed draft leaves speculative
+greedy decoding equal to AR greedy."""
+import pytest
+import torch
+
+from refimpl import autoregressive, drafts, lean_llama, models, speculative
+
+
+def small_llama(**over):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    kw.update(over)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**kw)).eval()
+
+
+def hf_step(model, ids, cache, **kw):
+    with torch.no_grad():
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, **kw)
+    return out.logits, out.past_key_values
+
+
+def test_prefill_steps_and_crop_equal_hugging_face():
+    from transformers import DynamicCache
+
+    m = small_llama()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (2, 90), generator=g)
+    lean, ref = lean_llama.KVCache(2), DynamicCache(config=m.config)
+    chunks = [(0, 7), (7, 10), (10, 11)] + [(t, t + 1) for t in range(11, 80)]  # grows past 64 slots
+    for a, b in chunks:
+        want, ref = hf_step(m, ids[:, a:b], ref)
+        got, hidden = lean_llama.forward(m, ids[:, a:b], lean)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert lean.get_seq_length() == ref.get_seq_length() == b
+    assert hidden.shape == (2, 1, 48)
+    lean.crop(-5)
+    ref.crop(-5)
+    lean.crop(-5)
+    ref.crop(-5)
+    with pytest.raises(ValueError, match="n="):
+        lean.crop(3)
+    pos = torch.tensor([[70, 71, 72]] * 2)
+    want, _ = hf_step(m, ids[:, 80:83], ref, position_ids=pos)
+    got, _ = lean_llama.forward(m, ids[:, 80:83], lean, position_ids=pos)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    last, _ = lean_llama.forward(m, ids[:, 83:86], lean, logits_to_keep=1)
+    assert last.shape == (2, 1, 97)
+
+
+def test_padding_mask_and_batch_select():
+    from transformers import DynamicCache
+
+    m = small_llama()
+    ids = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(2))
+    am = torch.ones(3, 12, dtype=torch.long)
+    am[1, :4] = 0  # a left-padded row
+    am[2, :1] = 0
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    lean, ref = lean_llama.KVCache(2), DynamicCache(config=m.config)
+    got, _ = lean_llama.forward(m, ids, lean, position_ids=pos, attention_mask=am)
+    want, ref = hf_step(m, ids, ref, position_ids=pos, attention_mask=am)
+    real = am.bool()
+    assert torch.isfinite(got).all()  # padded queries see themselves: finite, ignored
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    rows = torch.tensor([2, 1])
+    lean.batch_select_indices(rows)
+    ref.batch_select_indices(rows)
+    nxt = torch.tensor([[5, 6], [7, 8]])
+    am2 = torch.cat([am[rows], torch.ones(2, 2, dtype=torch.long)], 1)
+    pos2 = pos[rows, -1:] + torch.tensor([[1, 2]])
+    got, _ = lean_llama.forward(m, nxt, lean, position_ids=pos2, attention_mask=am2)
+    want, _ = hf_step(m, nxt, ref, position_ids=pos2, attention_mask=am2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_token_tree_mask_equals_hugging_face():
+    from transformers import DynamicCache
+
+    m = small_llama()
+    ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(3))
+    lean, ref = lean_llama.KVCache(2), DynamicCache(config=m.config)
+    lean_llama.forward(m, ids[:, :6], lean)
+    _, ref = hf_step(m, ids[:, :6], ref)
+    # a tree of 4 nodes after 6 cached tokens: 0 -> {1, 2}, 2 -> 3
+    parent = [-1, 0, 0, 2]
+    allowed = torch.zeros(4, 10, dtype=torch.bool)
+    allowed[:, :6] = True
+    for i in range(4):
+        j = i
+        while j >= 0:
+            allowed[i, 6 + j] = True
+            j = parent[j]
+    mask = torch.zeros(1, 1, 4, 10).masked_fill(~allowed, float("-inf"))
+    pos = torch.tensor([[6, 7, 7, 8]])
+    got, _ = lean_llama.forward(m, ids[:, 6:10], lean, position_ids=pos, attention_mask=mask)
+    want, _ = hf_step(m, ids[:, 6:10], ref, position_ids=pos, attention_mask=mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_models_are_refused():
+    m = small_llama(attention_bias=True)
+    assert lean_llama.supports(small_llama()) and not lean_llama.supports(m)
+    with pytest.raises(ValueError, match="model"):
+        lean_llama.forward(m, torch.zeros(1, 2, dtype=torch.long), lean_llama.KVCache(2))
+    with pytest.raises(ValueError, match="lean"):
+        drafts.TrimmedLM(m, None, kept_ids=torch.arange(97), lean=True)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_lean_trimmed_draft_keeps_speculative_equal_to_ar(tiny, gamma):
+    from refimpl import data
+
+    draft = models.load("tiny-draft", device="cpu")
+    kept = drafts.frequent_tokens(tiny, data.kjv_chapters()[:40], 600)
+    lean, plain = drafts.trim_vocab(draft, kept, lean=True), drafts.trim_vocab(draft, kept)
+    assert isinstance(lean.new_cache(), lean_llama.KVCache)
+    prompts = [tiny.encode(t) for t in ["And God said", "The LORD is my shepherd; I shall not want.", "And"]]
+    ref = [autoregressive.generate(tiny, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts]
+    got = speculative.generate(tiny, lean, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[])
+    assert got.tokens == ref  # ragged batch of three
+    slow = speculative.generate(tiny, plain, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[])
+    assert got.stats.accepted == slow.stats.accepted  # same draft logits, same acceptances
