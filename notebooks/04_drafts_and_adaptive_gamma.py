@@ -272,6 +272,43 @@ assert g.tokens == ref.tokens == g_full.tokens
 print(f"gamma=4: alpha with the head trimmed to {K} = {g.stats.alpha:.2f}, full head = {g_full.stats.alpha:.2f}")
 
 # %% [markdown]
+# ## Two costs the formula leaves out
+# `tau / (1 + gamma·c)` assumes that the target scores `gamma + 1` tokens in the time of one. Call
+# the real ratio `v`: speedup = `tau / (v + gamma·c)`. On a GPU at batch 1, `v ≈ 1`. On a CPU in
+# fp32 it need not be: MKL repacks every weight matrix once a product has 4 or more rows, and for
+# SmolLM2-135M on a 2-core machine `v(5) ≈ 1.5` -- enough to eat most of the gain. Packing the
+# weights once for oneDNN (`models.load(..., prepack=True)`, `refimpl/cpu_linear.py`) brings it to
+# `≈ 1.1`. Measure both on your target (set `TARGET = "smollm2-135m"` to see the jump):
+
+# %%
+from refimpl import cpu_linear
+
+rows = cpu_linear.matmul_cost(target.model, rows=(1, 2, 3, 4, 5, 6), repeats=3 if FAST else 15)
+plt.figure(figsize=(5, 3))
+plt.plot([r["rows"] for r in rows], [r["mkl_ms"] for r in rows], marker="o", label="MKL F.linear")
+plt.plot([r["rows"] for r in rows], [r["prepacked_ms"] for r in rows], marker="o", label="prepacked (oneDNN)")
+plt.xlabel("rows (tokens scored at once)"); plt.ylabel("ms, all matrices"); plt.legend(); plt.show()
+v_mkl, v_packed = (rows[4][k] / rows[0][k] for k in ("mkl_ms", "prepacked_ms"))
+print(f"v(5) from the matrix products: MKL {v_mkl:.2f}, prepacked {v_packed:.2f}")
+print("predicted speedup at gamma=4:", {v: round(drafts.expected_speedup(alpha_draft, 4, costs[DRAFT], v), 2)
+                                       for v in (1.0, round(v_mkl, 2), round(v_packed, 2))})
+
+# %% [markdown]
+# The second cost hides inside `c`. A 3-layer draft does little arithmetic, so a Hugging Face
+# forward of it is mostly per-call machinery: mask builders, the rotary module, output objects,
+# and a cache that reallocates every layer's keys and values at every step. `refimpl/lean_llama.py`
+# runs the same math from the same weights with a preallocated cache (`lean=True`); the logits
+# are equal, so the accepted tokens are too, and only `c` moves.
+
+# %%
+lean = drafts.trim_vocab(draft, kept, lean=True)
+t_plain, t_lean = (drafts.step_seconds(d, repeats=reps) for d in (trimmed, lean))
+g_lean = speculative.generate(target, lean, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+assert g_lean.tokens == g.tokens and g_lean.stats.accepted == g.stats.accepted
+print(f"trimmed draft step: Hugging Face {t_plain*1e3:.2f} ms, lean {t_lean*1e3:.2f} ms -> "
+      f"c {t_plain / t_target:.3f} -> {t_lean / t_target:.3f}")
+
+# %% [markdown]
 # ## Can the draft copy? The induction drill
 # Summaries, edits and answers about a passage repeat long stretches of the prompt. A model copies
 # with *induction heads*: one head marks each token with the token before it, a later head finds

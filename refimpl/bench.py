@@ -130,22 +130,29 @@ def hardware() -> dict:
 
 def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, list[int]]], max_new_tokens: int,
                repeats: int, progress: bool = True) -> list[dict]:
-    """Rows of the decode table. AR greedy (cached) is the reference for speed and exactness."""
+    """Rows of the decode table. AR greedy (cached) is the reference for speed and exactness.
+
+    Runs are interleaved -- for each prompt, ``repeats`` rounds of every method in turn -- so a
+    shared machine that speeds up or slows down during the benchmark shifts all methods alike
+    and the speed-up ratios stay comparable; each (method, prompt) time is the median of its runs.
+    """
     from tqdm.auto import tqdm
 
     reference = {i: autoregressive.generate(ctx.target, ids, max_new_tokens=max_new_tokens).tokens[0]
                  for i, (_, ids) in enumerate(prompts)}
+    runs: dict[tuple[int, int], list] = {}  # (method index, prompt index) -> Generations
+    for i, (_, ids) in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
+        for _ in range(repeats):
+            for j, m in enumerate(methods):
+                if not m.max_prompts or i < m.max_prompts:
+                    runs.setdefault((j, i), []).append(m.run(ctx, ids, max_new_tokens))
     rows = []
-    for m in methods:
+    for j, m in enumerate(methods):
         todo = prompts[: m.max_prompts] if m.max_prompts else prompts
         times, toks, calls, taus, exact, per_cat = [], 0, 0, [], [], {}
-        for i, (cat, ids) in enumerate(tqdm(todo, desc=m.name, disable=not progress, leave=False)):
-            runs = []
-            for _ in range(repeats):
-                g = m.run(ctx, ids, max_new_tokens)
-                runs.append(g)
-            secs = statistics.median(r.stats.seconds for r in runs)
-            g = runs[0]
+        for i, (cat, ids) in enumerate(todo):
+            secs = statistics.median(r.stats.seconds for r in runs[(j, i)])
+            g = runs[(j, i)][0]
             n = len(g.tokens[0])
             times.append(secs)
             toks += n

@@ -1,0 +1,55 @@
+"""refimpl.bench: the decode table interleaves methods (noise hits all alike), takes medians,
+checks exactness against AR greedy, and the command line writes its tables."""
+import json
+import os
+
+from refimpl import bench
+from refimpl.generation import Generation, Stats
+
+
+class Fake:
+    """A method whose k-th call takes ``secs[k]`` seconds and returns ``tokens``; logs its calls."""
+
+    def __init__(self, name, log, secs, tokens):
+        self.name, self.log, self.secs, self.tokens, self.k = name, log, secs, tokens, 0
+
+    def __call__(self, ctx, ids, n):
+        self.log.append((self.name, tuple(ids)))
+        s = Stats(seconds=self.secs[self.k % len(self.secs)], target_calls=2, new_tokens=len(self.tokens))
+        self.k += 1
+        return Generation([list(self.tokens)], s)
+
+
+def test_run_decode_interleaves_and_takes_medians(tiny, monkeypatch):
+    prompts = [("chat", tiny.encode("And God said")), ("code", tiny.encode("In the beginning"))]
+    ref = {tuple(ids): [5, 6, 7, 8] for _, ids in prompts}
+    monkeypatch.setattr(bench.autoregressive, "generate",
+                        lambda lm, ids, max_new_tokens: Generation([ref[tuple(ids)]], Stats()))
+    log = []
+    methods = [bench.Method("ar (cache)", Fake("ar", log, [1.0, 9.0, 1.0], [5, 6, 7, 8])),
+               bench.Method("fast", Fake("fast", log, [0.5, 0.5, 7.0], [5, 6, 7, 8])),
+               bench.Method("wrong", Fake("wrong", log, [1.0], [5, 6, 0, 0])),
+               bench.Method("capped", Fake("capped", log, [1.0], [5, 6, 7, 8]), max_prompts=1)]
+    rows = bench.run_decode(bench.Context(target=tiny), methods, prompts, max_new_tokens=4, repeats=3,
+                            progress=False)
+    # round robin: prompt 1 x 3 rounds of every method, then prompt 2 (without the capped method)
+    names = [n for n, _ in log]
+    assert names[:8] == ["ar", "fast", "wrong", "capped"] * 2
+    assert names[12:15] == ["ar", "fast", "wrong"] and len(log) == 3 * 4 + 3 * 3
+    by = {r["method"]: r for r in rows}
+    assert by["ar (cache)"]["seconds"] == 2.0 and by["fast"]["seconds"] == 1.0  # medians per prompt
+    assert by["fast"]["speedup"] == 2.0 and by["fast"]["tau"] == 2.0
+    assert by["fast"]["exact"] == 1.0 and by["wrong"]["exact"] == 0.0
+    assert by["capped"]["prompts"] == 1
+
+
+def test_command_line_writes_json_and_markdown(tmp_path):
+    out = tmp_path / "res"
+    result = bench.main(["--model", "tiny", "--fast", "--methods", "speculative greedy", "--threads", "1",
+                         "--max-new-tokens", "8", "--out", str(out)])
+    names = [r["method"] for r in result["rows"]]
+    assert names[0] == "ar (cache)" and any("speculative greedy" in n for n in names)
+    assert all(r["exact"] == 1.0 for r in result["rows"] if r["exact"] is not None)
+    saved = json.load(open(os.path.join(out, "decode_tiny.json")))
+    assert saved["rows"] == json.loads(json.dumps(result["rows"], default=str))
+    assert "prepacked_linears" in saved and "| method |" in open(os.path.join(out, "decode_tiny.md")).read()
