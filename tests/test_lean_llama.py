@@ -124,3 +124,45 @@ def test_lean_trimmed_draft_keeps_speculative_equal_to_ar(tiny, gamma):
     assert got.tokens == ref  # ragged batch of three
     slow = speculative.generate(tiny, plain, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[])
     assert got.stats.accepted == slow.stats.accepted  # same draft logits, same acceptances
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_context_vocab_scores_tokens_of_the_context(tiny, lean):
+    """A trimmed head plus the context's tokens: a prompt token outside kept_ids gets its
+    embedding-row logit (it is -inf without context_vocab); greedy stays equal to AR."""
+    from refimpl import data
+
+    draft = models.load("tiny-draft", device="cpu")
+    kept = drafts.frequent_tokens(tiny, data.kjv_chapters()[:40], 300)
+    ctx = drafts.trim_vocab(draft, kept, lean=lean, context_vocab=True)
+    plain = drafts.trim_vocab(draft, kept, lean=lean)
+    prompt = tiny.encode("Nebuchadnezzar the king of Babylon came, and Nebuchadnezzar")
+    rare = [t for t in prompt if t not in set(kept.tolist())]
+    assert rare, "the prompt must hold tokens outside the kept set"
+    ids = torch.tensor([prompt])
+    got, cache = ctx.forward(ids)
+    base, _ = plain.forward(ids)
+    assert torch.isfinite(got[0, -1, rare]).all() and torch.isneginf(base[0, -1, rare]).all()
+    h = draft.model.model(input_ids=ids).last_hidden_state[0, -1]
+    E = draft.model.model.embed_tokens.weight
+    torch.testing.assert_close(got[0, -1, rare], h @ E[rare].T, atol=1e-4, rtol=1e-4)
+    keep = list(kept.tolist())
+    torch.testing.assert_close(got[0, -1, keep], base[0, -1, keep])
+    assert set(cache.refimpl_extra_tokens.tolist()) == set(rare)
+    unseen = [t for t in range(tiny.vocab_size) if t not in set(keep) | set(prompt)][:5]
+    assert torch.isneginf(got[0, -1, unseen]).all()  # tokens never seen stay out
+    ref = autoregressive.generate(tiny, prompt, max_new_tokens=16, eos_token_id=[]).tokens[0]
+    for gamma in (2, 4):
+        assert speculative.generate(tiny, ctx, prompt, gamma=gamma, max_new_tokens=16,
+                                    eos_token_id=[]).tokens[0] == ref
+
+
+def test_context_vocab_needs_an_embedding_head(tiny):
+    from refimpl import data
+
+    tr = drafts.trim_vocab(models.load("tiny-draft", device="cpu"), drafts.frequent_tokens(
+        tiny, data.kjv_chapters()[:5], 100))
+    with torch.no_grad():
+        tr.model.lm_head.weight.mul_(2.0)  # no longer the embedding rows
+    with pytest.raises(ValueError, match="context_vocab"):
+        drafts.TrimmedLM(tr.model, tr.tokenizer, kept_ids=tr.kept_ids, context_vocab=True)
