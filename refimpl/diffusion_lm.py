@@ -59,6 +59,12 @@ class DLMConfig:
     abs_pos: bool = False  # add learned absolute position embeddings (helps fixed-layout synthetic tasks)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich, arXiv 1910.07467), computed in float32 as Llama does."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -66,18 +72,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_angles(pos: torch.Tensor, d: int, theta: float, dtype=torch.float32):
+    """cos, sin (B, 1, Q, D/2) of the rotary angles for positions ``pos`` (B, Q), head size ``d``."""
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d))  # (D/2,)
+    ang = pos.to(torch.float32)[:, None, :, None] * inv  # (B, 1, Q, D/2)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, H, Q, D) by the angles of :func:`rope_angles` (half-split convention)."""
+    d = x.size(-1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding (half-split convention). x (B, H, Q, D), pos (B, Q)."""
-    d = x.size(-1)
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))  # (D/2,)
-    ang = pos.to(torch.float32)[:, None, :, None] * inv  # (B, 1, Q, D/2)
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return apply_rope(x, *rope_angles(pos, x.size(-1), theta, x.dtype))
 
 
 class Block(nn.Module):

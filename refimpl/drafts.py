@@ -495,10 +495,9 @@ def grow_layer(model, source_layer, at: int):
     if getattr(cfg, "layer_types", None) is not None:
         cfg.layer_types = [cfg.layer_types[0]] * (L + 1)
     inner = _decoder(model)
-    kept_rows = model.lm_head.weight.shape[0]
-    big = trimmed_model(cfg, inner.embed_tokens.weight.detach(), torch.arange(kept_rows))
-    big.lm_head.weight = model.lm_head.weight
-    big.model.embed_tokens.weight = inner.embed_tokens.weight
+    with torch.device(model.lm_head.weight.device):
+        big = type(model)(cfg)  # fresh layers; the embedding and the head are shared below
+    big.model.embed_tokens, big.lm_head = inner.embed_tokens, model.lm_head
     old = list(inner.layers)
     for i, layer in enumerate(big.model.layers):
         if i == at:
@@ -509,7 +508,7 @@ def grow_layer(model, source_layer, at: int):
         else:
             layer.load_state_dict(old[i if i < at else i - 1].state_dict())
     big.model.norm.load_state_dict(inner.norm.state_dict())
-    return big.to(model.lm_head.weight.device)
+    return big
 
 
 def _draft_batch(rows, pick, pad_id: int, head: torch.Tensor | None = None):

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .diffusion_lm import apply_rope, rms_norm, rope_angles
+
 
 def supports(model) -> bool:
     """True when ``model`` is a Llama-recipe causal LM this forward reproduces exactly."""
@@ -76,15 +78,6 @@ class KVCache:
         return buf_k[:, :, :P + Q], buf_v[:, :, :P + Q]
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def _mask(Q: int, P: int, attention_mask: torch.Tensor | None, device, dtype) -> torch.Tensor | None:
     """The attention mask for Q new tokens after P cached ones: None (Q = 1, no padding) or
     additive (B or 1, 1, Q, P + Q). A 2-D padding mask (B, P + Q) of 1/0 is combined with the
@@ -124,26 +117,23 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
         position_ids = torch.arange(P, P + Q, device=input_ids.device)[None].expand(B, Q)
     x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
     theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-    inv_freq = 1.0 / theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
-    ang = position_ids[..., None].float() * inv_freq  # (B, Q, D/2)
-    ang = torch.cat((ang, ang), dim=-1)[:, None]  # (B, 1, Q, D)
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
     mask = _mask(Q, P, attention_mask, x.device, x.dtype)
     for li, layer in enumerate(inner.layers):
         att = layer.self_attn
-        h = _rms_norm(x, layer.input_layernorm.weight, eps)
+        h = rms_norm(x, layer.input_layernorm.weight, eps)
         q = att.q_proj(h).view(B, Q, H, D).transpose(1, 2)  # (B, H, Q, D)
         k = att.k_proj(h).view(B, Q, Hkv, D).transpose(1, 2)  # (B, Hkv, Q, D)
         v = att.v_proj(h).view(B, Q, Hkv, D).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(li, k, v)  # (B, Hkv, P+Q, D)
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=att.scaling,
                                            enable_gqa=H != Hkv)  # (B, H, Q, D)
         x = x + att.o_proj(o.transpose(1, 2).reshape(B, Q, H * D))
-        h = _rms_norm(x, layer.post_attention_layernorm.weight, eps)
+        h = rms_norm(x, layer.post_attention_layernorm.weight, eps)
         mlp = layer.mlp
         x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
     cache.length = P + Q
-    hidden = _rms_norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
+    hidden = rms_norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
     keep = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
     return model.lm_head(keep), hidden
