@@ -360,6 +360,47 @@ if os.path.exists(report):
     print({k: r.get(k) for k in ("layers", "drill_batch", "copy_accuracy", "heldout_agreement")})
 
 # %% [markdown]
+# ### When the drill is not enough: a copy prior
+# Copying a span shown twice is not the same as copying a fact out of a passage. Scored
+# teacher-forced on SmolLM2's own answers to the benchmark prompts, the committed draft still
+# guesses where its target copies: "Martha **Water**" for the keeper "Martha Lowe", "1**8**78"
+# for "1938". Prompt lookup (chapter 09) does only this: find the latest earlier occurrence of
+# the context's last `n` tokens and propose the token that followed. A draft can have both:
+# `drafts.ContextCopyLM` adds `bias` to the draft's logit for that token (longest `n` from 3
+# down to 2). Any draft distribution is verified exactly, so this is lossless too. The lookup,
+# by hand:
+
+# %%
+def lookup_by_hand(history, max_n=3, min_n=2):
+    t = len(history) - 1
+    for n in range(max_n, min_n - 1, -1):
+        suffix = history[t - n + 1:]
+        for j in range(t - 1, n - 2, -1):          # latest earlier occurrence first
+            if history[j - n + 1: j + 1] == suffix:
+                return history[j + 1]              # what followed it
+    return None
+
+ctx = target.encode("And God said, Let there be light: and there was light. And God said, Let there")
+mine = lookup_by_hand(ctx)
+ours = drafts.copy_candidates(torch.tensor(ctx), torch.tensor([len(ctx) - 1]), 3, 2).item()
+assert mine == ours
+print("context ends", repr(target.decode(ctx[-3:])), "-> copy", repr(target.decode([mine])))
+
+# %% [markdown]
+# With the prior on the same prompts: tokens unchanged, acceptance moved. `tiny` never learned to
+# copy, so here the prior can as easily cost acceptance as win it; on SmolLM2 (`TARGET =
+# "smollm2-135m"`) it lifts tau on the benchmark's summary, copy and QA prompts (README,
+# benchmark section), and `smollm2-135m-draft` loads with it.
+
+# %%
+plain = draft.lm if isinstance(draft, drafts.ContextCopyLM) else draft   # smollm2-135m-draft comes wrapped
+copier = drafts.ContextCopyLM(plain)
+g_copy = speculative.generate(target, copier, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+g_plain = speculative.generate(target, plain, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+assert g_copy.tokens == g_plain.tokens == ref.tokens
+print(f"gamma=4: tau without the prior {g_plain.stats.tau:.2f}, with it {g_copy.stats.tau:.2f}")
+
+# %% [markdown]
 # ## Part 5 · Adaptive gamma: stop when the draft is unsure
 # A fixed `gamma` keeps drafting where the draft is guessing. SpecDec++ (arXiv 2405.19715) stops
 # once the chance that *some* draft of the round is rejected gets high. Training-free versions use

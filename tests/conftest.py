@@ -29,3 +29,12 @@ def tiny_prompts(tiny):
         "And",
     ]
     return [tiny.encode(t) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def torch_kernels():
+    """Run the kernels' torch references (the interpreter costs ~0.1 s a call); the kernel tests
+    check Triton == reference. Use with ``pytestmark = pytest.mark.usefixtures("torch_kernels")``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        yield

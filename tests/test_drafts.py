@@ -121,8 +121,10 @@ def smol():
 
 @slow
 def test_smollm2_draft_trimmed_and_hf_views_agree(smol):
-    target, draft = smol
-    assert isinstance(draft, drafts.TrimmedLM) and draft.vocab_size == target.vocab_size
+    target, wrapped = smol
+    assert isinstance(wrapped, drafts.ContextCopyLM) and isinstance(wrapped.lm, drafts.TrimmedLM)
+    draft = wrapped.lm  # the trimmed model without the copy prior: what HF assisted runs
+    assert draft.vocab_size == target.vocab_size
     assert draft.kept_ids.numel() <= target.vocab_size // 6  # a head of at most 1/6 of the rows
     ids = torch.tensor([encode_prompt(target, "Name three colors.")])
     trimmed = draft.logits(ids)  # (1, T, V)
@@ -147,6 +149,20 @@ def test_smollm2_speculative_and_hf_assisted(smol):
     plain = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
                                   pad_token_id=target.pad_token_id)
     assert hf.tolist() == plain.tolist()
+
+
+@slow
+def test_smollm2_copy_prior_raises_acceptance_on_a_copy_prompt(smol):
+    """A prompt outside the benchmark and the training data: the answer repeats the passage."""
+    target, draft = smol
+    text = ("Repeat this note exactly.\n\nThe green ferry to Harlow Island leaves Pier 4 at 7:15 "
+            "every weekday; on Sundays it leaves at 9:40 from Pier 2 instead.")
+    p = [encode_prompt(target, text)]
+    ref = autoregressive.generate(target, p, max_new_tokens=40).tokens
+    with_prior = speculative.generate(target, draft, p, gamma=4, max_new_tokens=40)
+    without = speculative.generate(target, draft.lm, p, gamma=4, max_new_tokens=40)
+    assert with_prior.tokens == without.tokens == ref
+    assert with_prior.stats.tau > without.stats.tau
 
 
 @slow

@@ -39,13 +39,8 @@ def early_exit(lm, layers):
     return models.LM(m.to(lm.device), lm.tokenizer, name=f"{lm.name}-exit{layers}")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def torch_kernels():
-    """Run the kernels' torch references here (the interpreter costs ~0.1 s a call); the kernel tests
-    check Triton == reference, and test_triton_path_gives_the_same_tokens runs the Triton path."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "0")
-        yield
+# the kernels' torch references here; test_triton_path_gives_the_same_tokens runs the Triton path
+pytestmark = pytest.mark.usefixtures("torch_kernels")
 
 
 @pytest.fixture(scope="module")
