@@ -207,3 +207,32 @@ def test_bench_row_without_the_prior_unwraps_the_draft(target, copier, prompts):
     g = row.run(ctx, prompts[0], 12)
     plain = sp.generate(target, copier.lm, [prompts[0]], gamma=4, max_new_tokens=12)
     assert g.tokens == plain.tokens and g.stats.accepted == plain.stats.accepted
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_on_a_lean_trimmed_draft_like_the_smollm2_one(target, gamma):
+    """The zoo's SmolLM2 draft in miniature: a trimmed head + the context's tokens, the lean
+    forward and its preallocated cache, wrapped with the copy prior; ragged batch, adaptive gamma."""
+    from refimpl import adaptive, data, models
+
+    kept = drafts.frequent_tokens(target, data.kjv_chapters()[:40], 300)
+    base = models.load("tiny-draft", device="cpu")
+    inner = drafts.trim_vocab(base, kept, lean=True, context_vocab=True)
+    copier = drafts.ContextCopyLM(inner)
+    texts = ["And the king Nebuchadnezzar came to Babylon, and the king", "And", TEXTS[0]]
+    prompts = [target.encode(t) for t in texts]
+    ref = [ar.generate(target, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts]
+    assert sp.generate(target, copier, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[]).tokens == ref
+    g = adaptive.generate(target, copier, prompts, max_gamma=gamma + 2, threshold=0.2, max_new_tokens=20,
+                          policy="cumulative", eos_token_id=[])
+    assert g.tokens == ref
+    # the copy is a token outside the kept head: scored (context vocab) and raised by the prior
+    ids = torch.tensor([prompts[0]])
+    cand = drafts.copy_candidates(ids[0], torch.tensor([ids.shape[1] - 1]), 3, 2).item()
+    assert cand >= 0 and cand not in set(kept.tolist())
+    with_prior, _ = copier.forward(ids)
+    without, _ = inner.forward(ids)
+    assert float(with_prior[0, -1, cand]) == pytest.approx(float(without[0, -1, cand]) + copier.bias, abs=1e-4)
+    # without the context's tokens in the head the copy stays impossible (-inf), never NaN
+    head_only = drafts.ContextCopyLM(drafts.trim_vocab(base, kept, lean=True))
+    assert torch.isneginf(head_only.forward(ids)[0][0, -1, cand])
