@@ -504,7 +504,7 @@ class CopyCache:
         self.history[b, positions[b, q]] = input_ids[b, q]
 
 
-class ContextCopyLM:
+class ContextCopyLM(LM):
     """Any draft :class:`LM` plus a copy prior: its logit for the prompt-lookup candidate
     (:func:`copy_candidates`: what followed the latest earlier occurrence of the context's last
     ``max_ngram..min_ngram`` tokens) is raised by ``bias``.
@@ -518,9 +518,10 @@ class ContextCopyLM:
     the draft unless it is ~400 times surer of another token. A token the inner draft gives
     ``-inf`` (outside a trimmed head) stays impossible; pair it with ``context_vocab=True``.
 
-    Everything else (``model``, ``tokenizer``, ``kept_ids``, ``hf_model``, ...) is the inner
-    draft's; the cache from :meth:`new_cache` carries the history. Chains only: a 4-D (tree)
-    attention mask raises ``ValueError``.
+    An :class:`LM` whose ``model``, ``tokenizer`` and vocabulary are the inner draft's; anything
+    else the inner draft has (``kept_ids``, ``hf_model``, ...) is read through to it, and ``.lm``
+    is the draft alone. The cache from :meth:`new_cache` carries the history. Chains only: a 4-D
+    (tree) attention mask raises ``ValueError``.
     """
 
     def __init__(self, lm, max_ngram: int = 3, min_ngram: int = 2, bias: float = 6.0):
@@ -529,6 +530,9 @@ class ContextCopyLM:
         if not (bias > 0 and math.isfinite(bias)):
             raise ValueError(f"bias must be a positive finite logit offset, got {bias}")
         self.lm, self.max_ngram, self.min_ngram, self.bias = lm, max_ngram, min_ngram, float(bias)
+        for k in ("model", "tokenizer", "config", "vocab_size", "max_length", "eos_token_id", "pad_token_id",
+                  "mask_token_id"):  # the LM interface, from the inner draft (no second __post_init__)
+            setattr(self, k, getattr(lm, k))
         self.name = f"{lm.name}+copy"
 
     def __getattr__(self, name):  # only reached for attributes not set above: the inner draft's

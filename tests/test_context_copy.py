@@ -186,6 +186,17 @@ def test_sampling_stays_lossless_chi_square(target, copier, prompts):
     assert bad < 1e-6
 
 
+def test_is_an_lm_reading_through_to_its_draft(target, draft, copier):
+    from refimpl import models
+
+    assert isinstance(copier, models.LM) and copier.lm is draft
+    assert copier.model is draft.model and copier.tokenizer is draft.tokenizer
+    assert copier.vocab_size == draft.vocab_size == target.vocab_size
+    assert copier.num_layers == draft.num_layers and copier.encode("And God") == draft.encode("And God")
+    with pytest.raises(AttributeError):
+        copier.no_such_attribute
+
+
 def test_bad_arguments(draft, copier):
     with pytest.raises(ValueError, match="min_ngram"):
         drafts.ContextCopyLM(draft, max_ngram=2, min_ngram=3)
