@@ -401,6 +401,34 @@ assert g_copy.tokens == g_plain.tokens == ref.tokens
 print(f"gamma=4: tau without the prior {g_plain.stats.tau:.2f}, with it {g_copy.stats.tau:.2f}")
 
 # %% [markdown]
+# On SmolLM2 the benchmark records tau per prompt category, with and without the prior
+# (`python -m refimpl.bench --model smollm2-135m --per-category 5 --methods "speculative greedy"`,
+# results committed in `bench_results/`). The prior pays where answers repeat their prompt --
+# summaries, rewrites, answers quoted from a passage -- and cannot help chat, where nothing repeats.
+
+# %%
+results = os.path.join(os.path.dirname(models.MODELS_DIR), "bench_results")
+path = next((p for p in (os.path.join(results, "decode_smollm2-135m_30prompts", "decode_smollm2-135m.json"),
+                         os.path.join(results, "decode_smollm2-135m.json")) if os.path.exists(p)), None)
+rows = {r["method"]: r for r in json.load(open(path))["rows"]} if path else {}
+pair = ("speculative greedy, draft without copy prior (gamma=4)", "speculative greedy (gamma=4)")
+if all(k in rows and "per_category_tau" in rows[k] for k in pair):
+    cats = list(rows[pair[1]]["per_category_tau"])
+    fig, ax = plt.subplots(figsize=(7, 3))
+    for i, (key, label) in enumerate(zip(pair, ("draft alone", "draft + copy prior"))):
+        ax.bar([c + i * 0.4 for c in range(len(cats))], [rows[key]["per_category_tau"][c] for c in cats],
+               width=0.4, label=label)
+    ax.set_xticks([c + 0.2 for c in range(len(cats))], cats)
+    ax.set_ylabel("tau (gamma = 4)")
+    ax.set_title(f"smollm2-135m, {rows[pair[1]]['prompts']} prompts")
+    ax.set_ylim(0, 1.3 * max(max(rows[k]["per_category_tau"].values()) for k in pair))
+    ax.legend(ncol=2, loc="upper left")
+    plt.show()
+    print({k: round(rows[k]["tau"], 2) for k in pair})
+else:
+    print("no SmolLM2 benchmark results with per-category tau yet: run the command above")
+
+# %% [markdown]
 # ## Part 5 · Adaptive gamma: stop when the draft is unsure
 # A fixed `gamma` keeps drafting where the draft is guessing. SpecDec++ (arXiv 2405.19715) stops
 # once the chance that *some* draft of the round is rejected gets high. Training-free versions use

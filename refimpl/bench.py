@@ -149,7 +149,7 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
     rows = []
     for j, m in enumerate(methods):
         todo = prompts[: m.max_prompts] if m.max_prompts else prompts
-        times, toks, calls, taus, exact, per_cat = [], 0, 0, [], [], {}
+        times, toks, calls, taus, exact, per_cat, cat_taus = [], 0, 0, [], [], {}, {}
         for i, (cat, ids) in enumerate(todo):
             secs = statistics.median(r.stats.seconds for r in runs[(j, i)])
             g = runs[(j, i)][0]
@@ -159,6 +159,7 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
             calls += g.stats.target_calls
             if g.stats.target_calls:
                 taus.append(g.stats.tau)
+                cat_taus.setdefault(cat, []).append(g.stats.tau)
             if m.exact:
                 exact.append(g.tokens[0] == reference[i])
             c = per_cat.setdefault(cat, [0.0, 0])
@@ -174,6 +175,7 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
             "target_nfe_per_token": calls / toks if calls else None,
             "exact": (sum(exact) / len(exact)) if exact else None,
             "per_category_tokens_per_s": {k: v[1] / v[0] for k, v in per_cat.items()},
+            "per_category_tau": {k: statistics.mean(v) for k, v in cat_taus.items()},
         })
     base = next((r for r in rows if r["method"] == "ar (cache)"), None)
     for r in rows:

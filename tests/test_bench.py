@@ -39,6 +39,8 @@ def test_run_decode_interleaves_and_takes_medians(tiny, monkeypatch):
     by = {r["method"]: r for r in rows}
     assert by["ar (cache)"]["seconds"] == 2.0 and by["fast"]["seconds"] == 1.0  # medians per prompt
     assert by["fast"]["speedup"] == 2.0 and by["fast"]["tau"] == 2.0
+    assert by["fast"]["per_category_tau"] == {"chat": 2.0, "code": 2.0}
+    assert by["capped"]["per_category_tau"] == {"chat": 2.0}
     assert by["fast"]["exact"] == 1.0 and by["wrong"]["exact"] == 0.0
     assert by["capped"]["prompts"] == 1
 
