@@ -388,9 +388,12 @@ print("context ends", repr(target.decode(ctx[-3:])), "-> copy", repr(target.deco
 
 # %% [markdown]
 # With the prior on the same prompts: tokens unchanged, acceptance moved. `tiny` never learned to
-# copy, so here the prior can as easily cost acceptance as win it; on SmolLM2 (`TARGET =
-# "smollm2-135m"`) it lifts tau on the benchmark's summary, copy and QA prompts (README,
-# benchmark section), and `smollm2-135m-draft` loads with it.
+# copy, so here the prior can as easily cost acceptance as win it. On SmolLM2 (`smollm2-135m-draft`
+# loads with the prior) the benchmark records tau per prompt category with and without it
+# (`python -m refimpl.bench --model smollm2-135m --per-category 5 --methods "speculative greedy"`,
+# results committed in `bench_results/`, plotted below): the prior pays where answers repeat
+# their prompt -- summaries, rewrites, answers quoted from a passage -- and cannot help chat,
+# where nothing repeats.
 
 # %%
 plain = draft.lm if isinstance(draft, drafts.ContextCopyLM) else draft   # smollm2-135m-draft comes wrapped
@@ -398,15 +401,8 @@ copier = drafts.ContextCopyLM(plain)
 g_copy = speculative.generate(target, copier, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 g_plain = speculative.generate(target, plain, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 assert g_copy.tokens == g_plain.tokens == ref.tokens
-print(f"gamma=4: tau without the prior {g_plain.stats.tau:.2f}, with it {g_copy.stats.tau:.2f}")
+print(f"{TARGET}, gamma=4: tau without the prior {g_plain.stats.tau:.2f}, with it {g_copy.stats.tau:.2f}")
 
-# %% [markdown]
-# On SmolLM2 the benchmark records tau per prompt category, with and without the prior
-# (`python -m refimpl.bench --model smollm2-135m --per-category 5 --methods "speculative greedy"`,
-# results committed in `bench_results/`). The prior pays where answers repeat their prompt --
-# summaries, rewrites, answers quoted from a passage -- and cannot help chat, where nothing repeats.
-
-# %%
 results = os.path.join(os.path.dirname(models.MODELS_DIR), "bench_results")
 path = next((p for p in (os.path.join(results, "decode_smollm2-135m_30prompts", "decode_smollm2-135m.json"),
                          os.path.join(results, "decode_smollm2-135m.json")) if os.path.exists(p)), None)
@@ -420,11 +416,10 @@ if all(k in rows and "per_category_tau" in rows[k] for k in pair):
                width=0.4, label=label)
     ax.set_xticks([c + 0.2 for c in range(len(cats))], cats)
     ax.set_ylabel("tau (gamma = 4)")
-    ax.set_title(f"smollm2-135m, {rows[pair[1]]['prompts']} prompts")
+    ax.set_title(f"smollm2-135m benchmark, {rows[pair[1]]['prompts']} prompts")
     ax.set_ylim(0, 1.3 * max(max(rows[k]["per_category_tau"].values()) for k in pair))
     ax.legend(ncol=2, loc="upper left")
     plt.show()
-    print({k: round(rows[k]["tau"], 2) for k in pair})
 else:
     print("no SmolLM2 benchmark results with per-category tau yet: run the command above")
 
