@@ -327,6 +327,7 @@ class TrimmedLM(LM):
     def new_cache(self):
         return lean_llama.KVCache(self.num_layers) if self.lean else super().new_cache()
 
+    @torch.no_grad()
     def forward_trimmed(self, input_ids, cache=None, position_ids=None, attention_mask=None,
                         output_hidden_states=False):
         if not self.lean:
@@ -340,6 +341,7 @@ class TrimmedLM(LM):
             attention_mask=None if attention_mask is None else attention_mask.to(dev))
         return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
+    @torch.no_grad()
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, output_hidden_states=False):
         out = self.forward_trimmed(input_ids, cache, position_ids, attention_mask,
                                    output_hidden_states or self.context_vocab)
@@ -566,6 +568,7 @@ class ContextCopyLM(LM):
                 else attention_mask[:, -Q:].to(input_ids.device) != 0)
         return position_ids.to(input_ids.device).long(), real
 
+    @torch.no_grad()
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, output_hidden_states=False,
                 **kwargs):
         if cache is None:
@@ -578,6 +581,7 @@ class ContextCopyLM(LM):
         logits = self._boost(out[0], cache.history, positions, real)
         return (logits, cache) + tuple(out[2:])
 
+    @torch.no_grad()
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         """Uncached full-sequence logits with the same copy prior as the cached steps."""
         if not isinstance(input_ids, torch.Tensor):

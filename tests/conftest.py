@@ -34,7 +34,12 @@ def tiny_prompts(tiny):
 @pytest.fixture(scope="module")
 def torch_kernels():
     """Run the kernels' torch references (the interpreter costs ~0.1 s a call); the kernel tests
-    check Triton == reference. Use with ``pytestmark = pytest.mark.usefixtures("torch_kernels")``."""
+    check Triton == reference. Use with ``pytestmark = pytest.mark.usefixtures("torch_kernels")``.
+
+    ``kernels`` is imported first, while TRITON_INTERPRET=1: its jit functions are built in the
+    mode they are imported in, and later tests in this process run them under the interpreter."""
+    import kernels  # noqa: F401
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "0")
         yield

@@ -243,6 +243,7 @@ def test_on_a_lean_trimmed_draft_like_the_smollm2_one(target, gamma):
     assert cand >= 0 and cand not in set(kept.tolist())
     with_prior, _ = copier.forward(ids)
     without, _ = inner.forward(ids)
+    assert not with_prior.requires_grad and not without.requires_grad  # decoding builds no autograd graph
     assert float(with_prior[0, -1, cand]) == pytest.approx(float(without[0, -1, cand]) + copier.bias, abs=1e-4)
     # without the context's tokens in the head the copy stays impossible (-inf), never NaN
     head_only = drafts.ContextCopyLM(drafts.trim_vocab(base, kept, lean=True))
