@@ -55,6 +55,7 @@ import copy
 from transformers import AutoModelForCausalLM
 from refimpl import models, autoregressive, speculative
 from refimpl.models import LM
+from refimpl.prompts import encode_prompt   # a user turn for a chat model, plain tokens otherwise
 import kernels
 
 
@@ -78,7 +79,7 @@ except (FileNotFoundError, ValueError, OSError) as e:
     draft = early_exit_draft(target, 2)
 n_params = lambda lm: sum(p.numel() for p in lm.model.parameters())
 print(f"target {target.name}: {n_params(target)/1e6:.2f}M params, draft {draft.name}: {n_params(draft)/1e6:.2f}M")
-prompt = target.encode(PROMPT)
+prompt = encode_prompt(target, PROMPT)
 
 # %% [markdown]
 # ## The reference: autoregressive greedy
@@ -279,7 +280,7 @@ print(f"AR {NEW_TOKENS / t_ar:.0f} tok/s, speculative (gamma=4) {NEW_TOKENS / t_
 
 # %%
 texts = [PROMPT, "Blessed are the meek", "In the beginning God", "And Jesus answered"]
-batch = [target.encode(t) for t in texts]
+batch = [encode_prompt(target, t) for t in texts]
 gb = speculative.generate(target, draft, batch, gamma=4, max_new_tokens=16, eos_token_id=[])
 for p, toks in zip(batch, gb.tokens):
     assert toks == autoregressive.generate(target, p, max_new_tokens=16, eos_token_id=[]).tokens[0]

@@ -54,6 +54,7 @@ import copy
 from transformers import AutoModelForCausalLM
 from refimpl import models, sampling, speculative, autoregressive
 from refimpl.models import LM
+from refimpl.prompts import encode_prompt   # a user turn for a chat model, plain tokens otherwise
 import kernels
 
 
@@ -75,7 +76,7 @@ try:
 except (FileNotFoundError, ValueError, OSError) as e:
     print(f"no {DRAFT!r} ({type(e).__name__}): using the early-exit fallback")
     draft = early_exit_draft(target, 2)
-prompt = target.encode("And the LORD spake unto Moses, saying")
+prompt = encode_prompt(target, "And the LORD spake unto Moses, saying")
 print("target", target.name, "| draft", draft.name, "| prompt", len(prompt), "tokens")
 
 # %% [markdown]
@@ -273,7 +274,7 @@ print(repr(target.decode(mine)))
 # %%
 from scipy.stats import chisquare
 
-K, stat_prompt = 8, target.encode("Blessed are the")
+K, stat_prompt = 8, encode_prompt(target, "Blessed are the")
 p_first = sampling.probs(target.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
 q_first = sampling.probs(draft.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
 support = p_first.nonzero()[:, 0]

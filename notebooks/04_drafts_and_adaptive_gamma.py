@@ -38,16 +38,23 @@ SHOW_SOLUTIONS = False
 
 # %% [markdown]
 # ## Imports, the target and a few prompts
+# `tiny` continues King James text. A chat model (a tokenizer with a chat template, such as
+# SmolLM2-Instruct) gets the benchmark's requests as user turns instead: its draft was distilled
+# on the answers such requests get, not on Bible verses.
 
 # %%
 import time
 import matplotlib.pyplot as plt
 from refimpl import models, drafts, speculative, adaptive, autoregressive
+from refimpl.prompts import encode_prompt, prompt_set
 
 target = models.load(TARGET, device=DEVICE)
-texts = ["And God said", "In the beginning God created the heaven", "Jesus answered and said unto them,",
-         "The LORD is my shepherd", "And it came to pass, when"]
-prompts = [target.encode(t) for t in (texts[:3] if FAST else texts)]
+if getattr(target.tokenizer, "chat_template", None):
+    texts = [text for _, text in prompt_set(per_category=1)]
+else:
+    texts = ["And God said", "In the beginning God created the heaven", "Jesus answered and said unto them,",
+             "The LORD is my shepherd", "And it came to pass, when"]
+prompts = [encode_prompt(target, t) for t in (texts[:3] if FAST else texts)]
 print(TARGET, "layers:", target.num_layers, "vocab:", target.vocab_size)
 
 # %% [markdown]
@@ -88,13 +95,14 @@ print("loss at random:", round(float(distill_by_hand(s, t, y)), 3), "| at the te
 
 # %% [markdown]
 # ## A student that starts as an early exit
-# The student is a 1-layer Llama of the target's width. We copy the target's embeddings, layer 0
-# and final norm into it: at step 0 it *is* the target's exit after layer 1, a reasonable start.
+# The student is the target's architecture with 1 layer (`drafts.student_config`). We copy the
+# target's embeddings, layer 0 and final norm into it: at step 0 it *is* the target's exit after
+# layer 1, a reasonable start.
 
 # %%
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
-student = LlamaForCausalLM(drafts.tiny_draft_config(target.vocab_size)).to(DEVICE)
+student = AutoModelForCausalLM.from_config(drafts.student_config(target.config, num_layers=1)).to(DEVICE)
 drafts.init_from_target(student, target.model, layers=(0,))
 n_student = sum(p.numel() for p in student.parameters())
 n_target = sum(p.numel() for p in target.model.parameters())
@@ -249,14 +257,17 @@ print(f"gamma={gb}: predicted {drafts.expected_speedup(alpha_draft, gb, costs[DR
 # `q`, so the decoder only needs full-vocabulary logits with `-inf` outside. By hand:
 
 # %%
+full = draft.lm if isinstance(draft, drafts.ContextCopyLM) else draft
+if isinstance(full, drafts.TrimmedLM):        # smollm2-135m-draft is trimmed already: trim an early exit
+    full = drafts.early_exit(target, 2)
 K = 1024
 kept = drafts.frequent_tokens(target, data.kjv_chapters()[:100], K)          # (K,) sorted ids
-h = draft.model.model(input_ids=ids).last_hidden_state                     # (1, T, H)
-small = h @ draft.model.lm_head.weight[kept].T                              # (1, T, K): K rows only
-full_by_hand = torch.full((1, ids.size(1), draft.vocab_size), float("-inf")).index_copy(-1, kept, small.float())
-trimmed = drafts.trim_vocab(draft, kept)
+h = full.model.model(input_ids=ids).last_hidden_state                      # (1, T, H)
+small = h @ full.model.lm_head.weight[kept].T                               # (1, T, K): K rows only
+full_by_hand = torch.full((1, ids.size(1), full.vocab_size), float("-inf")).index_copy(-1, kept, small.float())
+trimmed = drafts.trim_vocab(full, kept)
 assert torch.allclose(trimmed.logits(ids), full_by_hand, atol=1e-5)
-print(f"head rows {draft.vocab_size} -> {K}; -inf outside:", bool(torch.isneginf(full_by_hand).sum() == ids.size(1) * (draft.vocab_size - K)))
+print(f"head rows {full.vocab_size} -> {K}; -inf outside:", bool(torch.isneginf(full_by_hand).sum() == ids.size(1) * (full.vocab_size - K)))
 
 # %% [markdown]
 # The trimmed draft is still exact under greedy verification, and loses little acceptance
@@ -267,7 +278,7 @@ print(f"head rows {draft.vocab_size} -> {K}; -inf outside:", bool(torch.isneginf
 
 # %%
 g = speculative.generate(target, trimmed, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
-g_full = speculative.generate(target, draft, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+g_full = speculative.generate(target, full, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 assert g.tokens == ref.tokens == g_full.tokens
 print(f"gamma=4: alpha with the head trimmed to {K} = {g.stats.alpha:.2f}, full head = {g_full.stats.alpha:.2f}")
 
@@ -279,7 +290,7 @@ print(f"gamma=4: alpha with the head trimmed to {K} = {g.stats.alpha:.2f}, full 
 # the draft proposes.
 
 # %%
-ctx_draft = drafts.trim_vocab(draft, kept, context_vocab=True)
+ctx_draft = drafts.trim_vocab(full, kept, context_vocab=True)
 g_ctx = speculative.generate(target, ctx_draft, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 assert g_ctx.tokens == g.tokens
 print(f"alpha: kept tokens only {g.stats.alpha:.2f}, kept + context tokens {g_ctx.stats.alpha:.2f}")
@@ -314,7 +325,7 @@ print("predicted speedup at gamma=4:", {v: round(drafts.expected_speedup(alpha_d
 # are equal, so the accepted tokens are too, and only `c` moves.
 
 # %%
-lean = drafts.trim_vocab(draft, kept, lean=True)
+lean = drafts.trim_vocab(full, kept, lean=True)
 t_plain, t_lean = (drafts.step_seconds(d, repeats=reps) for d in (trimmed, lean))
 g_lean = speculative.generate(target, lean, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 assert g_lean.tokens == g.tokens and g_lean.stats.accepted == g.stats.accepted

@@ -630,12 +630,21 @@ def top_tokens(data, k: int, always=()) -> torch.Tensor:
     return torch.tensor(sorted(ranked[:k]), dtype=torch.long)
 
 
-def smol_draft_config(target_config, num_layers: int = 2, intermediate_size: int = 1536):
+def student_config(target_config, num_layers: int):
+    """The target's config with only ``num_layers`` layers: a same-width student (for
+    :func:`init_from_target`) of any target."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
     cfg = copy.deepcopy(target_config)
     cfg.num_hidden_layers = num_layers
-    cfg.intermediate_size = intermediate_size
     if getattr(cfg, "layer_types", None) is not None:
         cfg.layer_types = list(cfg.layer_types)[:num_layers]
+    return cfg
+
+
+def smol_draft_config(target_config, num_layers: int = 2, intermediate_size: int = 1536):
+    cfg = student_config(target_config, num_layers)
+    cfg.intermediate_size = intermediate_size
     cfg.tie_word_embeddings = False
     return cfg
 
