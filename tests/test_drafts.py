@@ -234,3 +234,13 @@ def test_grow_layer_starts_from_the_same_predictions(tiny, tiny_draft):
         assert big.model.embed_tokens.weight is tiny_draft.model.model.embed_tokens.weight
     with pytest.raises(ValueError, match="at must"):
         drafts.grow_layer(tiny_draft.model, tiny.model.model.layers[1], L + 2)
+
+
+def test_student_config_is_the_target_with_fewer_layers(tiny):
+    cfg = drafts.student_config(tiny.config, num_layers=1)
+    assert cfg.num_hidden_layers == 1 and tiny.config.num_hidden_layers > 1  # a copy, the target's is intact
+    assert cfg.hidden_size == tiny.config.hidden_size and cfg.vocab_size == tiny.config.vocab_size
+    if getattr(cfg, "layer_types", None) is not None:
+        assert len(cfg.layer_types) == 1
+    with pytest.raises(ValueError, match="num_layers"):
+        drafts.student_config(tiny.config, num_layers=0)
