@@ -50,7 +50,8 @@ from dataclasses import dataclass
 import torch
 
 from . import lean_llama
-from .models import LM, MODELS_DIR, ZOO, cache_dir, load
+from .autoregressive import positions_from_mask
+from .models import LM, MODELS_DIR, ZOO, as_token_batch, cache_dir, load
 from .speculative import expected_tau  # noqa: F401 - re-exported: drafts.expected_tau
 
 TINY_DRAFT = "tiny-draft"
@@ -584,13 +585,10 @@ class ContextCopyLM(LM):
     @torch.no_grad()
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         """Uncached full-sequence logits with the same copy prior as the cached steps."""
-        if not isinstance(input_ids, torch.Tensor):
-            input_ids = torch.tensor(input_ids, dtype=torch.long)
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
+        input_ids = as_token_batch(input_ids)
         pos = position_ids
         if pos is None and attention_mask is not None:  # left padding: the history counts real tokens
-            pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            pos = positions_from_mask(attention_mask.long())
         positions, real = self._layout(input_ids, 0, pos, attention_mask)
         hist = CopyCache(None)
         hist.record(input_ids, positions, real)

@@ -40,6 +40,13 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def as_token_batch(input_ids) -> torch.Tensor:
+    """Token ids as a (B, T) long tensor: a list or a 1-D tensor becomes one row."""
+    if not isinstance(input_ids, torch.Tensor):
+        input_ids = torch.tensor(input_ids, dtype=torch.long)
+    return input_ids[None] if input_ids.dim() == 1 else input_ids
+
+
 @dataclass
 class LM:
     """A causal LM and its tokenizer, with the calls decoders need."""
@@ -89,11 +96,7 @@ class LM:
 
         For a left-padded batch pass the 2-D padding ``attention_mask`` and ``position_ids``.
         """
-        if not isinstance(input_ids, torch.Tensor):
-            input_ids = torch.tensor(input_ids, dtype=torch.long)
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        input_ids = input_ids.to(self.device)
+        input_ids = as_token_batch(input_ids).to(self.device)
         out = self.model(
             input_ids=input_ids,
             attention_mask=None if attention_mask is None else attention_mask.to(self.device),
