@@ -1,4 +1,4 @@
-"""Triton kernels for fast decoding, each a triad in one self-contained file (COURSE.md §7):
+"""Triton kernels for fast decoding, each a triad in one self-contained file:
 
 1. the ``@triton.jit`` kernel and its host wrapper ``<name>_triton(...)``;
 2. a plain-torch reference ``<name>_reference(...)`` computing the same function;

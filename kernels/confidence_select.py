@@ -15,7 +15,7 @@ The kernel runs one program per row and walks the vocabulary in tiles of BLOCK_V
 max / sum (the whole vocabulary is never one block), keeping the running argmax; then it does
 the top-k (k repeated argmax passes over the N confidences) or threshold selection in registers.
 
-Triad (COURSE.md §7): ``confidence_select_triton`` (kernel + host wrapper),
+Triad: ``confidence_select_triton`` (kernel + host wrapper),
 ``confidence_select_reference`` (torch), ``confidence_select`` (dispatcher: Triton on CUDA or
 under ``TRITON_INTERPRET=1``, else the reference). Imports only torch, triton and the stdlib.
 """

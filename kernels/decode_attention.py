@@ -17,7 +17,7 @@ Semantics (shared by the kernel and the reference):
 where with ``mask=None`` and ``causal=True`` query i (of Q) sees keys j <= K - Q + i. A row whose
 every key is blocked (-inf) returns zeros; masks use large negative numbers or -inf.
 
-Triad (COURSE.md §7): ``decode_attention_triton`` (kernels + host wrapper),
+Triad: ``decode_attention_triton`` (kernels + host wrapper),
 ``decode_attention_reference`` (torch), ``decode_attention`` (dispatcher). Only torch and
 triton are imported: copy this file into your project as it is.
 """

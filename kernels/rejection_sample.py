@@ -17,7 +17,7 @@ of the cumulative sum exactly at a boundary). The vocabulary is never loaded in 
 passes over ``BLOCK_V`` tiles (the total ``Z``, then the running cumulative sum).
 If the residual has no mass (p == q up to rounding) the draw falls back to ``p_n``.
 
-Triad (COURSE.md §7): ``rejection_sample_triton`` (kernel + host wrapper),
+Triad: ``rejection_sample_triton`` (kernel + host wrapper),
 ``rejection_sample_reference`` (torch), ``rejection_sample`` (dispatcher). Only torch and triton
 are imported.
 """

@@ -16,7 +16,7 @@ The kernel runs one program per row and never loads a whole vocabulary row at on
 argmax is a running (max, index) over vocabulary tiles of ``BLOCK_V``. Ties go to the smallest
 index, like ``torch.argmax``.
 
-Triad (COURSE.md §7): ``verify_greedy_triton`` (kernel + host wrapper), ``verify_greedy_reference``
+Triad: ``verify_greedy_triton`` (kernel + host wrapper), ``verify_greedy_reference``
 (torch), ``verify_greedy`` (dispatcher). Only torch and triton are imported.
 """
 from __future__ import annotations

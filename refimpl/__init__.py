@@ -1,7 +1,21 @@
 """refimpl: the tested reference implementation behind the course notebooks.
 
-One algorithm per module, plain torch. Start with :mod:`refimpl.models` (``load``),
-:mod:`refimpl.autoregressive` (the baseline) and :mod:`refimpl.generation` (what every
-decoder returns).
+Five layers; a module imports only from layers below it (and, inside layer 2, from earlier
+chapters), never above, and nothing imports ``train`` or ``bench``::
+
+    5 bench    refimpl/bench/      python -m refimpl.bench: suites and the one table of benchmark rows
+    4 train    refimpl/train/      python -m refimpl.train NAME: every trainer and data builder
+    3 models   refimpl/models/     models.load(name): the zoo table, SmolLM2 conversion, CPU fast paths
+    2 chapters refimpl/*.py        one algorithm per file: autoregressive, speculative (the verification
+                                   core), drafts, copy_prior, adaptive, retrieval, diffusion_lm, diffusion, ...
+    1 core     refimpl/core/       LM adapter, Generation/Stats + input checks, sampling;
+               refimpl/data.py, refimpl/prompts.py (the corpus and the benchmark prompts)
+
+``import refimpl`` loads the core only. Start with :mod:`refimpl.models` (``load``),
+:mod:`refimpl.autoregressive` (the baseline) and :mod:`refimpl.speculative` (the verification
+core every drafting method plugs into).
 """
+from .core import generation, lm, sampling  # noqa: F401  (``from refimpl import sampling``)
+from .core.generation import Generation, Stats  # noqa: F401
+
 __version__ = "0.1.0"

@@ -23,9 +23,9 @@ Both stay exact: the draft length is decided from the draft's side (and from pas
 the target is called, and verification is the one of :mod:`refimpl.speculative`: greedy gives
 the autoregressive greedy tokens, sampling gives the target's distribution.
 
-The decoding loop is :func:`refimpl.speculative.decode` (slot caches, verification kernels
-``kernels.verify_greedy`` / ``kernels.rejection_sample`` whose ``valid`` argument holds each
-row's draft length, roll-back); this module only supplies the draft-length policies.
+The decoding loop is :func:`refimpl.speculative.decode` with a :class:`refimpl.speculative.DraftModel`
+proposer (slot caches, verification kernels whose ``valid`` argument holds each row's draft
+length, roll-back); this module only supplies the draft-length policies.
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ import math
 
 import torch
 
-from . import speculative
-from .generation import Generation, check_positive_int
+from .core.generation import Generation, check_positive_int
+from .speculative import DraftModel, decode
 
 POLICIES = ("threshold", "cumulative", "ucb")
 
@@ -42,7 +42,7 @@ POLICIES = ("threshold", "cumulative", "ucb")
 class UCB:
     """UCB1 over draft lengths: play each arm once, then the arm maximising mean + sqrt(2 ln t / n).
 
-    A draft-length policy of :func:`refimpl.speculative.decode` (``cap`` = the chosen arm)."""
+    A draft-length policy of :class:`refimpl.speculative.DraftModel` (``cap`` = the chosen arm)."""
 
     confidence = False
 
@@ -108,8 +108,7 @@ class Confidence:
 def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_token_id=None, policy: str = "threshold",
-             gammas=(1, 2, 4, 6, 8), cost_ratio: float = 0.2, bandit: UCB | None = None,
-             _verify=None) -> Generation:
+             gammas=(1, 2, 4, 6, 8), cost_ratio: float = 0.2, bandit: UCB | None = None) -> Generation:
     """Speculative decoding of a ragged batch with an adaptive number of drafts per step.
 
     ``policy="threshold"``: draft until the draft's top-1 probability falls below ``threshold``
@@ -119,8 +118,7 @@ def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6,
     ``policy="ucb"``: a :class:`UCB` bandit over ``gammas`` picks each step's length (pass
     ``bandit`` to keep its statistics across calls). Other arguments as
     :func:`refimpl.speculative.generate`. ``stats.extra["gammas"]`` lists each step's draft calls,
-    ``stats.extra["mean_gamma"]`` the mean draft length per row and step. ``_verify`` (tests only)
-    replaces the sampling rule ``kernels.rejection_sample``.
+    ``stats.extra["mean_gamma"]`` the mean draft length per row and step.
     """
     check_positive_int("max_gamma", max_gamma)
     if policy not in POLICIES:
@@ -131,28 +129,8 @@ def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6,
         rule = bandit if bandit is not None else UCB(gammas, cost_ratio)
     else:
         rule = Confidence(policy, threshold, max_gamma)
-    g = speculative.decode(target, draft, prompts, rule, max_new_tokens, temperature, top_k, top_p, generator,
-                           eos_token_id, _verify)
+    g = decode(target, DraftModel(draft, rule, target), prompts, max_new_tokens, temperature, top_k, top_p,
+               generator, eos_token_id)
     if policy == "ucb":
         g.stats.extra["bandit_means"] = rule.means()
     return g
-
-
-# ---------------------------------------------------------------------------------------
-# benchmark hook
-# ---------------------------------------------------------------------------------------
-def bench_methods():
-    """Adaptive rows for ``refimpl.bench`` (greedy, exact): per-token confidence stopping at 0.3 and
-    cumulative stopping at 0.05, both with ``max_gamma = 8``. (On tiny / tiny-draft and on
-    SmolLM2-135M / its draft these beat the best fixed gamma in target-call cost units by ~4-6%.)"""
-    from .bench import Method
-
-    def run(policy, threshold):
-        def f(ctx, prompt_ids, max_new_tokens):
-            return generate(ctx.target, ctx.draft, [prompt_ids], max_gamma=8, threshold=threshold, policy=policy,
-                            max_new_tokens=max_new_tokens)
-        return f
-
-    return [Method("adaptive gamma (confidence < 0.3 stops, max 8)", run("threshold", 0.3), needs=("target", "draft")),
-            Method("adaptive gamma (cumulative < 0.05 stops, max 8)", run("cumulative", 0.05),
-                   needs=("target", "draft"))]

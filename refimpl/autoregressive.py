@@ -15,29 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .generation import (Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts)
-from .sampling import check_sampling_args, sample
-
-
-def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged prompts -> (ids (B, L), mask (B, L)) with pads on the left (mask 0 on pads)."""
-    L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), L), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[b, L - len(p):] = 1
-    return ids.to(device), mask.to(device)
-
-
-def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids (B, L) that count real tokens only: 0, 1, 2, ... from each row's first token."""
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def check_generate_args(max_new_tokens, temperature, top_k, top_p) -> None:
-    check_positive_int("max_new_tokens", max_new_tokens)
-    check_sampling_args(temperature, top_k, top_p)
+from .core.generation import (Generation, Stats, Timer, check_generate_args, eos_set, normalize_prompts)
+from .core.lm import left_pad, positions_from_mask
+from .core.sampling import sample
 
 
 @torch.inference_mode()  # like no_grad, minus version-counter bookkeeping: ~2% faster per step on CPU

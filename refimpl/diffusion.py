@@ -12,7 +12,7 @@ Papers:
 - "Diffusion Language Models Know the Answer Before Decoding" (Prophet, arXiv 2508.19982):
   commit every remaining token once the top-1 / top-2 probability gap is large.
 
-The LLaDA sampler (COURSE.md §10). The answer region of ``gen_length`` positions starts fully
+The LLaDA sampler (the public contract in the README). The answer region of ``gen_length`` positions starts fully
 masked after the prompt and is split into ``gen_length / block_length`` blocks decoded left to
 right. Each block gets ``steps * block_length / gen_length`` steps. At each step the denoiser
 predicts every masked position at once; ``x0_i = argmax p_i`` (or a Gumbel-max sample at
@@ -38,9 +38,11 @@ Block KV cache (Fast-dLLM, approximate). ``cache="prefix"``: at the first step o
 run the whole sequence and keep the keys/values of the tokens before the block; the other steps
 of the block feed only the block and everything after it. ``cache="dual"``: also keep the
 keys/values of the (still masked) tokens after the block, and feed only the block. The cache is
-refreshed at every block start, so it is stale only within a block: committed tokens inside the
-block do not update the context's keys/values. ``_refresh_every_step=True`` (a test hook)
-rebuilds it before every step, which makes the cached sampler equal the uncached one.
+refreshed at every block start (``cache_refresh="block"``), so it is stale only within a block:
+committed tokens inside the block do not update the context's keys/values.
+``cache_refresh="step"`` rebuilds it before every step and still decodes from the cached pass:
+the cache is then exact and the sampler equals the uncached one token for token (two passes a
+step: a check of the cache bookkeeping and a teaching reference, never faster).
 
 Ragged prompt batches are left-padded with PAD; when the model's ``logits`` accepts
 ``attention_mask`` (ours does) pads are hidden from attention and position ids count only real
@@ -75,10 +77,12 @@ import inspect
 
 import torch
 
-from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
+from .core.generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
+from .core.lm import left_pad, positions_from_mask
 
 REMASKING = ("low_confidence", "random")
 CACHES = (None, "prefix", "dual")
+CACHE_REFRESH = ("block", "step")
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,7 +159,7 @@ def top2_gap(logits: torch.Tensor) -> torch.Tensor:
 # argument checks
 # ---------------------------------------------------------------------------------------
 def check_args(model, gen_length, steps, block_length, temperature, remasking, threshold, factor, early_commit,
-               cache, mask_token_id):
+               cache, mask_token_id, cache_refresh="block"):
     check_positive_int("gen_length", gen_length)
     check_positive_int("steps", steps)
     check_positive_int("block_length", block_length)
@@ -178,6 +182,8 @@ def check_args(model, gen_length, steps, block_length, temperature, remasking, t
         raise ValueError(f"early_commit must be a probability gap in (0, 1] or None, got {early_commit!r}")
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if cache_refresh not in CACHE_REFRESH:
+        raise ValueError(f"cache_refresh must be one of {CACHE_REFRESH}, got {cache_refresh!r}")
     if cache == "dual" and early_commit is not None:
         raise ValueError("early_commit needs the logits of every remaining position: use cache=None or 'prefix'")
     if cache is not None and not _accepts(getattr(model, "forward", None), "kv"):
@@ -205,22 +211,23 @@ def generate(model, prompts, gen_length: int = 64, steps: int = 64, block_length
              temperature: float = 0.0, remasking: str = "low_confidence", threshold: float | None = None,
              factor: float | None = None, early_commit: float | None = None, cache: str | None = None,
              generator: torch.Generator | None = None, eos_token_id=None, mask_token_id: int | None = None,
-             use_kernel: bool = True, _refresh_every_step: bool = False) -> Generation:
+             use_kernel: bool = True, cache_refresh: str = "block") -> Generation:
     """Decode ``gen_length`` tokens after each prompt with a masked diffusion LM (see the module doc).
 
     Returns a :class:`Generation`; ``stats.nfe`` counts denoiser calls, ``stats.extra["committed"]``
     lists per step the tokens committed in each row, ``stats.extra["schedule"]`` the per-block
     linear schedules (LLaDA mode). ``use_kernel`` routes greedy low-confidence selection through
     :func:`kernels.confidence_select` (Triton on CUDA / under ``TRITON_INTERPRET=1``).
+    ``cache_refresh``: ``"block"`` (Fast-dLLM) or ``"step"`` (exact, see the module doc).
     """
     mask_id, num_blocks = check_args(model, gen_length, steps, block_length, temperature, remasking, threshold,
-                                     factor, early_commit, cache, mask_token_id)
+                                     factor, early_commit, cache, mask_token_id, cache_refresh)
     prompts = normalize_prompts(prompts, getattr(model, "max_length", None), gen_length)
     eos = eos_set(eos_token_id, getattr(model, "eos_token_id", None))
     kw = dict(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
               remasking=remasking, threshold=threshold, factor=factor, early_commit=early_commit, cache=cache,
               generator=generator, eos_token_id=eos_token_id, mask_token_id=mask_id, use_kernel=use_kernel,
-              _refresh_every_step=_refresh_every_step)
+              cache_refresh=cache_refresh)
     ragged = len({len(p) for p in prompts}) > 1
     if ragged and cache is None and not _accepts(model.logits, "attention_mask"):
         return _row_by_row(model, prompts, kw)  # the model cannot hide pads: decode rows on their own
@@ -248,19 +255,16 @@ def _row_by_row(model, prompts, kw) -> Generation:
 
 def _decode(model, prompts, mask_id, num_blocks, steps_per_block, eos, stats, *, gen_length, steps, block_length,
             temperature, remasking, threshold, factor, early_commit, cache, generator, eos_token_id,
-            mask_token_id, use_kernel, _refresh_every_step):
+            mask_token_id, use_kernel, cache_refresh):
     device = getattr(model, "device", None) or torch.device("cpu")
     B, L = len(prompts), max(len(p) for p in prompts)
     pad = getattr(model, "pad_token_id", None)
     pad = pad if isinstance(pad, int) else (next(iter(eos)) if eos else 0)
-    x = torch.full((B, L + gen_length), mask_id, dtype=torch.long, device=device)  # (B, L + G)
-    attn = torch.ones_like(x)
-    for b, p in enumerate(prompts):  # left-pad
-        x[b, : L - len(p)] = pad
-        attn[b, : L - len(p)] = 0
-        x[b, L - len(p): L] = torch.tensor(p, device=device)
-    ragged = bool((attn == 0).any())
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, L + G)
+    ids, pmask = left_pad(prompts, pad, device)  # (B, L)
+    x = torch.cat([ids, ids.new_full((B, gen_length), mask_id)], 1)  # (B, L + G): the answer starts masked
+    attn = torch.cat([pmask, torch.ones_like(x[:, L:])], 1)
+    ragged = bool((pmask == 0).any())
+    pos = positions_from_mask(attn)  # (B, L + G)
     committed, schedules = [], []
     stats.extra.update(committed=committed, schedule=schedules, early_commits=0, blocks_decoded=0,
                        cache=cache, steps_per_block=steps_per_block)
@@ -293,7 +297,7 @@ def _decode(model, prompts, mask_id, num_blocks, steps_per_block, eos, stats, *,
             # ---- the denoiser call: logits for positions off .. end of ``x`` (or .. e for dual)
             if cache is None:
                 logits, off = full(False), 0
-            elif kv is None or _refresh_every_step:
+            elif kv is None or cache_refresh == "step":
                 logits, layers = full(True)
                 off = 0
                 if cache == "prefix":
@@ -303,7 +307,7 @@ def _decode(model, prompts, mask_id, num_blocks, steps_per_block, eos, stats, *,
                     kv = [(torch.cat([k_[:, :, :s], k_[:, :, e:]], 2), torch.cat([v_[:, :, :s], v_[:, :, e:]], 2))
                           for k_, v_ in layers]
                     ctx_mask = torch.cat([attn[:, :s], attn[:, e:]], 1)
-                if _refresh_every_step:  # test hook: use the cached path's logits on a fresh cache
+                if cache_refresh == "step":  # decode from the cached pass on the fresh cache
                     logits, off = None, None
             else:
                 logits, off = None, None

@@ -11,12 +11,13 @@ Eq. (3), an upper bound on the negative log-likelihood:
 
 (the ``1 / t`` weight makes it a bound on ``-log p(x0)``; see :func:`masked_diffusion_loss`).
 
-Two models in the zoo, both trained on this CPU with ``python -m refimpl.train NAME``:
+Two models in the zoo, both trained on this CPU with ``python -m refimpl.train NAME``
+(:mod:`refimpl.train.dllm`) and loaded by :func:`load_dir`:
 
 - ``"tiny-dllm"``: King James Bible text with the ``tiny`` BPE tokenizer (MASK id 2, EOS 0, PAD 1).
 - ``"tiny-dllm-rev"``: reverse 6 digits, ``"314159="`` -> ``"951413"`` + EOS, character vocabulary
   (:class:`CharTokenizer`), trained SFT-style (only the answer is ever masked) so quality is an
-  exact-match accuracy. (3-digit addition did not train in a few CPU minutes; reversal does.)
+  exact-match accuracy (the task: :mod:`refimpl.digit_reversal`).
 
 The network (:class:`DiffusionLM`) is a plain-torch Llama-style stack (RMSNorm, RoPE, SwiGLU,
 tied embeddings) without a causal mask. Its ``forward`` takes an optional per-layer KV cache of
@@ -29,17 +30,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS_DIR = os.path.join(ROOT, "models")
-
+from .core.lm import as_token_batch, positions_from_mask
 
 # ---------------------------------------------------------------------------------------
 # the network
@@ -176,15 +173,11 @@ class DiffusionLM(nn.Module):
     @torch.no_grad()
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         """(B, T) -> (B, T, V) float32 logits; for left-padded rows pass the 2-D ``attention_mask``."""
-        if not isinstance(input_ids, torch.Tensor):
-            input_ids = torch.tensor(input_ids, dtype=torch.long)
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        input_ids = input_ids.to(self.device)
+        input_ids = as_token_batch(input_ids).to(self.device)
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
             if position_ids is None:  # count real tokens only
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+                position_ids = positions_from_mask(attention_mask.long())
         if position_ids is not None:
             position_ids = position_ids.to(self.device)
         return self.forward(input_ids, position_ids, attention_mask=attention_mask)
@@ -305,78 +298,9 @@ class CharTokenizer:
             return cls(json.load(f)["chars"])
 
 
-SYNTH_DIGITS = 6  # problems: "314159=" -> "951413"
-SYNTH_GEN_LENGTH = 8  # answer region: 6 digits + EOS, the rest EOS as well
-
-
-def synthetic_problem(digits: str) -> tuple[str, str]:
-    """('314159=', '951413'): reverse a fixed-length digit string (exactly one right answer)."""
-    return digits + "=", digits[::-1]
-
-
-def _digits(rng: random.Random) -> str:
-    return "".join(rng.choice("0123456789") for _ in range(SYNTH_DIGITS))
-
-
-def synthetic_split(seed: int = 1234, n_valid: int = 500) -> list[str]:
-    """Deterministic held-out problems (digit strings); training samples exclude them."""
-    rng = random.Random(seed)
-    valid: set[str] = set()
-    while len(valid) < n_valid:
-        valid.add(_digits(rng))
-    return sorted(valid)
-
-
-def synthetic_batch(tok: CharTokenizer, batch: int, rng: random.Random, exclude=frozenset()):
-    """(x0 (B, P + G), maskable (B, P + G)): prompt + answer + EOS padding; only the answer is maskable."""
-    rows = []
-    while len(rows) < batch:
-        d = _digits(rng)
-        if d in exclude:
-            continue
-        p, ans = synthetic_problem(d)
-        rows.append(tok.encode(p) + tok.encode(ans) + [tok.eos_token_id] * (SYNTH_GEN_LENGTH - len(ans)))
-    x0 = torch.tensor(rows)
-    maskable = torch.zeros_like(x0, dtype=torch.bool)
-    maskable[:, SYNTH_DIGITS + 1:] = True
-    return x0, maskable
-
-
-def synthetic_accuracy(model, problems, return_generation: bool = False, **sampler_kw):
-    """Exact-match accuracy of ``diffusion.generate`` on digit strings (answer digits + EOS).
-
-    Default sampler: one token per step, one block (gen_length = steps = block_length = 8).
-    """
-    from . import diffusion
-
-    kw = dict(gen_length=SYNTH_GEN_LENGTH, steps=SYNTH_GEN_LENGTH, block_length=SYNTH_GEN_LENGTH)
-    kw.update(sampler_kw)
-    tok = model.tokenizer
-    prompts = [tok.encode(synthetic_problem(d)[0]) for d in problems]
-    g = diffusion.generate(model, prompts, **kw)
-    good = sum(t == tok.encode(synthetic_problem(d)[1]) + [tok.eos_token_id] for t, d in zip(g.tokens, problems))
-    return (good / len(problems), g) if return_generation else good / len(problems)
-
-
 # ---------------------------------------------------------------------------------------
-# saving, loading, the zoo
+# loading
 # ---------------------------------------------------------------------------------------
-def save(model: DiffusionLM, out_dir: str) -> None:
-    """fp16 safetensors + config.json (+ tokenizer files) in ``out_dir``."""
-    from safetensors.torch import save_file
-
-    os.makedirs(out_dir, exist_ok=True)
-    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    # (no "model_type" key: transformers' AutoTokenizer would read it and warn)
-    cfg = {"refimpl_model": "diffusion-lm", **asdict(model.cfg)}
-    cfg["tokenizer"] = "char" if isinstance(model.tokenizer, CharTokenizer) else "hf"
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    if model.tokenizer is not None:
-        model.tokenizer.save_pretrained(out_dir)
-
-
 def load_dir(path: str, device=None, dtype=None, name: str | None = None) -> DiffusionLM:
     from safetensors.torch import load_file
 
@@ -400,110 +324,3 @@ def load_dir(path: str, device=None, dtype=None, name: str | None = None) -> Dif
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return model.to(device=device, dtype=dtype or torch.float32).eval()
-
-
-def _zoo_loader(subdir: str):
-    def loader(device=None, dtype=None, attn=None) -> DiffusionLM:
-        path = os.path.join(MODELS_DIR, subdir)
-        if not os.path.exists(os.path.join(path, "config.json")):
-            raise FileNotFoundError(
-                f"model {subdir!r} not found at {path}; train it with `python -m refimpl.train {subdir}`"
-            )
-        return load_dir(path, device=device, dtype=dtype, name=subdir)
-
-    return loader
-
-
-def _register():
-    from . import models
-
-    for name in ("tiny-dllm", "tiny-dllm-rev"):
-        models.ZOO[name] = _zoo_loader(name)
-
-
-_register()
-
-
-# ---------------------------------------------------------------------------------------
-# training (python -m refimpl.train tiny-dllm | tiny-dllm-add)
-# ---------------------------------------------------------------------------------------
-def _train_loop(model, batches, steps, lr, desc, warmup=50):
-    from .train import train_loop
-
-    train_loop(model, batches, steps, lr, desc, warmup=warmup)
-
-
-def _tiny_tokenizer():
-    """The ``tiny`` BPE tokenizer (committed with models/tiny)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(os.path.join(MODELS_DIR, "tiny"))
-
-
-def train_tiny_dllm(out_dir: str, steps: int = 1000, batch: int = 16, length: int = 128, lr: float = 3e-3,
-                    seed: int = 0):
-    """Masked-diffusion pretraining on King James text (LLaDA Eq. 3).
-
-    1,000 steps of 16 x 128 tokens: ~10 minutes on 2 idle CPU cores (26 on our shared machine).
-    """
-    from . import data
-    from .train import encode_docs, random_windows
-
-    torch.manual_seed(seed)
-    tok = _tiny_tokenizer()
-    train_docs, valid_docs = data.kjv_split()
-    train_stream = encode_docs(tok, train_docs, tok.eos_token_id)
-    valid_stream = encode_docs(tok, valid_docs, tok.eos_token_id)
-    cfg = DLMConfig(vocab_size=len(tok), hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384,
-                    max_length=256, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                    pad_token_id=tok.pad_token_id)
-    model = DiffusionLM(cfg, tok, name="tiny-dllm")
-    gen = torch.Generator().manual_seed(seed)
-    t0 = time.time()
-    _train_loop(model, lambda s: masked_diffusion_loss(model, random_windows(train_stream, batch, length, gen),
-                                                       generator=gen), steps, lr, "train tiny-dllm")
-    save(model, out_dir)
-    lm = load_dir(out_dir, device="cpu")  # report on the fp16 round trip
-    n = min(64, valid_stream.numel() // length)
-    metrics = masked_token_eval(lm, valid_stream[: n * length].view(n, length))
-    report = {"params": sum(p.numel() for p in model.parameters()), "steps": steps,
-              "tokens_seen": steps * batch * length, "valid": metrics,
-              "minutes": round((time.time() - t0) / 60, 1), "threads": torch.get_num_threads()}
-    with open(os.path.join(out_dir, "train_report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
-
-
-def train_tiny_dllm_rev(out_dir: str, steps: int = 400, batch: int = 128, lr: float = 2e-3, seed: int = 0):
-    """SFT-style masked diffusion on digit reversal (LLaDA Eq. 5: only the answer is masked).
-
-    Learned absolute positions (the task is a fixed position mapping) and the mean masked CE.
-    """
-    torch.manual_seed(seed)
-    tok = CharTokenizer("0123456789=")
-    cfg = DLMConfig(vocab_size=len(tok), hidden_size=96, num_layers=3, num_heads=4, intermediate_size=256,
-                    max_length=32, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                    pad_token_id=tok.pad_token_id, abs_pos=True)
-    model = DiffusionLM(cfg, tok, name="tiny-dllm-rev")
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    valid = synthetic_split()
-    exclude = frozenset(valid)
-    t0 = time.time()
-
-    def step_loss(s):
-        x0, maskable = synthetic_batch(tok, batch, rng, exclude)
-        return masked_diffusion_loss(model, x0, maskable, generator=gen, weighting="mean")
-
-    _train_loop(model, step_loss, steps, lr, "train tiny-dllm-rev", warmup=30)
-    save(model, out_dir)
-    lm = load_dir(out_dir, device="cpu")
-    acc = synthetic_accuracy(lm, valid)
-    acc_par = synthetic_accuracy(lm, valid, threshold=0.9)
-    report = {"params": sum(p.numel() for p in model.parameters()), "steps": steps, "batch": batch,
-              "valid_problems": len(valid), "valid_exact_match_default_sampler": acc,
-              "valid_exact_match_threshold_0.9": acc_par,
-              "minutes": round((time.time() - t0) / 60, 1), "threads": torch.get_num_threads()}
-    with open(os.path.join(out_dir, "train_report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))

@@ -1,4 +1,4 @@
-"""Speculative decoding with a draft model: draft ``gamma`` tokens, verify them in one target pass.
+"""Speculative decoding: one verification core that every drafting method plugs into.
 
 Papers:
 - Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding",
@@ -9,49 +9,55 @@ Papers:
 - Stern, Shazeer, Uszkoreit, "Blockwise Parallel Decoding for Deep Autoregressive Models",
   arXiv 1811.03115: the greedy case (accept the longest prefix that equals the target argmax).
 
-One step, for each row of the batch:
+The seam. A *proposer* drafts; :func:`decode` verifies. One step, for each row of the batch:
 
-1. the draft ``q`` proposes ``x_1..x_gamma`` autoregressively (``gamma`` cached draft calls);
-2. ONE target call scores the last committed token followed by the drafts: ``p_1..p_{gamma+1}``;
+1. the proposer returns a :class:`Proposal`: draft tokens ``x_1..x_g`` (each row may propose
+   fewer, ``valid``) and the distributions ``q_i`` they were drawn from, or ``q = None`` for a
+   deterministic draft (a lookup): ``q`` is then one-hot and the same rule stays lossless;
+2. ONE target call scores what the target has not processed (the last committed token, or the
+   prompt) followed by the drafts: ``p_1..p_{g+1}``;
 3. greedy (temperature 0): keep the longest prefix with ``x_i == argmax p_i`` and append the
    target's argmax after it (:func:`kernels.verify_greedy`); sampling: accept ``x_i`` with
    probability ``min(1, p_i(x_i) / q_i(x_i))``, at the first rejection draw from
    ``norm(max(0, p_i - q_i))``, and if every draft was accepted draw a bonus token from
-   ``p_{gamma+1}`` (:func:`kernels.rejection_sample`). ``p`` and ``q`` get the same temperature /
-   top-k / top-p processing (:func:`refimpl.sampling.probs`), so the output is distributed
+   ``p_{g+1}`` (:func:`kernels.rejection_sample`). ``p`` and ``q`` get the same temperature /
+   top-k / top-p processing (:func:`refimpl.core.sampling.probs`), so the output is distributed
    exactly as plain sampling from the target with those settings;
-4. both KV caches are rolled back past the rejected drafts.
+4. the target's KV cache is rolled back past the rejected drafts, and the proposer is told what
+   was accepted (:meth:`Proposer.accept`) so it can roll back its own state.
 
-Ragged batches (rows accept different counts). Both caches keep one *physical* length for the
-whole batch, and a 2-D slot mask (B, slots) marks which slots hold a row's real tokens. After a
-verification each cache is cropped (:meth:`LM.crop`) to the longest row; in the other rows the
-slots of rejected drafts stay behind as *holes* (mask 0) that are never attended to. Position
+A proposer is any object with four methods (:class:`DraftModel` is the one for a draft LM;
+adaptive lengths, early exit and the copy prior are draft LMs or length policies on it; prompt
+lookup lives in :mod:`refimpl.retrieval`)::
+
+    start(ids (B, L), mask (B, L) or None, sampling)   # the left-padded prompts
+    propose(caps: list[int]) -> Proposal                 # at most caps[b] drafts for row b
+    accept(verdict: Verdict) -> None                     # n accepted + the next token, per row
+    select(rows: LongTensor) -> None                     # finished rows leave the batch
+
+Ragged batches (rows accept different counts). The target's cache keeps one *physical* length
+for the whole batch, and a 2-D slot mask (B, slots) marks which slots hold a row's real tokens
+(:class:`SlotCache`). After a verification it is cropped to the longest row; in the other rows
+the slots of rejected drafts stay behind as *holes* (mask 0) that are never attended to. Position
 ids count only a row's valid slots, so every row computes exactly what it would compute alone.
-At batch 1 there are never holes and no mask is passed at all. Rows that finish (EOS or
-``max_new_tokens``) are dropped from both caches.
-
-Draft lengths come from a policy object (:class:`FixedGamma` here; the adaptive policies of
-:mod:`refimpl.adaptive` plug into the same loop, :func:`decode`), and each row verifies only its
-own drafts.
-
-The draft is never run twice on a token: after verification its cache keeps the accepted
-drafts it has already processed, and the next round first feeds what it has not seen: the
-correction/bonus token, preceded by the last draft token when all ``gamma`` were accepted (the
-draft proposed it but never processed it).
+At batch 1 there are never holes and no mask is passed at all.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
-from . import sampling
-from .autoregressive import check_generate_args, left_pad
-from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
+import kernels
+
+from .core import sampling
+from .core.generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, eos_set,
+                              normalize_prompts, truncate_at_eos)
+from .core.lm import left_pad
 
 
-# ---------------------------------------------------------------------------------------
-# checks
-# ---------------------------------------------------------------------------------------
-_SAME_VOCAB: dict = {}
+SAME_VOCAB: dict = {}  # (id(target tokenizer), id(draft tokenizer)) pairs already compared
 
 
 def check_same_tokenizer(target, draft) -> None:
@@ -60,14 +66,52 @@ def check_same_tokenizer(target, draft) -> None:
         raise ValueError(f"draft has {draft.vocab_size} output tokens but the target has {target.vocab_size}: "
                          "speculative decoding needs a draft with the target's tokenizer")
     key = (id(target.tokenizer), id(draft.tokenizer))
-    if key in _SAME_VOCAB or target.tokenizer is draft.tokenizer:
+    if key in SAME_VOCAB or target.tokenizer is draft.tokenizer:
         return
     tv = target.tokenizer.get_vocab() if hasattr(target.tokenizer, "get_vocab") else None
     dv = draft.tokenizer.get_vocab() if hasattr(draft.tokenizer, "get_vocab") else None
     if tv != dv:
         raise ValueError("draft tokenizer differs from the target tokenizer (different vocabularies): "
                          "speculative decoding needs a draft with the target's tokenizer")
-    _SAME_VOCAB[key] = True
+    SAME_VOCAB[key] = True
+
+
+# ---------------------------------------------------------------------------------------
+# what passes between a proposer and the verifier
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Sampling:
+    """The decoding settings, shared by verifier and proposer (``p`` and ``q`` get the same warp)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return sampling.probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def uniforms(self, shape, device) -> torch.Tensor:
+        gdev = self.generator.device if self.generator is not None else device
+        return torch.rand(shape, generator=self.generator, device=gdev).to(device)
+
+
+class Proposal(NamedTuple):
+    tokens: torch.Tensor  # (b, g) draft tokens (columns past a row's ``valid`` are ignored)
+    valid: torch.Tensor  # (b,) drafts each row proposes, <= g
+    q: torch.Tensor | None = None  # (b, g, V) what each was drawn from; None: deterministic (one-hot)
+    calls: int = 0  # draft-model forward passes spent (0 for lookups)
+
+
+class Verdict(NamedTuple):
+    n: torch.Tensor  # (b,) drafts accepted per row
+    next: torch.Tensor  # (b,) the target's token after them (correction or bonus)
+    n_list: list  # n on the host
+    emitted: float  # mean tokens emitted per row this step (for length policies)
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,6 +150,12 @@ class SlotCache:
         self.count = self.mask.sum(-1)
         self.holes = self.holes or new_holes
 
+    def keep_accepted(self, block: int, n: torch.Tensor, n_list: list) -> None:
+        """Of the last ``block`` slots keep each row's first ``n[b]``: the roll-back after a verification."""
+        slot = torch.arange(block, device=n.device)
+        self.keep(block, (slot[None, :] < n[:, None]).long(), self.mask.shape[1] - block + max(n_list),
+                  new_holes=len(set(n_list)) > 1)
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows ``rows`` (finished rows leave the batch)."""
         self.cache.batch_select_indices(rows)
@@ -113,135 +163,69 @@ class SlotCache:
 
 
 # ---------------------------------------------------------------------------------------
-# draft-length policies: how many tokens to draft this step
+# the verification core
 # ---------------------------------------------------------------------------------------
-class FixedGamma:
-    """Draft ``gamma`` tokens every step (fewer where a row needs fewer tokens).
-
-    The interface every draft-length policy of :func:`decode` has (see :mod:`refimpl.adaptive`):
-    ``cap()`` the most drafts this step; when ``confidence`` is True, ``stop(g, conf, stop)`` is
-    called after the g-th draft token with the draft's top-1 probabilities ``conf`` (b,) and
-    returns the per-row draft lengths ``stop`` (b,) updated; ``update(emitted, g)`` sees the mean
-    tokens emitted per row after each step.
-    """
-
-    confidence = False
-
-    def __init__(self, gamma: int):
-        self.gamma = gamma
-
-    def cap(self) -> int:
-        return self.gamma
-
-    def stop(self, g: int, conf: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
-        return stop
-
-    def update(self, emitted: float, g: int) -> None:
-        pass
-
-
-# ---------------------------------------------------------------------------------------
-# the decoder
-# ---------------------------------------------------------------------------------------
-@torch.no_grad()
-def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             eos_token_id=None, _verify=None) -> Generation:
-    """Speculative decoding of a ragged batch with ``draft`` proposing ``gamma`` tokens per step.
-
-    ``temperature=0`` is greedy and returns exactly ``autoregressive.generate``'s tokens; otherwise
-    the tokens are distributed exactly as sampling from ``target`` with the same temperature /
-    top_k / top_p (seeded by ``generator``). ``eos_token_id=None`` uses the target's EOS.
-    ``_verify`` (tests only) replaces the sampling rule ``kernels.rejection_sample``.
-
-    Returns a :class:`Generation`; ``stats.accepted[step][row]`` is the number of drafts row
-    ``row`` accepted at that step (0 once the row has finished) and ``stats.extra["gammas"][step]``
-    the draft length of that step (``gamma``, less near ``max_new_tokens``).
-    """
-    check_positive_int("gamma", gamma)
-    return decode(target, draft, prompts, FixedGamma(gamma), max_new_tokens, temperature, top_k, top_p, generator,
-                  eos_token_id, _verify)
+def verify(x, logits, valid, q, settings: Sampling, rule=None):
+    """Accepted counts and next tokens (b,), (b,) for drafts ``x`` (b, g) under target ``logits``
+    (b, g + 1, V). ``q`` None = deterministic drafts (one-hot). ``rule`` replaces the lossless
+    sampling rule (:func:`kernels.rejection_sample`), e.g. to study a lossy or a wrong one."""
+    if settings.greedy:
+        return kernels.verify_greedy(x, logits, valid)
+    p = settings.probs(logits)  # (b, g + 1, V)
+    if q is None:
+        q = torch.nn.functional.one_hot(x, p.size(-1)).to(p.dtype)  # (b, g, V)
+    u = settings.uniforms((x.size(0), x.size(1) + 1), logits.device)  # (b, g + 1)
+    return (rule or kernels.rejection_sample)(x, p, q.to(p.device), u, valid)
 
 
 @torch.no_grad()
-def decode(target, draft, prompts, policy, max_new_tokens: int = 64, temperature: float = 0.0,
+def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: float = 0.0,
            top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-           eos_token_id=None, _verify=None) -> Generation:
-    """The draft / verify / roll-back loop shared by fixed and adaptive draft lengths.
+           eos_token_id=None, rule=None) -> Generation:
+    """The draft / verify / roll-back loop shared by every proposer (see the module doc).
 
-    ``policy`` decides each step's draft length (:class:`FixedGamma`, or the adaptive policies of
-    :mod:`refimpl.adaptive`); every row verifies only its own drafts (``valid`` of the kernels).
-    ``stats.extra["gammas"]`` lists the draft calls of each step, ``stats.extra["mean_gamma"]`` the
-    mean draft length per row and step.
+    Greedy (``temperature=0``) returns exactly ``autoregressive.generate``'s tokens; otherwise the
+    tokens are distributed exactly as sampling from ``target`` with the same settings (seeded by
+    ``generator``). ``rule(x, p, q, u, valid) -> (n, next)`` replaces the sampling rule
+    ``kernels.rejection_sample`` (lossless) by another, e.g. a lossy or a deliberately wrong one.
+    ``stats.accepted[step][row]``: drafts row ``row`` accepted at that step (0 once finished);
+    ``stats.extra["gammas"][step]``: the step's draft length; ``extra["mean_gamma"]``: the mean
+    number of drafts per row and step.
     """
-    import kernels
-
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
-    check_same_tokenizer(target, draft)
-    prompts = normalize_prompts(prompts, min(target.max_length, draft.max_length), max_new_tokens, target.vocab_size)
+    prompts = normalize_prompts(prompts, min(target.max_length, getattr(proposer, "max_length", target.max_length)),
+                                max_new_tokens, target.vocab_size)
     eos = eos_set(eos_token_id, target.eos_token_id)
-    greedy = temperature == 0
-    verify = _verify or kernels.rejection_sample
-    device = target.device
-    B = len(prompts)
+    settings = Sampling(temperature, top_k, top_p, generator)
+    device, B = target.device, len(prompts)
     stats = Stats(rows=B)
     out: list[list[int]] = [[] for _ in prompts]
-    step_gammas: list[int] = []
-    row_lengths: list[int] = []
+    step_gammas, row_lengths = [], []
     with Timer(stats):
         ids, pmask = left_pad(prompts, target.pad_token_id, device)  # (B, L)
         padded = bool((pmask == 0).any())
-        tgt, drf = SlotCache(target, B, device), SlotCache(draft, B, draft.device)
-        t_feed, t_fmask = ids, (pmask if padded else None)  # tokens the target has not processed
-        d_feed, d_fmask = ids.to(draft.device), (pmask.to(draft.device) if padded else None)
+        tgt = SlotCache(target, B, device)
+        proposer.start(ids, pmask if padded else None, settings)
+        feed, fmask = ids, (pmask if padded else None)  # what the target has not processed yet
         rows = list(range(B))  # current batch index -> original row
         while rows:
             remaining = [max_new_tokens - len(out[r]) for r in rows]
-            cap = min(policy.cap(), max(remaining) - 1)  # never draft past what any row still needs
-            per_row = [min(cap, m - 1) for m in remaining]
-            stop = torch.tensor(per_row, device=draft.device)  # (b,) each row's draft length
-            limit = max(per_row)
-            # 1. draft (the first call also feeds what the draft has not processed)
-            drafts, qs = [], []
-            g = 0
-            while g < limit:
-                dl = drf.feed(d_feed, d_fmask)[:, -1]  # (b, V)
-                if greedy:
-                    x = dl.argmax(-1)  # (b,)
-                    conf = torch.softmax(dl.float(), -1).amax(-1) if policy.confidence else None
-                else:
-                    qs.append(sampling.probs(dl, temperature, top_k, top_p))  # (b, V)
-                    x = sampling.sample_from_probs(qs[-1], generator)
-                    conf = qs[-1].amax(-1)
-                drafts.append(x)
-                g += 1
-                if policy.confidence:  # the draft's top-1 probability may stop rows early
-                    stop = policy.stop(g, conf, stop)
-                    limit = int(stop.max())
-                d_feed, d_fmask = x[:, None], None
-            stats.draft_calls += g
+            # 1. draft: never past what a row still needs (the target adds one token itself)
+            prop = proposer.propose([m - 1 for m in remaining])
+            x, valid = prop.tokens.to(device), prop.valid.to(device)  # (b, g), (b,)
+            g = x.shape[1]
+            stats.draft_calls += prop.calls
             step_gammas.append(g)
-            valid = stop.clamp(max=g).to(device)  # (b,) drafts each row proposes
-            x = torch.stack(drafts, 1).to(device) if g else ids.new_zeros((len(rows), 0))  # (b, g)
-            # 2. one target call: unprocessed tokens (last committed, or the prompt) + drafts
-            qt = t_feed.shape[1]
-            fm = None if t_fmask is None else torch.cat([t_fmask, torch.ones_like(x)], 1)
-            logits = tgt.feed(torch.cat([t_feed, x], 1), fm)[:, qt - 1:]  # (b, g + 1, V)
+            # 2. one target call over the unprocessed tokens + the drafts
+            fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
+            logits = tgt.feed(torch.cat([feed, x], 1), fm)[:, feed.shape[1] - 1:]  # (b, g + 1, V)
             stats.target_calls += 1
-            stats.row_steps += len(rows)  # rows still decoding in this pass
+            stats.row_steps += len(rows)
             # 3. accept / reject
-            if greedy:
-                n, nxt = kernels.verify_greedy(x, logits, valid)
-            else:
-                p = sampling.probs(logits, temperature, top_k, top_p)  # (b, g + 1, V)
-                q = torch.stack(qs, 1).to(device) if g else p[:, :0]  # (b, g, V)
-                u = torch.rand((len(rows), g + 1), generator=generator,
-                               device=generator.device if generator is not None else device).to(device)
-                n, nxt = verify(x, p, q, u, valid)
-            host = torch.cat([n[:, None], nxt[:, None], valid[:, None], x], 1).tolist()  # the one sync per step
+            n, nxt = verify(x, logits, valid, prop.q, settings, rule)
+            host = torch.cat([n[:, None], nxt[:, None], valid[:, None], x], 1).tolist()  # one sync per step
             # 4. emit, stop rows at EOS / max_new_tokens
-            step_acc = [0] * B
-            finished, emitted = [], []
+            step_acc, finished, emitted = [0] * B, [], []
             for i, r in enumerate(rows):
                 k, t, v, xs = host[i][0], host[i][1], host[i][2], host[i][3:]
                 step_acc[r] = k
@@ -253,38 +237,20 @@ def decode(target, draft, prompts, policy, max_new_tokens: int = 64, temperature
                 if done or len(out[r]) >= max_new_tokens:
                     finished.append(i)
             stats.accepted.append(step_acc)
-            policy.update(sum(emitted) / len(emitted), g)
-            if len(finished) == len(rows) or g == 0:  # g == 0 only when every row needed one token
+            if len(finished) == len(rows):
                 break
-            # 5. roll both caches back past the rejected (or never proposed) drafts
+            # 5. roll back past the rejected drafts; the proposer does the same for its state
             n_list = [h[0] for h in host]
-            nmax = max(n_list)
-            slot = torch.arange(g, device=device)
-            tgt.keep(g, (slot[None, :] < n[:, None]).long(), tgt.mask.shape[1] - g + nmax,
-                     new_holes=len(set(n_list)) > 1)
-            if g > 1:  # the draft processed x_1 .. x_{g-1}; keep the accepted ones
-                dn = n.clamp(max=g - 1).to(draft.device)
-                dkeep = (slot[None, : g - 1].to(draft.device) < dn[:, None]).long()
-                drf.keep(g - 1, dkeep, drf.mask.shape[1] - (g - 1) + min(nmax, g - 1),
-                         new_holes=len({min(k, g - 1) for k in n_list}) > 1)
-            # 6. what each model has not processed yet: the new token (and x_g if all were accepted)
-            t_feed, t_fmask = nxt[:, None], None
-            nxt_d = nxt.to(draft.device)
-            if nmax == g:
-                all_acc = (n == g).to(draft.device)  # (b,)
-                d_feed = torch.stack([torch.where(all_acc, x[:, -1].to(draft.device), nxt_d), nxt_d], 1)
-                d_fmask = None if all(k == g for k in n_list) else torch.stack(
-                    [all_acc.long(), torch.ones_like(nxt_d)], 1)
-            else:
-                d_feed, d_fmask = nxt_d[:, None], None
+            if g:
+                tgt.keep_accepted(g, n, n_list)
+            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted)))
+            feed, fmask = nxt[:, None], None
             if finished:
                 keep = [i for i in range(len(rows)) if i not in finished]
                 sel = torch.tensor(keep, device=device)
                 tgt.select(sel)
-                drf.select(sel.to(draft.device))
-                t_feed = t_feed[sel]
-                d_feed = d_feed[sel.to(draft.device)]
-                d_fmask = None if d_fmask is None else d_fmask[sel.to(draft.device)]
+                proposer.select(sel)
+                feed = feed[sel]
                 rows = [rows[i] for i in keep]
     stats.nfe = stats.target_calls + stats.draft_calls
     stats.new_tokens = sum(len(o) for o in out)
@@ -293,28 +259,113 @@ def decode(target, draft, prompts, policy, max_new_tokens: int = 64, temperature
     return Generation(out, stats)
 
 
+# ---------------------------------------------------------------------------------------
+# the draft-model proposer and its draft-length policy
+# ---------------------------------------------------------------------------------------
+class FixedGamma:
+    """Draft ``gamma`` tokens every step (fewer where a row needs fewer tokens).
+
+    The interface of every draft-length policy (see :mod:`refimpl.adaptive`): ``cap()`` the most
+    drafts this step; when ``confidence`` is True, ``stop(g, conf, stop)`` is called after the
+    g-th draft token with the draft's top-1 probabilities ``conf`` (b,) and returns the per-row
+    draft lengths ``stop`` (b,) updated; ``update(emitted, g)`` sees the mean tokens emitted per
+    row after each step.
+    """
+
+    confidence = False
+
+    def __init__(self, gamma: int):
+        self.gamma = check_positive_int("gamma", gamma)
+
+    def cap(self) -> int:
+        return self.gamma
+
+    def stop(self, g: int, conf: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+        return stop
+
+    def update(self, emitted: float, g: int) -> None:
+        pass
+
+
+class DraftModel:
+    """Proposer: a draft LM drafts autoregressively (one cached call per token), ``policy`` decides
+    how many. The draft is never run twice on a token: its cache keeps the accepted drafts it has
+    already processed, and the next round first feeds what it has not seen: the correction/bonus
+    token, preceded by the last draft token when all ``g`` were accepted (proposed, never processed).
+    """
+
+    def __init__(self, draft, policy, target=None):
+        if target is not None:
+            check_same_tokenizer(target, draft)
+        self.draft, self.policy, self.max_length = draft, policy, draft.max_length
+
+    def start(self, ids, mask, settings: Sampling) -> None:
+        dev = self.draft.device
+        self.settings, self.cache = settings, SlotCache(self.draft, ids.shape[0], dev)
+        self.feed, self.fmask = ids.to(dev), None if mask is None else mask.to(dev)
+
+    def propose(self, caps: list[int]) -> Proposal:
+        cap = min(self.policy.cap(), max(caps))
+        stop = torch.tensor([min(cap, c) for c in caps], device=self.draft.device)  # (b,) per-row lengths
+        limit, drafts, qs, s = int(stop.max()), [], [], self.settings
+        while len(drafts) < limit:
+            dl = self.cache.feed(self.feed, self.fmask)[:, -1]  # (b, V)
+            if s.greedy:
+                x = dl.argmax(-1)  # (b,)
+                conf = torch.softmax(dl.float(), -1).amax(-1) if self.policy.confidence else None
+            else:
+                qs.append(s.probs(dl))  # (b, V)
+                x = sampling.sample_from_probs(qs[-1], s.generator)
+                conf = qs[-1].amax(-1)
+            drafts.append(x)
+            if self.policy.confidence:  # the draft's top-1 probability may stop rows early
+                stop = self.policy.stop(len(drafts), conf, stop)
+                limit = int(stop.max())
+            self.feed, self.fmask = x[:, None], None
+        g = self.g = len(drafts)
+        self.x = torch.stack(drafts, 1) if g else self.feed.new_zeros((len(caps), 0))  # (b, g)
+        return Proposal(self.x, stop.clamp(max=g), torch.stack(qs, 1) if qs else None, calls=g)
+
+    def accept(self, v: Verdict) -> None:
+        g, dev = self.g, self.draft.device
+        self.policy.update(v.emitted, g)
+        nxt = v.next.to(dev)
+        if g == 0:  # nothing drafted: the pending tokens are still unprocessed
+            fm = self.fmask if self.fmask is not None else torch.ones_like(self.feed)
+            self.feed, self.fmask = torch.cat([self.feed, nxt[:, None]], 1), torch.cat([fm, torch.ones_like(fm[:, :1])], 1)
+            return
+        if g > 1:  # the draft processed x_1 .. x_{g-1}; keep the accepted ones
+            self.cache.keep_accepted(g - 1, v.n.clamp(max=g - 1).to(dev), [min(k, g - 1) for k in v.n_list])
+        if max(v.n_list) == g:  # some row accepted everything: it must still process x_g
+            all_acc = v.n.to(dev) == g  # (b,)
+            self.feed = torch.stack([torch.where(all_acc, self.x[:, -1], nxt), nxt], 1)
+            self.fmask = None if all(k == g for k in v.n_list) else torch.stack(
+                [all_acc.long(), torch.ones_like(nxt)], 1)
+        else:
+            self.feed, self.fmask = nxt[:, None], None
+
+    def select(self, rows: torch.Tensor) -> None:
+        rows = rows.to(self.draft.device)
+        self.cache.select(rows)
+        self.feed = self.feed[rows]
+        self.fmask = None if self.fmask is None else self.fmask[rows]
+
+
+def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             eos_token_id=None) -> Generation:
+    """Speculative decoding of a ragged batch with ``draft`` proposing ``gamma`` tokens per step.
+
+    ``temperature=0`` is greedy and returns exactly ``autoregressive.generate``'s tokens; otherwise
+    the tokens are distributed exactly as sampling from ``target`` with the same temperature /
+    top_k / top_p (seeded by ``generator``). ``eos_token_id=None`` uses the target's EOS.
+    """
+    return decode(target, DraftModel(draft, FixedGamma(gamma), target), prompts, max_new_tokens, temperature,
+                  top_k, top_p, generator, eos_token_id)
+
+
 def expected_tau(alpha: float, gamma: int) -> float:
     """Expected tokens per target call with i.i.d. acceptance ``alpha`` (Leviathan et al., eq. 1)."""
     if alpha >= 1.0:
         return gamma + 1.0
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-# ---------------------------------------------------------------------------------------
-# benchmark hook
-# ---------------------------------------------------------------------------------------
-def bench_methods():
-    """Rows for ``refimpl.bench``: greedy (exact) and T=0.7 sampling, both with gamma = 4."""
-    from .bench import Method
-
-    def greedy(ctx, prompt_ids, max_new_tokens):
-        return generate(ctx.target, ctx.draft, [prompt_ids], gamma=4, max_new_tokens=max_new_tokens)
-
-    def sampled(ctx, prompt_ids, max_new_tokens):
-        return generate(ctx.target, ctx.draft, [prompt_ids], gamma=4, max_new_tokens=max_new_tokens,
-                        temperature=0.7, generator=ctx.generator)
-
-    return [
-        Method("speculative greedy (gamma=4)", greedy, needs=("target", "draft"), exact=True),
-        Method("speculative sampling T=0.7 (gamma=4)", sampled, needs=("target", "draft"), exact=False),
-    ]

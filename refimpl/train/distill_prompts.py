@@ -1,34 +1,16 @@
-"""Distillation data for ``smollm2-135m-draft``: a large prompt pool and the target's own answers.
-
-A draft is scored on how often it predicts the target's next token (greedy speculative decoding
-accepts exactly those), so it is trained on the *target's* answers, not on human text: the
-classic recipe of DistillSpec (Zhou et al., "DistillSpec: Improving Speculative Decoding via
-Knowledge Distillation", arXiv 2310.08461, section 4: on-policy data from the model being served).
-
-Nothing is downloaded: every prompt is built here from word lists, random arithmetic, King James
-Bible passages (``refimpl.data``) and passages/functions that the target itself writes in a first
-stage. The benchmark's prompts (``refimpl.prompts``) are excluded, and :func:`prompt_pool` checks it.
-
-Stage 1 asks the target for short paragraphs and Python functions about many topics; stage 2 reuses
-those answers as source texts for summary / copy / edit / question-answer / code-edit tasks (the
-categories of the benchmark), together with chat questions, random word problems and KJV passages.
-Stage 3 adds copy / edit tasks on *human* text (standard-library docstrings, KJV): the target's
-own paragraphs are easy to predict without looking back, so they never teach a draft to copy.
-Stage 4 is self-instruct (Wang et al., "Self-Instruct", arXiv 2212.10560): the target *samples*
-lists of user questions of several kinds about the topics, then answers them greedily. Templated prompts
-alone left a gap (held-out agreement 0.72, benchmark chat prompts 0.32): the questions a person
-asks are more varied than any template list.
-
-``generate_answers`` runs the target batched in bfloat16 (about 2x the tokens/s of float32 on a
-CPU with bf16 matrix units) and keeps, for every answer position, the target's final hidden state
-``h`` (float16): the target's logits on any token subset are then one matmul, ``h @ E[kept].T``.
+"""The prompt pool for distilling ``smollm2-135m-draft`` (:mod:`refimpl.train.distill_data` asks the
+target to answer it). Built here from word lists, random arithmetic, King James passages and
+standard-library docstrings, with the benchmark's prompts (:mod:`refimpl.prompts`) excluded:
+stage 1 asks for paragraphs and functions, stage 2 reuses them as source texts for summary / copy /
+edit / QA / code tasks, stage 3 copies human text, stage 4's questions come from the target itself
+(:func:`clean_question` filters them).
 """
 from __future__ import annotations
 
 import random
-import time
 
-import torch
+from .. import data
+from ..prompts import PROMPTS
 
 #: Topics for chat questions and for the stage-1 paragraphs (everyday, science, history, skills).
 TOPICS = [
@@ -191,9 +173,8 @@ def _math_problems(rng: random.Random, n: int) -> list[str]:
 
 
 def _kjv_passages(rng: random.Random, n: int) -> list[str]:
-    from .data import kjv_verses
 
-    verses = kjv_verses()
+    verses = data.kjv_verses()
     out = []
     for _ in range(n):
         i = rng.randrange(len(verses) - 3)
@@ -207,8 +188,7 @@ def stage1_prompts() -> list[str]:
             + [f"Write a Python function that {task}." for task in CODE_TASKS])
 
 
-def _bench_texts() -> set[str]:
-    from .prompts import PROMPTS
+def bench_texts() -> set[str]:
 
     return {t for texts in PROMPTS.values() for t in texts}
 
@@ -229,156 +209,18 @@ def stage2_prompts(passages: list[str], functions: list[str], seed: int = 0, n_m
         out += [t.format(f) for t in CODE_EDITS]
     for p in _kjv_passages(rng, n_kjv):
         out.append(rng.choice(KJV_TASKS).format(p))
-    bench = _bench_texts()
+    bench = bench_texts()
     return [t for t in out if t not in bench]
 
 
 def prompt_pool(seed: int = 0) -> list[str]:
     """Stage-1 prompts (the pool that needs no model); stage 2 is built from their answers."""
     pool = stage1_prompts()
-    if set(pool) & _bench_texts():
+    if set(pool) & bench_texts():
         raise AssertionError("the distillation pool must not contain benchmark prompts")
     return pool
 
 
-@torch.inference_mode()
-def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int = 96, seconds: float = 1e9,
-                     path: str | None = None, progress: bool = True, start: list | None = None,
-                     min_answer: int = 4):
-    """Greedy answers of ``lm`` to ``texts`` as chat turns, batched by prompt length.
-
-    Returns rows ``(ids, n_prompt, hidden, text)``: ``ids`` = prompt + answer (up to and including
-    the first EOS), ``hidden`` (n_answer, H) float16 = the target's final hidden states at positions
-    ``n_prompt - 1 .. len(ids) - 2`` (``hidden[i]`` predicts answer token ``i``). Prompts are
-    shuffled, then sorted by length within windows of 8 batches (little padding, no length bias
-    when ``seconds`` cuts the run short); ``path`` saves after every batch (a cut-off run keeps its
-    rows); ``start`` continues an earlier list (its texts are skipped).
-    """
-    from tqdm.auto import tqdm
-
-    from .autoregressive import left_pad, positions_from_mask
-    from .drafts import _decoder
-    from .prompts import encode_prompt
-
-    rows = list(start or [])
-    done_texts = {r[3] for r in rows} if rows and len(rows[0]) > 3 else set()
-    todo = [t for t in texts if t not in done_texts]
-    random.Random(len(rows)).shuffle(todo)
-    enc = [(encode_prompt(lm, t), t) for t in todo]
-    win = 8 * batch
-    enc = [x for i in range(0, len(enc), win) for x in sorted(enc[i : i + win], key=lambda x: len(x[0]))]
-    inner, head = _decoder(lm.model), lm.model.lm_head
-    t0 = time.time()
-    bar = tqdm(range(0, len(enc), batch), desc="target answers", disable=not progress)
-    for j in bar:
-        chunk = enc[j : j + batch]
-        prompts = [p for p, _ in chunk]
-        ids, mask = left_pad(prompts, lm.pad_token_id, lm.device)  # (B, L)
-        pos = positions_from_mask(mask)
-        B = ids.shape[0]
-        cache = lm.new_cache()
-        feed, feed_pos = ids, pos
-        hs, toks = [], []  # per step: (B, H) hidden, (B,) token
-        alive = torch.ones(B, dtype=torch.bool)
-        for _ in range(max_new_tokens):
-            h = inner(input_ids=feed, past_key_values=cache, position_ids=feed_pos, attention_mask=mask,
-                      use_cache=True).last_hidden_state[:, -1]  # (B, H)
-            nxt = head(h).float().argmax(-1)  # (B,)
-            hs.append(h.half())
-            toks.append(nxt)
-            alive &= nxt != lm.eos_token_id
-            if not alive.any():
-                break
-            feed, feed_pos = nxt[:, None], pos[:, -1:] + 1
-            pos = torch.cat([pos, feed_pos], 1)
-            mask = torch.cat([mask, torch.ones_like(feed)], 1)
-        H = torch.stack(hs, 1)  # (B, S, H)
-        T = torch.stack(toks, 1)  # (B, S)
-        for b, (p, text) in enumerate(chunk):
-            ans = T[b].tolist()
-            n = ans.index(lm.eos_token_id) + 1 if lm.eos_token_id in ans else len(ans)
-            if n >= min_answer:
-                rows.append((p + ans[:n], len(p), H[b, :n].clone(), text))
-        bar.set_postfix(rows=len(rows), tokens=sum(len(r[0]) - r[1] for r in rows))
-        if path:
-            torch.save(rows, path)
-        if time.time() - t0 > seconds:
-            break
-    return rows
-
-
-def answer_text(lm, row) -> str:
-    """The decoded answer of a row from :func:`generate_answers` (EOS dropped)."""
-    ids, n, _, _ = row
-    return lm.tokenizer.decode([t for t in ids[n:] if t != lm.eos_token_id], skip_special_tokens=True).strip()
-
-
-def extract_code(text: str) -> str | None:
-    """The first Python function in an answer (fenced or not), or None."""
-    if "```" in text:
-        parts = text.split("```")
-        if len(parts) >= 3:
-            body = parts[1]
-            body = body[body.index("\n") + 1:] if "\n" in body else body
-            return body.strip("\n") + "\n" if "def " in body else None
-    i = text.find("def ")
-    return text[i:].strip("\n") + "\n" if i >= 0 else None
-
-
-def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch: int = 96, seed: int = 0,
-          progress: bool = True, stages=(1, 2, 3)):
-    """The target's (SmolLM2-135M, bfloat16) answers for every stage; returns all rows.
-
-    Stage 1: :func:`prompt_pool`; stage 2: :func:`stage2_prompts` on stage 1's paragraphs and
-    functions; stage 3: :func:`human_copy_prompts` (copy / edit tasks on human-written text);
-    stage 4: :func:`self_instruct_questions` (questions sampled from the target; the list is cached
-    in ``smollm2-distill-s4-questions.json``). Rows are cached in
-    ``folder/smollm2-distill-s{1,2,3,4}.pt``; a rerun continues where a stage stopped, for at most
-    ``seconds`` in all.
-    """
-    import json
-    import os
-
-    from .models import load
-
-    lm = load("smollm2-135m", device="cpu", dtype=torch.bfloat16)
-    t0 = time.time()
-    out = []
-    for stage in (1, 2, 3, 4):
-        if stage not in stages and not (stage == 1 and 2 in stages):
-            continue  # (stage 2 is built from stage 1's answers)
-        path = os.path.join(folder, f"smollm2-distill-s{stage}.pt")
-        rows = torch.load(path) if os.path.exists(path) else []
-        if stage == 1:
-            texts = prompt_pool(seed)
-        elif stage == 2:
-            passages, functions = _stage1_sources(lm, s1)
-            texts = stage2_prompts(passages, functions, seed)
-            random.Random(seed).shuffle(texts)
-        elif stage == 3:
-            texts = human_copy_prompts(seed)
-        else:
-            qpath = os.path.join(folder, "smollm2-distill-s4-questions.json")
-            if not os.path.exists(qpath):
-                if seconds - (time.time() - t0) <= 0:
-                    continue
-                questions = self_instruct_questions(lm, seed=seed, progress=progress)
-                with open(qpath, "w") as f:  # written only once complete
-                    json.dump(questions, f, indent=0)
-            with open(qpath) as f:
-                texts = json.load(f)
-        left = seconds - (time.time() - t0)
-        if left > 0:
-            rows = generate_answers(lm, texts, max_new_tokens, batch, seconds=left, path=path, progress=progress,
-                                    start=rows)
-        if stage == 1:
-            s1 = rows
-        if stage in stages:
-            out += rows
-    return out
-
-
-#: Stage-4 question lists: the target continues "1." with user questions / requests on a topic.
 ASK_KINDS = ["questions", "requests for advice", "questions asking for a list or a plan", "requests to write something",
              "questions starting with 'How' or 'Why'", "questions a student asked"]
 ASK_PROMPT = "Here are some {} about {} that people typed into a helpful AI chatbot:\n\n1."
@@ -387,7 +229,7 @@ REQUEST_VERBS = ("Write", "Give", "Suggest", "Tell", "Explain", "List", "Describ
                  "Make", "Recommend", "Share", "Compose", "Draft", "Summarize", "Compare", "Name", "Teach", "Show")
 
 
-def _clean_question(line: str) -> str | None:
+def clean_question(line: str) -> str | None:
     """One sampled list item as a user question (number and quotes removed); None if it is not one."""
     import re
 
@@ -402,55 +244,6 @@ def _clean_question(line: str) -> str | None:
     return line
 
 
-@torch.inference_mode()
-def self_instruct_questions(lm, n: int = 2000, seed: int = 0, batch: int = 96, temperature: float = 0.8,
-                            top_p: float = 0.95, max_new_tokens: int = 48, progress: bool = True) -> list[str]:
-    """About ``n`` distinct user questions sampled from ``lm``: it continues numbered lists
-    (:data:`ASK_PROMPT` x :data:`ASK_KINDS` x :data:`TOPICS`, plain text, no chat template) and
-    every complete list item that looks like a question or a request is kept (:func:`_clean_question`)."""
-    from tqdm.auto import tqdm
-
-    from .autoregressive import generate
-
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    bench, seen, out = _bench_texts(), set(), []
-    bar = tqdm(total=n, desc="self-instruct questions", disable=not progress)
-    for _ in range(2 * n // batch + 1):
-        asks = [ASK_PROMPT.format(rng.choice(ASK_KINDS), rng.choice(TOPICS)) for _ in range(batch)]
-        ids = [lm.tokenizer(a, add_special_tokens=False)["input_ids"] for a in asks]
-        g = generate(lm, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=gen)
-        for toks in g.tokens:
-            lines = ("1." + lm.tokenizer.decode(toks, skip_special_tokens=True)).split("\n")[:-1]  # complete lines
-            for line in lines:
-                q = _clean_question(line)
-                if q and q not in seen and q not in bench:
-                    seen.add(q)
-                    out.append(q)
-                    bar.update(1)
-        if len(out) >= n:
-            break
-    bar.close()
-    return out[:n]
-
-
-def _stage1_sources(lm, rows):
-    """Stage 1's paragraphs (cut at their last full stop) and Python functions."""
-    passages, functions = [], []
-    for row in rows:
-        text = answer_text(lm, row)
-        if row[3].startswith("Write a Python function"):
-            code = extract_code(text)
-            if code and len(code) < 700:
-                functions.append(code)
-        elif "```" not in text and "." in text:
-            text = text[: text.rindex(".") + 1]  # answers cut at max_new_tokens end mid-sentence
-            if 150 < len(text) < 900:
-                passages.append(text)
-    return passages, functions
-
-
-#: Standard-library modules whose docstrings give human-written modern English passages.
 DOC_MODULES = ["argparse", "asyncio", "calendar", "collections", "csv", "datetime", "decimal", "difflib", "email",
                "fractions", "ftplib", "functools", "gettext", "glob", "gzip", "heapq", "html", "http.client",
                "imaplib", "inspect", "io", "ipaddress", "itertools", "json", "locale", "logging", "mailbox",
@@ -501,5 +294,5 @@ def human_copy_prompts(seed: int = 0, limit: int = 1500) -> list[str]:
                 "{n}", rng.choice(REPLACEMENTS)).format(p))
     out += [rng.choice(copy_tasks).replace("{w}", "unto").replace("{n}", "to").format(p)
             for p in _kjv_passages(rng, limit // 4)]
-    bench = _bench_texts()
+    bench = bench_texts()
     return [t for t in out if t not in bench]

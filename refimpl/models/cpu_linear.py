@@ -16,7 +16,7 @@ rows  MKL ``F.linear``     oneDNN, weight prepacked
 9     49.8 ms             38.6 ms
 ====  ==================  ========================
 
-(``python -m refimpl.cpu_linear`` measures your machine.) Packing each weight once into oneDNN's
+(``python -m refimpl.bench --suite matmul`` measures your machine.) Packing each weight once into oneDNN's
 blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and calling
 ``torch.ops.mkldnn._linear_pointwise`` removes the repacking, so verifying 5 tokens costs ~1.1x
 one instead of ~1.5x. A second gain: oneDNN gives every row the same bits whatever the number of
@@ -139,21 +139,3 @@ def matmul_cost(model: nn.Module, rows=(1, 2, 3, 4, 5, 6, 9), repeats: int = 15)
                 row[label] = 1e3 * statistics.median(times)
             out.append(row)
     return out
-
-
-if __name__ == "__main__":
-    import argparse
-
-    from . import models
-
-    p = argparse.ArgumentParser(prog="python -m refimpl.cpu_linear",
-                                description="fp32 matmul cost per number of rows: MKL vs prepacked oneDNN")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--threads", type=int, default=None)
-    a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    lm = models.load(a.model, device="cpu")
-    print(f"{a.model}, torch threads {torch.get_num_threads()}, oneDNN available: {available()}")
-    for row in matmul_cost(lm.model):
-        print(f"rows {row['rows']}: MKL {row['mkl_ms']:.1f} ms, prepacked {row['prepacked_ms']:.1f} ms")

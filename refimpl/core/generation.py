@@ -1,7 +1,7 @@
 """What every decoder returns: :class:`Generation` (tokens + :class:`Stats`), and input checks.
 
 All decoders in :mod:`refimpl` share these, so notebooks and the benchmark read the same
-counters. Notation (COURSE.md §3): ``tau`` = tokens emitted per target forward pass,
+counters. Notation (README, "Notation"): ``tau`` = tokens emitted per target forward pass,
 ``alpha`` = per-draft-token acceptance rate, ``NFE`` = model forward evaluations.
 """
 from __future__ import annotations
@@ -145,6 +145,14 @@ def check_positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return value
+
+
+def check_generate_args(max_new_tokens, temperature, top_k=None, top_p=None) -> None:
+    """The checks every ``generate`` shares: ``max_new_tokens >= 1`` and the sampling settings."""
+    from .sampling import check_sampling_args
+
+    check_positive_int("max_new_tokens", max_new_tokens)
+    check_sampling_args(temperature, top_k, top_p)
 
 
 def eos_set(eos_token_id, default) -> frozenset:

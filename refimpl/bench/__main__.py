@@ -1,0 +1,4 @@
+"""``python -m refimpl.bench --help``."""
+from .cli import main
+
+main()

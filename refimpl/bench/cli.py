@@ -1,0 +1,115 @@
+"""``python -m refimpl.bench``: one command for every benchmark suite.
+
+Suites (``--suite``): ``decode`` (default; every row of :mod:`refimpl.bench.rows` on the prompt
+set of :mod:`refimpl.prompts`), ``latency`` (latency(k): the cost of scoring k tokens vs 1),
+``matmul`` (fp32 linear cost per number of rows, MKL vs prepacked oneDNN), ``dllm``
+(:mod:`refimpl.bench.dllm`) and ``kernels`` (each kernel's ``bench()`` with
+``triton.testing.do_bench``; skipped without CUDA). Tables are printed as markdown and written as
+JSON + markdown under ``--out``, with the hardware, torch threads and versions.
+
+A timing run refuses to start when ``TRITON_INTERPRET=1`` is set: the kernels would then run
+in Triton's CPU interpreter (a speculative run fell to 0.10x AR that way), timing the interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+
+import torch
+
+from .. import models
+from ..models import cpu_linear
+from ..prompts import encode_prompt, prompt_set
+from . import dllm
+from .decode import DECODE_COLS, Context, hardware, latency_curve, markdown_table, run_decode
+from .rows import DRAFT_FOR, decode_rows
+
+INTERPRETER_REFUSAL = ("TRITON_INTERPRET=1 is set: Triton kernels would run in the CPU interpreter and the "
+                       "timings would be the interpreter's. Unset it (env -u TRITON_INTERPRET ...) to benchmark.")
+
+
+def prepacked(model) -> bool:
+    return any(isinstance(m, cpu_linear.PrepackedLinear) for m in model.modules())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m refimpl.bench", description="Benchmark every decoding method.")
+    p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "kernels"], default="decode")
+    p.add_argument("--model", default="tiny", help="target model (zoo name, folder or HF id)")
+    p.add_argument("--methods", default=None, help="comma-separated substrings of method names to run")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--per-category", type=int, default=None, help="prompts per category (default: all 5)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--fast", action="store_true", help="a quick smoke run (1 prompt per category, 1 repeat)")
+    p.add_argument("--prepack", choices=["auto", "on", "off"], default="auto",
+                   help="pack the target's linear weights for oneDNN (refimpl.models.cpu_linear); "
+                        "auto = models.load's default (on for the larger targets on a CPU in fp32)")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit(INTERPRETER_REFUSAL)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prepack = {"auto": None, "on": True, "off": False}[args.prepack]
+    os.makedirs(args.out, exist_ok=True)
+    result = {"suite": args.suite, "model": args.model, "hardware": hardware(), "args": vars(args)}
+    packed = False
+
+    if args.suite == "kernels":
+        import kernels
+
+        rows = []
+        for name in kernels.MODULES:
+            r = importlib.import_module(f"kernels.{name}").bench()
+            rows.append({"kernel": name, **(r or {"result": "skipped: no CUDA device"})})
+        md = "\n".join(json.dumps(r, default=str) for r in rows)
+    elif args.suite == "dllm":
+        rows = dllm.run(fast=args.fast)
+        md = markdown_table(rows, dllm.COLS)
+    elif args.suite == "matmul":
+        lm = models.load(args.model, device="cpu", prepack=False)
+        rows = cpu_linear.matmul_cost(lm.model)
+        md = markdown_table(rows, [("rows", "rows", ""), ("mkl_ms", "MKL ms", ".1f"), ("prepacked_ms", "prepacked ms", ".1f")])
+    elif args.suite == "latency":
+        lm = models.load(args.model, device=args.device, prepack=prepack)
+        packed = prepacked(lm.model)
+        rows = latency_curve(lm, repeats=2 if args.fast else 7)
+        md = markdown_table(rows, [("k", "k new tokens", ""), ("seconds", "seconds", ".5f"),
+                                   ("relative_to_k1", "cost vs k=1", ".2f")])
+    else:
+        lm = models.load(args.model, device=args.device, prepack=prepack)
+        packed = prepacked(lm.model)
+        methods = decode_rows()
+        if args.methods:
+            want = [w.strip() for w in args.methods.split(",")]
+            methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
+        ctx = Context(target=lm, model_name=args.model)
+        if any("draft" in m.needs for m in methods):
+            try:  # (drafts score 1-2 rows a call, where MKL beats the prepacked path: not packed)
+                ctx.draft = models.load(DRAFT_FOR[args.model], device=args.device) if args.model in DRAFT_FOR else None
+            except (FileNotFoundError, ValueError) as e:
+                print(f"(no draft for {args.model}: {e})")
+            if ctx.draft is None:
+                methods = [m for m in methods if "draft" not in m.needs]
+        per_cat = 1 if args.fast else args.per_category
+        prompts = [(cat, encode_prompt(lm, text)) for cat, text in prompt_set(per_cat)]
+        rows = run_decode(ctx, methods, prompts, args.max_new_tokens, 1 if args.fast else args.repeats)
+        md = markdown_table(rows, DECODE_COLS)
+    result["rows"] = rows
+    result["prepacked_linears"] = packed
+    hw = result["hardware"]
+    header = (f"## {args.suite} benchmark: {args.model}\n\n{hw['device']} ({hw['processor']}, "
+              f"{hw['cpu_count']} cores, torch threads {hw['torch_threads']}), torch {hw['torch']}"
+              f"{', linear weights prepacked for oneDNN' if packed else ''}\n\n")
+    md = header + md + "\n"
+    stem = os.path.join(args.out, f"{args.suite}_{args.model.replace('/', '_')}")
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    with open(stem + ".md", "w") as f:
+        f.write(md)
+    print(md)
+    return result

@@ -1,0 +1,70 @@
+"""The one table of decode-benchmark rows: every method the course builds, next to Hugging Face's
+own implementation where it has one (same model, same prompts, same process).
+
+A row is a :class:`refimpl.bench.decode.Method`: ``run(ctx, prompt_ids, max_new_tokens) ->
+Generation`` on one prompt, the roles it needs (``"draft"``: the zoo's draft for the target,
+:data:`DRAFT_FOR`) and whether its greedy output must equal AR greedy (``exact``). A new chapter
+adds its rows to :func:`decode_rows`.
+"""
+from __future__ import annotations
+
+from .. import adaptive, autoregressive, drafts, retrieval, speculative
+from ..copy_prior import ContextCopyLM
+from .decode import Context, Method, hf_assisted, hf_generate
+
+#: the draft model paired with each target in the zoo
+DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+
+
+def default_exit_layer(num_layers: int) -> int:
+    """A reasonable early exit for gamma = 4: a quarter of the layers (at least 1)."""
+    return max(1, num_layers // 4)
+
+
+def self_spec(ctx: Context, ids, n):
+    """Greedy speculative decoding with the target's own first layers as the draft (built once per target)."""
+    key = ("exit", id(ctx.target))
+    if key not in ctx.memo:
+        ctx.memo[key] = drafts.early_exit(ctx.target, default_exit_layer(ctx.target.num_layers))
+    return speculative.generate(ctx.target, ctx.memo[key], [ids], gamma=4, max_new_tokens=n)
+
+
+def without_copy_prior(ctx: Context, ids, n):
+    """The zoo draft without its copy prior (the ablation of :class:`refimpl.copy_prior.ContextCopyLM`)."""
+    inner = ctx.draft.lm if isinstance(ctx.draft, ContextCopyLM) else ctx.draft
+    return speculative.generate(ctx.target, inner, [ids], gamma=4, max_new_tokens=n)
+
+
+def adaptive_row(policy: str, threshold: float):
+    def run(ctx: Context, ids, n):
+        return adaptive.generate(ctx.target, ctx.draft, [ids], max_gamma=8, threshold=threshold, policy=policy,
+                                 max_new_tokens=n)
+    return run
+
+
+def decode_rows() -> list[Method]:
+    """Every row, in table order (``--methods`` picks by substring)."""
+    T, D = ("target",), ("target", "draft")
+    return [
+        Method("ar (cache)", lambda c, p, n: autoregressive.generate(c.target, p, max_new_tokens=n)),
+        Method("ar (no cache)", lambda c, p, n: autoregressive.generate(c.target, p, max_new_tokens=n,
+                                                                       use_cache=False), max_prompts=3),
+        Method("hf generate", lambda c, p, n: hf_generate(c, p, n)),
+        Method("hf assisted (draft)", hf_assisted, needs=D),
+        Method("speculative greedy (gamma=4)",
+               lambda c, p, n: speculative.generate(c.target, c.draft, [p], gamma=4, max_new_tokens=n), needs=D),
+        Method("speculative sampling T=0.7 (gamma=4)",
+               lambda c, p, n: speculative.generate(c.target, c.draft, [p], gamma=4, max_new_tokens=n,
+                                                    temperature=0.7, generator=c.generator), needs=D, exact=False),
+        Method("speculative greedy, draft without copy prior (gamma=4)", without_copy_prior, needs=D),
+        Method("self-spec (early exit, gamma 4)", self_spec, needs=T),
+        Method("adaptive gamma (confidence < 0.3 stops, max 8)", adaptive_row("threshold", 0.3), needs=D),
+        Method("adaptive gamma (cumulative < 0.05 stops, max 8)", adaptive_row("cumulative", 0.05), needs=D),
+        Method("hf prompt lookup (10 tokens, ngram <= 2)",
+               lambda c, p, n: hf_generate(c, p, n, prompt_lookup_num_tokens=10)),
+        Method("prompt lookup (10 tokens, ngram 3..1)",
+               lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, method="prompt_lookup")),
+        Method("prompt lookup sampling T=0.7",
+               lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, temperature=0.7,
+                                                  generator=c.generator), exact=False),
+    ]

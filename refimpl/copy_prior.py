@@ -1,0 +1,183 @@
+"""A copy prior for any draft (chapter 04): raise the draft's logit for the token that followed the
+latest earlier occurrence of the context's last few tokens (prompt lookup inside a draft).
+
+A small draft is poor at copying from its context: names, numbers, the passage a summary or a
+rewrite repeats. :func:`lookup_positions` finds, for every position, where the context's last
+n-gram occurred before (vectorised over a batch); :class:`ContextCopyLM` wraps any draft
+:class:`refimpl.core.lm.LM` and adds ``bias`` to the logit of the token found there. Any draft
+distribution is verified exactly, so outputs stay lossless. :mod:`refimpl.retrieval` uses the
+same lookup as a proposer with no draft model at all.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .core.lm import LM, as_token_batch, positions_from_mask
+
+
+def lookup_positions(history: torch.Tensor, ends: torch.Tensor, max_ngram: int = 3, min_ngram: int = 2) -> torch.Tensor:
+    """Prompt lookup: for each end position ``t`` in ``ends``, the position just after the most
+    recent earlier occurrence of the context suffix ``history[t-n+1 : t+1]``, trying
+    ``n = max_ngram .. min_ngram`` (longest match first); ``-1`` where none matches.
+
+    ``history`` (L,) or (B, L) holds the tokens by position (``-1`` = unknown, never matches);
+    ``ends`` (Q,) or (B, Q) the positions to score (``-1`` = skip). An occurrence is *earlier*
+    when it ends before ``t``, so the returned position is at most ``t``: the lookup never peeks
+    past the position it scores ("Prompt lookup decoding", Saxena 2023; "LLMA", Yang et al.,
+    arXiv 2304.04487, copy spans from a reference the same way).
+    """
+    one = history.dim() == 1
+    history, ends = (history[None], ends[None]) if one else (history, ends)
+    ends = ends.long().to(history.device)
+    B, Q = ends.shape
+    out = torch.full_like(ends, -1)  # (B, Q)
+    L = min(history.shape[1], int(ends.max()) + 1) if ends.numel() else 0
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if L < n + 1:
+            continue
+        windows = history[:, :L].unfold(1, n, 1)  # (B, S, n): window i = history[b, i : i + n]
+        S = windows.shape[1]
+        start = torch.arange(S, device=history.device)  # (S,)
+        at = (ends - n + 1).clamp(min=0, max=S - 1)  # (B, Q) where the suffix ending at t starts
+        pattern = torch.gather(windows, 1, at[..., None].expand(B, Q, n))  # (B, Q, n)
+        hit = (windows[:, None] == pattern[:, :, None]).all(-1)  # (B, Q, S)
+        hit &= (start + n - 1 < ends[..., None]) & (pattern >= 0).all(-1, keepdim=True)
+        last = torch.where(hit, start, -1).amax(-1)  # (B, Q) the latest match, -1 = none
+        out = torch.where((out < 0) & (last >= 0) & (ends >= n), last + n, out)
+    return out[0] if one else out
+
+
+def copy_candidates(history: torch.Tensor, ends: torch.Tensor, max_ngram: int = 3, min_ngram: int = 2) -> torch.Tensor:
+    """The prompt-lookup candidate token at each end position: ``history`` at
+    :func:`lookup_positions` (``-1`` where nothing matches). Shapes as there."""
+    at = lookup_positions(history, ends, max_ngram, min_ngram)
+    h = history if history.dim() == 2 else history[None]
+    a = at if at.dim() == 2 else at[None]
+    tok = torch.where(a >= 0, torch.gather(h, 1, a.clamp(min=0)), -1)
+    return tok if at.dim() == 2 else tok[0]
+
+
+class CopyCache:
+    """A draft's KV cache (``inner``) plus its token history (B, S) indexed by position.
+
+    Rolling back needs nothing here: positions are rewritten when new tokens arrive there, and a
+    lookup at position ``t`` reads only positions ``<= t``. ``batch_select_indices`` keeps the
+    history rows in step with the cache's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.history: torch.Tensor | None = None  # (B, S) token at each position, -1 = none yet
+
+    def get_seq_length(self, *args) -> int:
+        return self.inner.get_seq_length(*args)
+
+    def crop(self, n: int):
+        self.inner.crop(n)
+
+    def batch_select_indices(self, rows: torch.Tensor) -> None:
+        self.inner.batch_select_indices(rows)
+        if self.history is not None:
+            self.history = self.history[rows.to(self.history.device)]
+
+    def record(self, input_ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> None:
+        """Write the real tokens of ``input_ids`` (B, Q) at their ``positions`` (B, Q)."""
+        B = input_ids.shape[0]
+        need = int(positions[real].max()) + 1 if bool(real.any()) else 0
+        if self.history is None:
+            self.history = torch.full((B, 0), -1, dtype=torch.long, device=input_ids.device)
+        if self.history.shape[1] < need:  # grow geometrically (amortised O(1) per token)
+            grow = max(need, 2 * self.history.shape[1], 64) - self.history.shape[1]
+            pad = self.history.new_full((B, grow), -1)
+            self.history = torch.cat([self.history, pad], 1)
+        b, q = real.nonzero(as_tuple=True)
+        self.history[b, positions[b, q]] = input_ids[b, q]
+
+
+class ContextCopyLM(LM):
+    """Any draft :class:`LM` plus a copy prior: its logit for the prompt-lookup candidate
+    (:func:`copy_candidates`: what followed the latest earlier occurrence of the context's last
+    ``max_ngram..min_ngram`` tokens) is raised by ``bias``.
+
+    A small draft is poor at copying from its context -- names, numbers, the passage a summary
+    or a rewrite repeats. Teacher-forced on SmolLM2's greedy answers to the benchmark prompts,
+    the 3-layer draft predicts 0.57 / 0.66 / 0.50 of the summary / copy / QA tokens, with this
+    prior 0.73 / 0.75 / 0.59 (chat, code, math: within 0.03). Any draft distribution
+    is verified exactly, so the output is unchanged (greedy: the target's own tokens; sampling:
+    the target's distribution, with the biased q used in ``min(1, p/q)``). ``bias=6`` overrides
+    the draft unless it is ~400 times surer of another token. A token the inner draft gives
+    ``-inf`` (outside a trimmed head) stays impossible; pair it with ``context_vocab=True``.
+
+    An :class:`LM` whose ``model``, ``tokenizer`` and vocabulary are the inner draft's; anything
+    else the inner draft has (``kept_ids``, ``hf_model``, ...) is read through to it, and ``.lm``
+    is the draft alone. The cache from :meth:`new_cache` carries the history. Chains only: a 4-D
+    (tree) attention mask raises ``ValueError``.
+    """
+
+    def __init__(self, lm, max_ngram: int = 3, min_ngram: int = 2, bias: float = 6.0):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        if not (bias > 0 and math.isfinite(bias)):
+            raise ValueError(f"bias must be a positive finite logit offset, got {bias}")
+        self.lm, self.max_ngram, self.min_ngram, self.bias = lm, max_ngram, min_ngram, float(bias)
+        for k in ("model", "tokenizer", "config", "vocab_size", "max_length", "eos_token_id", "pad_token_id",
+                  "mask_token_id"):  # the LM interface, from the inner draft (no second __post_init__)
+            setattr(self, k, getattr(lm, k))
+        self.name = f"{lm.name}+copy"
+
+    def __getattr__(self, name):  # only reached for attributes not set above: the inner draft's
+        if name == "lm":
+            raise AttributeError(name)
+        return getattr(self.lm, name)
+
+    def new_cache(self) -> CopyCache:
+        return CopyCache(self.lm.new_cache())
+
+    def _boost(self, logits: torch.Tensor, history: torch.Tensor, positions: torch.Tensor,
+               real: torch.Tensor) -> torch.Tensor:
+        """Add ``bias`` at each real position's copy candidate; ``logits`` (B, Q, V) scores the
+        last Q of the call's positions (B, Q') (``logits_to_keep``)."""
+        Q = logits.shape[1]
+        ends = torch.where(real[:, -Q:], positions[:, -Q:], -1)  # (B, Q), -1 = padding: skip
+        cand = copy_candidates(history, ends, self.max_ngram, self.min_ngram).to(logits.device)  # (B, Q)
+        b, q = (cand >= 0).nonzero(as_tuple=True)
+        logits[b, q, cand[b, q]] += self.bias
+        return logits
+
+    @staticmethod
+    def _layout(input_ids, past: int, position_ids, attention_mask):
+        """(positions (B, Q), real (B, Q) bool) of a cached call."""
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError("ContextCopyLM drafts chains: attention_mask must be 2-D (no tree masks)")
+        B, Q = input_ids.shape
+        if position_ids is None:
+            position_ids = past + torch.arange(Q, device=input_ids.device).expand(B, Q)
+        real = (torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None
+                else attention_mask[:, -Q:].to(input_ids.device) != 0)
+        return position_ids.to(input_ids.device).long(), real
+
+    @torch.no_grad()
+    def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, output_hidden_states=False,
+                **kwargs):
+        if cache is None:
+            cache = self.new_cache()
+        if not isinstance(cache, CopyCache):
+            raise ValueError("cache must come from ContextCopyLM.new_cache() (it carries the token history)")
+        positions, real = self._layout(input_ids, cache.get_seq_length(), position_ids, attention_mask)
+        out = self.lm.forward(input_ids, cache.inner, position_ids, attention_mask, output_hidden_states, **kwargs)
+        cache.record(input_ids, positions, real)
+        logits = self._boost(out[0], cache.history, positions, real)
+        return (logits, cache) + tuple(out[2:])
+
+    @torch.no_grad()
+    def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Uncached full-sequence logits with the same copy prior as the cached steps."""
+        input_ids = as_token_batch(input_ids)
+        pos = position_ids
+        if pos is None and attention_mask is not None:  # left padding: the history counts real tokens
+            pos = positions_from_mask(attention_mask.long())
+        positions, real = self._layout(input_ids, 0, pos, attention_mask)
+        hist = CopyCache(None)
+        hist.record(input_ids, positions, real)
+        return self._boost(self.lm.logits(input_ids, attention_mask, position_ids), hist.history, positions, real)

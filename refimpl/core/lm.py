@@ -1,0 +1,158 @@
+"""The one adapter every decoder talks to: :class:`LM`, a Hugging Face causal LM plus its tokenizer.
+
+- ``lm.logits(input_ids)``: (B, T) -> (B, T, V) float logits, no cache (the teaching baseline);
+- ``lm.forward(input_ids, cache, position_ids, attention_mask)``: the cached step every
+  decoder uses; ``attention_mask`` is either a 2-D padding mask (B, past + Q) of 1/0, or a 4-D
+  additive float mask (B, 1, Q, past + Q) for token trees (0 = attend, -inf = blocked);
+- ``LM.crop(cache, length)``: roll the KV cache back to its first ``length`` positions.
+
+Also the batch helpers every decoder shares: :func:`left_pad` (a ragged batch as one block) and
+:func:`positions_from_mask` (position ids that skip the pads). Loading by name lives one layer up,
+in :mod:`refimpl.models`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def as_token_batch(input_ids) -> torch.Tensor:
+    """Token ids as a (B, T) long tensor: a list or a 1-D tensor becomes one row."""
+    if not isinstance(input_ids, torch.Tensor):
+        input_ids = torch.tensor(input_ids, dtype=torch.long)
+    return input_ids[None] if input_ids.dim() == 1 else input_ids
+
+
+@dataclass
+class LM:
+    """A causal LM and its tokenizer, with the calls decoders need."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str = "model"
+
+    def __post_init__(self):
+        self.model.eval()
+        cfg = self.model.config
+        self.config = cfg
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.max_length = int(getattr(cfg, "max_position_embeddings", 2048))
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None:
+            eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else None
+        self.eos_token_id = eos
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
+        self.mask_token_id = getattr(self.tokenizer, "mask_token_id", None)
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- forward passes -----------------------------------------------------------------
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) float32 logits, full causal attention, no cache.
+
+        For a left-padded batch pass the 2-D padding ``attention_mask`` and ``position_ids``.
+        """
+        input_ids = as_token_batch(input_ids).to(self.device)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+            position_ids=None if position_ids is None else position_ids.to(self.device),
+            use_cache=False,
+        )
+        return out.logits.float()
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                logits_to_keep: int = 0):
+        """One cached step. ``input_ids`` (B, Q) are appended after the ``past`` cached tokens.
+
+        Returns ``(logits (B, Q, V) float32, cache)``, or ``(logits, cache, hidden)`` with
+        ``hidden`` the last layer's hidden states (B, Q, H) when ``output_hidden_states``.
+        ``logits_to_keep=n`` computes logits for the last ``n`` positions only (0 = all): a
+        prefill that needs only the next token skips the (Q, V) output projection.
+        """
+        if cache is None:
+            cache = self.new_cache()
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = attention_mask.to(device=self.device, dtype=self.dtype)
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            past_key_values=cache,
+            position_ids=None if position_ids is None else position_ids.to(self.device),
+            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+            use_cache=True,
+            output_hidden_states=output_hidden_states,
+            logits_to_keep=logits_to_keep,
+        )
+        if output_hidden_states:
+            return out.logits.float(), out.past_key_values, out.hidden_states[-1]
+        return out.logits.float(), out.past_key_values
+
+    @staticmethod
+    def cache_length(cache) -> int:
+        return 0 if cache is None else cache.get_seq_length()
+
+    @staticmethod
+    def crop(cache, length: int):
+        """Keep the first ``length`` cached positions (``DynamicCache.crop`` with a negative count)."""
+        drop = cache.get_seq_length() - length
+        if drop < 0:
+            raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} positions to {length}")
+        if drop > 0:
+            cache.crop(-drop)
+        return cache
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged prompts -> (ids (B, L), mask (B, L)) with pads on the left (mask 0 on pads)."""
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[b, L - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids (B, L) that count real tokens only: 0, 1, 2, ... from each row's first token."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def decoder_of(model):
+    """The inner decoder of a Hugging Face causal LM (``model.model`` for Llama-like models)."""
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise ValueError("model must be a Llama-like causal LM with model.model.layers")
+    return inner

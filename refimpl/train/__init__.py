@@ -1,0 +1,25 @@
+"""Layer 4: train every model of the zoo on this CPU, ``python -m refimpl.train NAME``.
+
+Nothing below this layer imports it. :data:`TRAINERS` is the one table of trainers
+(``"module:function"``, imported only when that model is trained); each takes
+``(out_dir, **options)`` and writes the weights plus ``train_report.json``:
+
+- ``tiny``, ``tiny-draft``: :mod:`refimpl.train.ar`;
+- ``tiny-dllm``, ``tiny-dllm-rev``: :mod:`refimpl.train.dllm`;
+- ``smollm2-135m-draft``: :mod:`refimpl.train.smol_draft` on the data of
+  :mod:`refimpl.train.distill_data`.
+
+The helpers every trainer shares (token streams, the optimisation loop, fp16 files) are
+:mod:`refimpl.train.common`, re-exported here.
+"""
+from .common import (causal_lm_perplexity, cosine_lr, encode_docs, random_windows, save_fp16, save_half,  # noqa: F401
+                     tiny_config, train_loop, train_tokenizer, wrap_tokenizer)
+
+#: name -> "module:function"; each function takes ``(out_dir, **options)``.
+TRAINERS: dict[str, str] = {
+    "tiny": "refimpl.train.ar:train_tiny",
+    "tiny-draft": "refimpl.train.ar:train_tiny_draft",
+    "tiny-dllm": "refimpl.train.dllm:train_tiny_dllm",
+    "tiny-dllm-rev": "refimpl.train.dllm:train_tiny_dllm_rev",
+    "smollm2-135m-draft": "refimpl.train.smol_draft:train_smollm2_draft_recipe",
+}
