@@ -269,7 +269,7 @@ print(repr(target.decode(mine)))
 # batch: every row has its own randomness) and compare the first token's frequencies with the
 # target's exact `p`, restricted to the top 8 tokens. Cells expected to get fewer than 5 samples
 # are pooled into one (the chi-square approximation needs it). The negative control swaps in the
-# wrong "accept every draft" rule through the private `_verify` hook; it must fail.
+# wrong "accept every draft" rule through the verification core's `rule` argument; it must fail.
 
 # %%
 from scipy.stats import chisquare
@@ -299,8 +299,9 @@ def accept_all(x, p, q, u, valid):   # WRONG on purpose: the output then follows
 
 
 def first_token_counts(rule):
-    r = speculative.generate(target, draft, [stat_prompt] * SAMPLES, gamma=1, max_new_tokens=2, temperature=1.0,
-                             top_k=K, generator=torch.Generator().manual_seed(SEED), eos_token_id=[], _verify=rule)
+    proposer = speculative.DraftModel(draft, speculative.FixedGamma(1))   # what speculative.generate builds
+    r = speculative.decode(target, proposer, [stat_prompt] * SAMPLES, max_new_tokens=2, temperature=1.0,
+                           top_k=K, generator=torch.Generator().manual_seed(SEED), eos_token_id=[], rule=rule)
     return torch.bincount(torch.tensor([t[0] for t in r.tokens]), minlength=p_first.numel()).double()
 
 

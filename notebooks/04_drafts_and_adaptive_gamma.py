@@ -46,6 +46,7 @@ SHOW_SOLUTIONS = False
 import time
 import matplotlib.pyplot as plt
 from refimpl import models, drafts, speculative, adaptive, autoregressive
+from refimpl.copy_prior import ContextCopyLM, copy_candidates
 from refimpl.prompts import encode_prompt, prompt_set
 
 target = models.load(TARGET, device=DEVICE)
@@ -257,7 +258,7 @@ print(f"gamma={gb}: predicted {drafts.expected_speedup(alpha_draft, gb, costs[DR
 # `q`, so the decoder only needs full-vocabulary logits with `-inf` outside. By hand:
 
 # %%
-full = draft.lm if isinstance(draft, drafts.ContextCopyLM) else draft
+full = draft.lm if isinstance(draft, ContextCopyLM) else draft
 if isinstance(full, drafts.TrimmedLM):        # smollm2-135m-draft is trimmed already: trim an early exit
     full = drafts.early_exit(target, 2)
 K = 1024
@@ -274,7 +275,7 @@ print(f"head rows {full.vocab_size} -> {K}; -inf outside:", bool(torch.isneginf(
 # because the dropped tokens are rare. (`smollm2-135m-draft` is built this way: a few layers, a
 # head of the 8,192 tokens SmolLM2 generated most, sharing the target's embedding matrix; it is
 # distilled on ~10,800 of SmolLM2's own greedy answers next to the induction drill below,
-# see `refimpl/distill_data.py`.)
+# see `refimpl/train/distill_data.py`.)
 
 # %%
 g = speculative.generate(target, trimmed, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
@@ -301,11 +302,11 @@ print(f"alpha: kept tokens only {g.stats.alpha:.2f}, kept + context tokens {g_ct
 # the real ratio `v`: speedup = `tau / (v + gamma·c)`. On a GPU at batch 1, `v ≈ 1`. On a CPU in
 # fp32 it need not be: MKL repacks every weight matrix once a product has 4 or more rows, and for
 # SmolLM2-135M on a 2-core machine `v(5) ≈ 1.5` -- enough to eat most of the gain. Packing the
-# weights once for oneDNN (`models.load(..., prepack=True)`, `refimpl/cpu_linear.py`) brings it to
+# weights once for oneDNN (`models.load(..., prepack=True)`, `refimpl/models/cpu_linear.py`) brings it to
 # `≈ 1.1`. Measure both on your target (set `TARGET = "smollm2-135m"` to see the jump):
 
 # %%
-from refimpl import cpu_linear
+from refimpl.models import cpu_linear
 
 rows = cpu_linear.matmul_cost(target.model, rows=(1, 2, 3, 4, 5, 6), repeats=3 if FAST else 15)
 plt.figure(figsize=(5, 3))
@@ -320,12 +321,13 @@ print("predicted speedup at gamma=4:", {v: round(drafts.expected_speedup(alpha_d
 # %% [markdown]
 # The second cost hides inside `c`. A 3-layer draft does little arithmetic, so a Hugging Face
 # forward of it is mostly per-call machinery: mask builders, the rotary module, output objects,
-# and a cache that reallocates every layer's keys and values at every step. `refimpl/lean_llama.py`
-# runs the same math from the same weights with a preallocated cache (`lean=True`); the logits
+# and a cache that reallocates every layer's keys and values at every step. `refimpl/models/lean_llama.py`
+# runs the same math from the same weights with a preallocated cache (`LeanTrimmedLM`); the logits
 # are equal, so the accepted tokens are too, and only `c` moves.
 
 # %%
-lean = drafts.trim_vocab(full, kept, lean=True)
+from refimpl.models.lean_llama import LeanTrimmedLM
+lean = LeanTrimmedLM.of(trimmed)
 t_plain, t_lean = (drafts.step_seconds(d, repeats=reps) for d in (trimmed, lean))
 g_lean = speculative.generate(target, lean, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 assert g_lean.tokens == g.tokens and g_lean.stats.accepted == g.stats.accepted
@@ -338,19 +340,20 @@ print(f"trimmed draft step: Hugging Face {t_plain*1e3:.2f} ms, lean {t_lean*1e3:
 # with *induction heads*: one head marks each token with the token before it, a later head finds
 # the earlier occurrence of the current token and predicts what followed it. Distillation on
 # the target's answers did not teach the SmolLM2 draft this (it copied 0% of repeated random
-# spans while the target copies ~82%). `drafts.copy_drill` builds batches where each span is shown
-# twice at a row-dependent distance, so only copying by content scores; `drafts.copy_accuracy`
+# spans while the target copies ~82%). `smol_draft.copy_drill` builds batches where each span is shown
+# twice at a row-dependent distance, so only copying by content scores; `smol_draft.copy_accuracy`
 # measures top-1 accuracy on the second showing. (With one fixed distance a draft learned "look
 # 47 tokens back" instead: it scored 0.96 at that distance and 0.0 at any other.)
 
 # %%
-x, labels = drafts.copy_drill(torch.arange(target.vocab_size), torch.arange(target.vocab_size), batch=2, span=8,
+from refimpl.train import smol_draft
+x, labels = smol_draft.copy_drill(torch.arange(target.vocab_size), torch.arange(target.vocab_size), batch=2, span=8,
                               gen=torch.Generator().manual_seed(0))
 print("a drill row:", x[0].tolist())
 print("scored at :", [int(t) for t in (labels[0] >= 0).nonzero().flatten()])
 everything = torch.arange(target.vocab_size)  # full-vocabulary models: kept index == token id
 for name, lm in [(TARGET, target), (DRAFT, draft)]:
-    print(f"{name}: copies {drafts.copy_accuracy(lm.model, everything, span=24):.0%} of repeated random spans")
+    print(f"{name}: copies {smol_draft.copy_accuracy(lm.model, everything, span=24):.0%} of repeated random spans")
 
 # %% [markdown]
 # Neither `tiny` nor its draft copies: `tiny` was trained for minutes on the King James Bible and
@@ -359,7 +362,7 @@ for name, lm in [(TARGET, target), (DRAFT, draft)]:
 # draft has to match that.
 #
 # The committed SmolLM2 draft was trained with the drill next to distillation (phase 3 and 4 of
-# `drafts.train_smollm2_draft_recipe`); its training report records the copy accuracy it reached,
+# `refimpl.train.smol_draft.train_smollm2_draft_recipe`); its training report records the copy accuracy it reached,
 # and its agreement with the target on the benchmark's summary / copy / question prompts rose
 # with it (see the README's benchmark section).
 
@@ -377,7 +380,7 @@ if os.path.exists(report):
 # guesses where its target copies: "Martha **Water**" for the keeper "Martha Lowe", "1**8**78"
 # for "1938". Prompt lookup (chapter 09) does only this: find the latest earlier occurrence of
 # the context's last `n` tokens and propose the token that followed. A draft can have both:
-# `drafts.ContextCopyLM` adds `bias` to the draft's logit for that token (longest `n` from 3
+# `ContextCopyLM` adds `bias` to the draft's logit for that token (longest `n` from 3
 # down to 2). Any draft distribution is verified exactly, so this is lossless too. The lookup,
 # by hand:
 
@@ -393,7 +396,7 @@ def lookup_by_hand(history, max_n=3, min_n=2):
 
 ctx = target.encode("And God said, Let there be light: and there was light. And God said, Let there")
 mine = lookup_by_hand(ctx)
-ours = drafts.copy_candidates(torch.tensor(ctx), torch.tensor([len(ctx) - 1]), 3, 2).item()
+ours = copy_candidates(torch.tensor(ctx), torch.tensor([len(ctx) - 1]), 3, 2).item()
 assert mine == ours
 print("context ends", repr(target.decode(ctx[-3:])), "-> copy", repr(target.decode([mine])))
 
@@ -407,8 +410,8 @@ print("context ends", repr(target.decode(ctx[-3:])), "-> copy", repr(target.deco
 # where nothing repeats.
 
 # %%
-plain = draft.lm if isinstance(draft, drafts.ContextCopyLM) else draft   # smollm2-135m-draft comes wrapped
-copier = drafts.ContextCopyLM(plain)
+plain = draft.lm if isinstance(draft, ContextCopyLM) else draft   # smollm2-135m-draft comes wrapped
+copier = ContextCopyLM(plain)
 g_copy = speculative.generate(target, copier, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 g_plain = speculative.generate(target, plain, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 assert g_copy.tokens == g_plain.tokens == ref.tokens

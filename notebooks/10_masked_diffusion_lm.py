@@ -44,9 +44,9 @@ SHOW_SOLUTIONS = False
 import math
 import time
 import matplotlib.pyplot as plt
-from refimpl import diffusion_lm, diffusion, models, data
+from refimpl import diffusion_lm, diffusion, digit_reversal, models, data
 
-tok = diffusion_lm._tiny_tokenizer()
+tok = models.load("tiny", device="cpu").tokenizer   # the AR model's tokenizer, with a MASK token
 MASK, EOS = tok.mask_token_id, tok.eos_token_id
 print("vocab", len(tok), "| MASK id", MASK, repr(tok.mask_token), "| EOS id", EOS)
 
@@ -171,7 +171,7 @@ plt.title("live training"); plt.show()
 # %%
 dlm = models.load(MODEL, device=DEVICE)
 import json, os
-report = json.load(open(os.path.join(diffusion_lm.MODELS_DIR, MODEL, "train_report.json")))
+report = json.load(open(os.path.join(models.MODELS_DIR, MODEL, "train_report.json")))
 print({k: dlm.__getattribute__(k) for k in ("mask_token_id", "eos_token_id", "pad_token_id", "max_length")})
 print(report["valid"], "| params", report["params"])
 
@@ -223,8 +223,8 @@ print("NFE:", g.stats.nfe)
 
 # %%
 rev = models.load(SYNTH, device=DEVICE)
-problems = diffusion_lm.synthetic_split()[: 100 if FAST else 500]
-acc, g = diffusion_lm.synthetic_accuracy(rev, problems, return_generation=True)
+problems = digit_reversal.synthetic_split()[: 100 if FAST else 500]
+acc, g = digit_reversal.synthetic_accuracy(rev, problems, return_generation=True)
 for d, t in list(zip(problems, g.tokens))[:3]:
     print(d, "->", rev.tokenizer.decode(t))
 print(f"exact match on {len(problems)} held-out problems: {acc:.1%}")

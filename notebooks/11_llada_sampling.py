@@ -44,7 +44,8 @@ SHOW_SOLUTIONS = False
 
 # %%
 import matplotlib.pyplot as plt
-from refimpl import diffusion, diffusion_lm, diffusion_bench, models
+from refimpl import diffusion, diffusion_lm, digit_reversal, models
+from refimpl.bench import dllm as diffusion_bench
 
 dlm = models.load(MODEL, device=DEVICE)
 tok, MASK = dlm.tokenizer, dlm.mask_token_id
@@ -177,9 +178,9 @@ plt.title("LLaDA: quality vs steps"); plt.show()
 
 # %%
 rev = models.load(SYNTH, device=DEVICE)
-problems = diffusion_lm.synthetic_split()[: 100 if FAST else 500]
+problems = digit_reversal.synthetic_split()[: 100 if FAST else 500]
 for steps in (8, 4, 2, 1):
-    acc = diffusion_lm.synthetic_accuracy(rev, problems, steps=steps, use_kernel=False)
+    acc = digit_reversal.synthetic_accuracy(rev, problems, steps=steps, use_kernel=False)
     print(f"steps={steps}: {8 // steps} tokens/step, accuracy {acc:.1%}")
 
 # %% [markdown]

@@ -44,7 +44,8 @@ SHOW_SOLUTIONS = False
 import math
 import matplotlib.pyplot as plt
 import kernels
-from refimpl import diffusion, diffusion_bench, diffusion_lm, models
+from refimpl import diffusion, diffusion_lm, digit_reversal, models
+from refimpl.bench import dllm as diffusion_bench
 
 dlm, ar, rev = (models.load(n, device=DEVICE) for n in (MODEL, AR_MODEL, SYNTH))
 tok, MASK = dlm.tokenizer, dlm.mask_token_id
@@ -138,7 +139,7 @@ print("selected per row:", a[2].sum(-1).tolist())
 # %%
 def point(**kw):
     g = diffusion.generate(dlm, prompts, gen_length=GEN, block_length=BLOCK, eos_token_id=[], **kw)
-    return diffusion_bench._nfe_per_row(g), diffusion_bench.ar_perplexity(ar, prompts, g.tokens)
+    return diffusion_bench.nfe_per_row(g), diffusion_bench.ar_perplexity(ar, prompts, g.tokens)
 
 llada = [point(steps=s) for s in (GEN, GEN // 2, GEN // 4)]
 thresh = [point(steps=GEN, threshold=t) for t in (0.9, 0.5, 0.2, 0.1, 0.05)]
@@ -160,10 +161,10 @@ plt.xlabel("NFE per row"); plt.ylabel("perplexity under tiny"); plt.legend(); pl
 # A confident model is where thresholds shine: one forward pass decodes the whole answer.
 
 # %%
-problems = diffusion_lm.synthetic_split()[: 100 if FAST else 500]
+problems = digit_reversal.synthetic_split()[: 100 if FAST else 500]
 for kw in (dict(), dict(steps=4), dict(threshold=0.9), dict(threshold=0.99), dict(factor=1.0)):
-    acc, g = diffusion_lm.synthetic_accuracy(rev, problems, return_generation=True, use_kernel=False, **kw)
-    print(f"{str(kw):22s} NFE/row {diffusion_bench._nfe_per_row(g):.2f}  accuracy {acc:.1%}")
+    acc, g = digit_reversal.synthetic_accuracy(rev, problems, return_generation=True, use_kernel=False, **kw)
+    print(f"{str(kw):22s} NFE/row {diffusion_bench.nfe_per_row(g):.2f}  accuracy {acc:.1%}")
 
 # %% [markdown]
 # ## Early commit (Prophet)
@@ -174,7 +175,7 @@ for kw in (dict(), dict(steps=4), dict(threshold=0.9), dict(threshold=0.99), dic
 for gap in (None, 0.9, 0.5, 0.2, 0.05):
     g = diffusion.generate(dlm, prompts, gen_length=GEN, steps=GEN, block_length=BLOCK, eos_token_id=[],
                            early_commit=gap)
-    print(f"gap {gap}: NFE/row {diffusion_bench._nfe_per_row(g):5.1f}, early commits "
+    print(f"gap {gap}: NFE/row {diffusion_bench.nfe_per_row(g):5.1f}, early commits "
           f"{g.stats.extra['early_commits']}, ppl {diffusion_bench.ar_perplexity(ar, prompts, g.tokens):.1f}")
 
 # %% [markdown]

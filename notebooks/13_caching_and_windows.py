@@ -44,7 +44,8 @@ SHOW_SOLUTIONS = False
 # %%
 import time
 import matplotlib.pyplot as plt
-from refimpl import diffusion, diffusion_bench, models
+from refimpl import diffusion, models
+from refimpl.bench import dllm as diffusion_bench
 
 torch.set_grad_enabled(False)                                    # inference only
 dlm, ar = models.load(MODEL, device=DEVICE), models.load(AR_MODEL, device=DEVICE)
@@ -128,7 +129,7 @@ print("hand-built prefix cache == refimpl (cache='prefix')")
 
 # %% [markdown]
 # ## Refreshing every step makes it exact
-# `_refresh_every_step=True` (a test hook) rebuilds the cache before every step and then uses
+# `cache_refresh="step"` rebuilds the cache before every step and then uses
 # the *cached* forward: the output equals the uncached sampler, which shows the only error of
 # the cache is staleness.
 
@@ -136,7 +137,7 @@ print("hand-built prefix cache == refimpl (cache='prefix')")
 kw = dict(gen_length=GEN, steps=GEN, block_length=BLOCK, eos_token_id=[])
 ref = diffusion.generate(dlm, prompts, **kw)
 for cache in ("prefix", "dual"):
-    fresh = diffusion.generate(dlm, prompts, cache=cache, _refresh_every_step=True, **kw)
+    fresh = diffusion.generate(dlm, prompts, cache=cache, cache_refresh="step", **kw)
     assert fresh.tokens == ref.tokens
 print("fresh caches reproduce the uncached sampler exactly")
 

@@ -139,13 +139,14 @@ def accept_all(draft, p, q, u, valid):
 
 
 @pytest.mark.parametrize("policy", ["threshold", "cumulative", "ucb"])
-def test_sampling_matches_target_distribution(toy, policy):
+def test_sampling_matches_target_distribution(toy, policy, monkeypatch):
+    monkeypatch.setattr(kernels, "rejection_sample", kernels.rejection_sample_reference)
     target, draft = toy
     prompt = [3, 4, 5]
     joint = exact_joint(target, prompt)
     g = adaptive.generate(target, draft, [prompt] * ROWS, max_gamma=3, threshold=0.7, max_new_tokens=N_NEW,
                           temperature=1.0, generator=torch.Generator().manual_seed(0), eos_token_id=[],
-                          policy=policy, _verify=kernels.rejection_sample_reference)
+                          policy=policy)
     assert all(len(t) == N_NEW for t in g.tokens)  # (the Triton kernel is checked against the reference in
     # tests/test_kernel_rejection_sample.py; the interpreter would be slow on 6000 rows)
     lengths = set(g.stats.extra["gammas"])
@@ -153,11 +154,11 @@ def test_sampling_matches_target_distribution(toy, policy):
     assert min(pair_pvalues(g.tokens, joint)) > 1e-3
 
 
-def test_negative_control_fails(toy):
+def test_negative_control_fails(toy, monkeypatch):
+    monkeypatch.setattr(kernels, "rejection_sample", accept_all)
     target, draft = toy
     prompt = [3, 4, 5]
     joint = exact_joint(target, prompt)
     g = adaptive.generate(target, draft, [prompt] * ROWS, max_gamma=3, threshold=0.7, max_new_tokens=N_NEW,
-                          temperature=1.0, generator=torch.Generator().manual_seed(0), eos_token_id=[],
-                          _verify=accept_all)
+                          temperature=1.0, generator=torch.Generator().manual_seed(0), eos_token_id=[])
     assert min(pair_pvalues(g.tokens, joint)) < 1e-6

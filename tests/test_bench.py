@@ -3,8 +3,11 @@ checks exactness against AR greedy, and the command line writes its tables."""
 import json
 import os
 
+import pytest
+
 from refimpl import bench
-from refimpl.generation import Generation, Stats
+from refimpl.bench import decode
+from refimpl.core.generation import Generation, Stats
 
 
 class Fake:
@@ -23,7 +26,7 @@ class Fake:
 def test_run_decode_interleaves_and_takes_medians(tiny, monkeypatch):
     prompts = [("chat", tiny.encode("And God said")), ("code", tiny.encode("In the beginning"))]
     ref = {tuple(ids): [5, 6, 7, 8] for _, ids in prompts}
-    monkeypatch.setattr(bench.autoregressive, "generate",
+    monkeypatch.setattr(decode.autoregressive, "generate",
                         lambda lm, ids, max_new_tokens: Generation([ref[tuple(ids)]], Stats()))
     log = []
     methods = [bench.Method("ar (cache)", Fake("ar", log, [1.0, 9.0, 1.0], [5, 6, 7, 8])),
@@ -45,13 +48,22 @@ def test_run_decode_interleaves_and_takes_medians(tiny, monkeypatch):
     assert by["capped"]["prompts"] == 1
 
 
-def test_command_line_writes_json_and_markdown(tmp_path):
+def test_command_line_writes_json_and_markdown(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the bench refuses to time the interpreter
     out = tmp_path / "res"
-    result = bench.main(["--model", "tiny", "--fast", "--methods", "speculative greedy", "--threads", "1",
-                         "--max-new-tokens", "8", "--out", str(out)])
+    result = bench.main(["--model", "tiny", "--fast", "--methods", "speculative greedy,prompt lookup", "--threads",
+                         "1", "--max-new-tokens", "8", "--out", str(out)])
     names = [r["method"] for r in result["rows"]]
     assert names[0] == "ar (cache)" and any("speculative greedy" in n for n in names)
+    assert {"hf prompt lookup (10 tokens, ngram <= 2)", "prompt lookup (10 tokens, ngram 3..1)"} <= set(names)
     assert all(r["exact"] == 1.0 for r in result["rows"] if r["exact"] is not None)
     saved = json.load(open(os.path.join(out, "decode_tiny.json")))
     assert saved["rows"] == json.loads(json.dumps(result["rows"], default=str))
     assert "prepacked_linears" in saved and "| method |" in open(os.path.join(out, "decode_tiny.md")).read()
+
+
+def test_refuses_to_time_the_triton_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(SystemExit, match="TRITON_INTERPRET"):
+        bench.main(["--model", "tiny", "--fast", "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())  # refused before loading or writing anything

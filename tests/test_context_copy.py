@@ -1,4 +1,4 @@
-"""drafts.ContextCopyLM: a draft plus a prompt-lookup copy prior.
+"""copy_prior.ContextCopyLM: a draft plus a prompt-lookup copy prior.
 
 The lookup equals a brute-force search; cached steps (with rollback and batch selection) give the
 uncached logits; speculative decoding with it stays exact (greedy == AR) and lossless (chi-square),
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from refimpl import autoregressive as ar
-from refimpl import drafts, sampling
+from refimpl import copy_prior, drafts, sampling
+from refimpl.models.lean_llama import LeanTrimmedLM
 from refimpl import speculative as sp
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels' torch references
@@ -47,7 +48,7 @@ def draft(target):
 
 @pytest.fixture(scope="module")
 def copier(draft):
-    return drafts.ContextCopyLM(draft, max_ngram=3, min_ngram=1, bias=4.0)
+    return copy_prior.ContextCopyLM(draft, max_ngram=3, min_ngram=1, bias=4.0)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_copy_candidates_match_brute_force():
         max_n = rng.randint(1, 4)
         min_n = rng.randint(1, max_n)
         ends = sorted(rng.sample(range(L), rng.randint(1, L)))
-        got = drafts.copy_candidates(torch.tensor(h), torch.tensor(ends), max_n, min_n).tolist()
+        got = copy_prior.copy_candidates(torch.tensor(h), torch.tensor(ends), max_n, min_n).tolist()
         assert got == [brute_force(h, t, max_n, min_n) for t in ends], (h, ends, max_n, min_n)
 
 
@@ -73,7 +74,7 @@ def test_copy_candidates_batched_rows_are_independent():
     hist = [[rng.randrange(4) for _ in range(30)] for _ in range(5)]
     ends = [sorted(rng.sample(range(30), 6)) for _ in range(5)]
     ends[2][0] = -1  # skipped (a padding position)
-    got = drafts.copy_candidates(torch.tensor(hist), torch.tensor(ends), 3, 1).tolist()
+    got = copy_prior.copy_candidates(torch.tensor(hist), torch.tensor(ends), 3, 1).tolist()
     want = [[brute_force(h, t, 3, 1) if t >= 0 else -1 for t in e] for h, e in zip(hist, ends)]
     assert got == want
 
@@ -81,14 +82,14 @@ def test_copy_candidates_batched_rows_are_independent():
 def test_copy_candidates_examples():
     h = torch.tensor([5, 6, 7, 8, 5, 6, 9, 5, 6])
     # ... 5 6 | latest earlier "5 6" ends at 5 -> 9; with bigrams only, position 5's "5 6" -> 7
-    assert drafts.copy_candidates(h, torch.tensor([8, 5]), 2, 2).tolist() == [9, 7]
+    assert copy_prior.copy_candidates(h, torch.tensor([8, 5]), 2, 2).tolist() == [9, 7]
     # the longest match wins: "8 5 6" occurred once (-> 9 is not it: 3-gram "9 5 6" is new)
     h2 = torch.tensor([1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3])
-    assert drafts.copy_candidates(h2, torch.tensor([10]), 3, 2).tolist() == [4]  # "1 2 3" -> 4
-    assert drafts.copy_candidates(h2, torch.tensor([10]), 2, 2).tolist() == [7]  # latest "2 3" -> 7
-    assert drafts.copy_candidates(h2, torch.tensor([0, 3]), 2, 1).tolist() == [-1, -1]  # nothing earlier
+    assert copy_prior.copy_candidates(h2, torch.tensor([10]), 3, 2).tolist() == [4]  # "1 2 3" -> 4
+    assert copy_prior.copy_candidates(h2, torch.tensor([10]), 2, 2).tolist() == [7]  # latest "2 3" -> 7
+    assert copy_prior.copy_candidates(h2, torch.tensor([0, 3]), 2, 1).tolist() == [-1, -1]  # nothing earlier
     unknown = torch.tensor([1, 2, -1, 1, 2])  # -1: a position not written yet never matches
-    assert drafts.copy_candidates(unknown, torch.tensor([4]), 2, 2).tolist() == [-1]
+    assert copy_prior.copy_candidates(unknown, torch.tensor([4]), 2, 2).tolist() == [-1]
 
 
 # ---- the wrapped draft ----------------------------------------------------------------
@@ -145,7 +146,7 @@ def test_sampling_stays_lossless_chi_square(target, copier, prompts):
 
     temp, top_k, samples = 1.0, 8, 1200
     prompt = target.encode("I will give thee the land of Egypt. I will give thee the")
-    cand = drafts.copy_candidates(torch.tensor(prompt), torch.tensor([len(prompt) - 1]), 3, 1).item()  # " land"
+    cand = copy_prior.copy_candidates(torch.tensor(prompt), torch.tensor([len(prompt) - 1]), 3, 1).item()  # " land"
     q_copy = sampling.probs(copier.logits(torch.tensor([prompt]))[0, -1], temp, top_k)
     q_inner = sampling.probs(copier.lm.logits(torch.tensor([prompt]))[0, -1], temp, top_k)
     assert q_copy[cand] > q_inner[cand] + 0.3  # the prior reshapes q: the control below has power
@@ -155,8 +156,9 @@ def test_sampling_stays_lossless_chi_square(target, copier, prompts):
     exact = {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
 
     def pvalue(rule=None):
-        g = sp.generate(target, copier, [prompt] * samples, gamma=2, max_new_tokens=3, temperature=temp,
-                        top_k=top_k, generator=torch.Generator().manual_seed(1234), eos_token_id=[], _verify=rule)
+        g = sp.decode(target, sp.DraftModel(copier, sp.FixedGamma(2), target), [prompt] * samples, max_new_tokens=3,
+                      temperature=temp, top_k=top_k, generator=torch.Generator().manual_seed(1234), eos_token_id=[],
+                      rule=rule)
         counts = {}
         for t in g.tokens:
             counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
@@ -199,11 +201,11 @@ def test_is_an_lm_reading_through_to_its_draft(target, draft, copier):
 
 def test_bad_arguments(draft, copier):
     with pytest.raises(ValueError, match="min_ngram"):
-        drafts.ContextCopyLM(draft, max_ngram=2, min_ngram=3)
+        copy_prior.ContextCopyLM(draft, max_ngram=2, min_ngram=3)
     with pytest.raises(ValueError, match="bias"):
-        drafts.ContextCopyLM(draft, bias=float("inf"))
+        copy_prior.ContextCopyLM(draft, bias=float("inf"))
     with pytest.raises(ValueError, match="bias"):
-        drafts.ContextCopyLM(draft, bias=0.0)
+        copy_prior.ContextCopyLM(draft, bias=0.0)
     with pytest.raises(ValueError, match="cache"):
         copier.forward(torch.tensor([[1, 2]]), draft.new_cache())
     with pytest.raises(ValueError, match="attention_mask"):
@@ -212,8 +214,9 @@ def test_bad_arguments(draft, copier):
 
 def test_bench_row_without_the_prior_unwraps_the_draft(target, copier, prompts):
     from refimpl import bench
+    from refimpl.bench.rows import decode_rows
 
-    row = {m.name: m for m in drafts.bench_methods()}["speculative greedy, draft without copy prior (gamma=4)"]
+    row = {m.name: m for m in decode_rows()}["speculative greedy, draft without copy prior (gamma=4)"]
     ctx = bench.Context(target=target, model_name="tiny", draft=copier)
     g = row.run(ctx, prompts[0], 12)
     plain = sp.generate(target, copier.lm, [prompts[0]], gamma=4, max_new_tokens=12)
@@ -228,8 +231,8 @@ def test_on_a_lean_trimmed_draft_like_the_smollm2_one(target, gamma):
 
     kept = drafts.frequent_tokens(target, data.kjv_chapters()[:40], 300)
     base = models.load("tiny-draft", device="cpu")
-    inner = drafts.trim_vocab(base, kept, lean=True, context_vocab=True)
-    copier = drafts.ContextCopyLM(inner)
+    inner = LeanTrimmedLM.of(drafts.trim_vocab(base, kept, context_vocab=True))
+    copier = copy_prior.ContextCopyLM(inner)
     texts = ["And the king Nebuchadnezzar came to Babylon, and the king", "And", TEXTS[0]]
     prompts = [target.encode(t) for t in texts]
     ref = [ar.generate(target, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts]
@@ -239,12 +242,12 @@ def test_on_a_lean_trimmed_draft_like_the_smollm2_one(target, gamma):
     assert g.tokens == ref
     # the copy is a token outside the kept head: scored (context vocab) and raised by the prior
     ids = torch.tensor([prompts[0]])
-    cand = drafts.copy_candidates(ids[0], torch.tensor([ids.shape[1] - 1]), 3, 2).item()
+    cand = copy_prior.copy_candidates(ids[0], torch.tensor([ids.shape[1] - 1]), 3, 2).item()
     assert cand >= 0 and cand not in set(kept.tolist())
     with_prior, _ = copier.forward(ids)
     without, _ = inner.forward(ids)
     assert not with_prior.requires_grad and not without.requires_grad  # decoding builds no autograd graph
     assert float(with_prior[0, -1, cand]) == pytest.approx(float(without[0, -1, cand]) + copier.bias, abs=1e-4)
     # without the context's tokens in the head the copy stays impossible (-inf), never NaN
-    head_only = drafts.ContextCopyLM(drafts.trim_vocab(base, kept, lean=True))
+    head_only = copy_prior.ContextCopyLM(LeanTrimmedLM.of(drafts.trim_vocab(base, kept)))
     assert torch.isneginf(head_only.forward(ids)[0][0, -1, cand])

@@ -1,4 +1,4 @@
-"""refimpl.cpu_linear: prepacked oneDNN linears give F.linear's results (row for row the same bits
+"""refimpl.models.cpu_linear: prepacked oneDNN linears give F.linear's results (row for row the same bits
 whatever the number of rows), fall back where they cannot apply, and keep greedy speculative
 decoding equal to AR greedy."""
 import pytest
@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from refimpl import autoregressive as ar
-from refimpl import cpu_linear, models
+from refimpl import models
+from refimpl.models import cpu_linear
 from refimpl import speculative as sp
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="torch built without oneDNN")
@@ -72,6 +73,10 @@ def test_load_prepack_argument(tiny):
     lm = models.load("tiny", device="cpu", prepack=True)
     assert any(isinstance(m, cpu_linear.PrepackedLinear) for m in lm.model.modules())
     assert lm.vocab_size == tiny.vocab_size
+    # the default (None) packs only targets worth it: not tiny (3.95 M parameters), nor a draft
+    for name in ("tiny", "tiny-draft"):
+        assert not any(isinstance(m, cpu_linear.PrepackedLinear) for m in models.load(name, device="cpu").model.modules())
+    assert models.ZOO["smollm2-135m"].prepack and not models.ZOO["smollm2-135m-draft"].prepack
     with pytest.raises(ValueError, match="prepack"):
         models.load("tiny", device="cpu", prepack="yes")
 

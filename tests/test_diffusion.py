@@ -135,7 +135,7 @@ def test_threshold_rule_and_factor_rule_by_hand():
 def test_cache_refreshed_every_step_equals_uncached(cache, kw):
     model = random_dlm(4)
     ref = diffusion.generate(model, PROMPTS, **kw, **NO_EOS)
-    got = diffusion.generate(model, PROMPTS, cache=cache, _refresh_every_step=True, **kw, **NO_EOS)
+    got = diffusion.generate(model, PROMPTS, cache=cache, cache_refresh="step", **kw, **NO_EOS)
     assert got.tokens == ref.tokens
     approx = diffusion.generate(model, PROMPTS, cache=cache, **kw, **NO_EOS)  # the real (stale) cache runs
     assert all(len(t) == kw["gen_length"] for t in approx.tokens)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from refimpl import diffusion_lm as D
-from refimpl import models
+from refimpl import digit_reversal, models
 
 
 def small(seed=0, **kw):
@@ -97,19 +97,19 @@ def test_uniform_model_loss_is_log_vocab():
 def test_synthetic_model_from_zoo_reaches_high_accuracy():
     lm = models.load("tiny-dllm-rev", device="cpu")
     assert isinstance(lm, D.DiffusionLM) and lm.mask_token_id == 2 and lm.eos_token_id == 0
-    problems = D.synthetic_split()[:200]
+    problems = digit_reversal.synthetic_split()[:200]
     # default sampler (one token per step); the torch selection path is fast under the interpreter and
     # equals the kernel path (tests/test_diffusion.py), which we also run on a few problems
-    acc = D.synthetic_accuracy(lm, problems, use_kernel=False)
+    acc = digit_reversal.synthetic_accuracy(lm, problems, use_kernel=False)
     assert acc >= 0.9, acc
-    assert D.synthetic_accuracy(lm, problems[:24]) >= 0.9
-    assert D.synthetic_accuracy(lm, problems, threshold=0.9, use_kernel=False) >= 0.9
-    size = os.path.getsize(os.path.join(D.MODELS_DIR, "tiny-dllm-rev", "model.safetensors"))
+    assert digit_reversal.synthetic_accuracy(lm, problems[:24]) >= 0.9
+    assert digit_reversal.synthetic_accuracy(lm, problems, threshold=0.9, use_kernel=False) >= 0.9
+    size = os.path.getsize(os.path.join(models.MODELS_DIR, "tiny-dllm-rev", "model.safetensors"))
     assert size < 5e6
 
 
 def test_kjv_model_from_zoo():
-    path = os.path.join(D.MODELS_DIR, "tiny-dllm", "config.json")
+    path = os.path.join(models.MODELS_DIR, "tiny-dllm", "config.json")
     if not os.path.exists(path):
         pytest.skip("models/tiny-dllm not trained yet")
     lm = models.load("tiny-dllm", device="cpu")
@@ -117,7 +117,7 @@ def test_kjv_model_from_zoo():
     assert lm.mask_token_id == lm.tokenizer.mask_token_id == 2 and lm.eos_token_id == 0 and lm.pad_token_id == 1
     x = torch.tensor([ids + [lm.mask_token_id] * 4])
     assert lm.logits(x).shape == (1, len(ids) + 4, len(lm.tokenizer))
-    assert os.path.getsize(os.path.join(D.MODELS_DIR, "tiny-dllm", "model.safetensors")) < 10e6
+    assert os.path.getsize(os.path.join(models.MODELS_DIR, "tiny-dllm", "model.safetensors")) < 10e6
 
 
 def test_char_tokenizer_round_trip(tmp_path):

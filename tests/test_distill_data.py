@@ -1,10 +1,13 @@
-"""Distillation data for the SmolLM2 draft (refimpl.distill_data) and the draft trainer's batches.
+"""Distillation data for the SmolLM2 draft (refimpl.train.distill_data) and the draft trainer's batches.
 
 Run on ``tiny`` (no chat template: prompts are encoded as plain text), so they are fast.
 """
 import torch
 
-from refimpl import distill_data, drafts, prompts
+from refimpl import prompts
+from refimpl.models.smollm2 import dequantize_int8, quantize_int8
+from refimpl.train import distill_data, distill_prompts
+from refimpl.train.smol_draft import draft_batch
 
 TEXTS = ["And God said", "In the beginning God created", "Jesus wept.", "The LORD is my shepherd; I shall",
          "And it came to pass"]
@@ -12,17 +15,17 @@ TEXTS = ["And God said", "In the beginning God created", "Jesus wept.", "The LOR
 
 def test_pools_exclude_the_benchmark_prompts_and_cover_its_categories(monkeypatch):
     bench = {t for texts in prompts.PROMPTS.values() for t in texts}
-    stage1 = distill_data.prompt_pool()
+    stage1 = distill_prompts.prompt_pool()
     passages = ["The mill by the river was built long ago and grinds flour for visitors on Saturdays."] * 3
-    stage2 = distill_data.stage2_prompts(passages, ["def f(x):\n    return x + 1\n"], seed=1, n_math=50, n_kjv=20)
+    stage2 = distill_prompts.stage2_prompts(passages, ["def f(x):\n    return x + 1\n"], seed=1, n_math=50, n_kjv=20)
     assert not (set(stage1) | set(stage2)) & bench
     assert len(stage2) > 1500 and len(set(stage2)) > 0.9 * len(stage2)
     for needle in ("Summarize", "Repeat the following text", "Question:", "def f(x)", "Solve for x", "Python"):
         assert any(needle in t for t in stage2), needle
     # a benchmark prompt slipped into a word list is filtered out of stage 2
     sneaky = prompts.PROMPTS["chat"][0]
-    monkeypatch.setattr(distill_data, "ADVICE", distill_data.ADVICE + [sneaky, "A new question?"])
-    leaked = distill_data.stage2_prompts([], [], n_math=0, n_kjv=0)
+    monkeypatch.setattr(distill_prompts, "ADVICE", distill_prompts.ADVICE + [sneaky, "A new question?"])
+    leaked = distill_prompts.stage2_prompts([], [], n_math=0, n_kjv=0)
     assert "A new question?" in leaked and sneaky not in leaked
 
 
@@ -48,7 +51,7 @@ def test_draft_batch_marks_exactly_the_answer_positions(tiny):
     rows = distill_data.generate_answers(tiny, TEXTS[:3], max_new_tokens=6, batch=3, progress=False, min_answer=1)
     kept = torch.arange(50)
     head = tiny.model.lm_head.weight.float()[kept]
-    x, m, t_logits = drafts._draft_batch(rows, [0, 1, 2], tiny.pad_token_id, head)
+    x, m, t_logits = draft_batch(rows, [0, 1, 2], tiny.pad_token_id, head)
     assert x.shape[0] == 3 and m.shape == x.shape
     assert int(m.sum()) == sum(len(r[0]) - r[1] for r in rows) == t_logits.shape[0]
     for b, (ids, n, _, _) in enumerate(rows):
@@ -67,19 +70,19 @@ def test_extract_code():
 def test_int8_draft_storage_round_trips():
     g = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(7, 33, generator=g) * torch.rand(7, 1, generator=g), "norm": torch.rand(33, generator=g)}
-    q = drafts.quantize_int8(state)
+    q = quantize_int8(state)
     assert q["w"].dtype == torch.int8 and q["w.scale"].shape == (7, 1) and q["norm"].dtype == torch.float16
-    back = drafts.dequantize_int8(q)
+    back = dequantize_int8(q)
     assert set(back) == {"w", "norm"}
     err = (back["w"] - state["w"]).abs().amax(1) / state["w"].abs().amax(1)  # per row, relative to its max
     assert float(err.max()) < 0.6 / 127 + 1e-3
     assert torch.allclose(back["norm"].float(), state["norm"], atol=1e-3)
     # a float16 checkpoint passes through unchanged
-    assert drafts.dequantize_int8({"w": state["w"].half()})["w"].dtype == torch.float16
+    assert dequantize_int8({"w": state["w"].half()})["w"].dtype == torch.float16
 
 
 def test_self_instruct_keeps_clean_distinct_questions_and_never_a_benchmark_prompt(tiny, monkeypatch):
-    clean = distill_data._clean_question
+    clean = distill_prompts.clean_question
     assert clean('2. "How do volcanoes form?"') == "How do volcanoes form?"
     assert clean("Question: Why is the sky blue?") == "Why is the sky blue?"
     assert clean("Write a short poem about the sea.") == "Write a short poem about the sea."

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from refimpl import autoregressive, drafts, models, speculative
+from refimpl.copy_prior import ContextCopyLM
+from refimpl.train import smol_draft
 from refimpl.prompts import encode_prompt
 
 slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="loads SmolLM2-135M: set RUN_SLOW=1")
@@ -106,9 +108,11 @@ def test_distill_loss_is_zero_at_the_teacher():
     assert drafts.distill_loss(torch.zeros(5, 11), t, ce_weight=0.0) > 0.01
 
 
-def test_bench_methods():
-    ms = drafts.bench_methods()
-    assert ms and all(m.exact for m in ms)
+def test_bench_rows_of_the_draft_chapter_are_exact():
+    from refimpl.bench.rows import decode_rows
+
+    ms = [m for m in decode_rows() if "self-spec" in m.name or "without copy prior" in m.name]
+    assert len(ms) == 2 and all(m.exact for m in ms)
 
 
 # ---------------------------------------------------------------------------------------
@@ -122,7 +126,7 @@ def smol():
 @slow
 def test_smollm2_draft_trimmed_and_hf_views_agree(smol):
     target, wrapped = smol
-    assert isinstance(wrapped, drafts.ContextCopyLM) and isinstance(wrapped.lm, drafts.TrimmedLM)
+    assert isinstance(wrapped, ContextCopyLM) and isinstance(wrapped.lm, drafts.TrimmedLM)
     draft = wrapped.lm  # the trimmed model without the copy prior: what HF assisted runs
     assert draft.vocab_size == target.vocab_size
     assert draft.kept_ids.numel() <= target.vocab_size // 6  # a head of at most 1/6 of the rows
@@ -170,15 +174,15 @@ def test_smollm2_draft_copies_like_its_target(smol):
     """The committed draft learned to copy (the induction drill): without it, it scored 0.0."""
     target, draft = smol
     kept = draft.kept_ids
-    assert drafts.copy_accuracy(draft.model, kept) > 0.6
+    assert smol_draft.copy_accuracy(draft.model, kept) > 0.6
     on_kept = lambda input_ids: type("Out", (), {"logits": target.model(input_ids=input_ids).logits[..., kept]})()  # noqa: E731
-    assert drafts.copy_accuracy(on_kept, kept) > 0.7  # the target copies too (~0.82): the drill asks what it does
+    assert smol_draft.copy_accuracy(on_kept, kept) > 0.7  # the target copies too (~0.82): the drill asks what it does
 
 
 def test_copy_drill_labels_are_the_second_showing():
     kept = torch.tensor([5, 9, 11, 20, 33, 40, 41])
     text = torch.tensor([5, 9, 99, 11, 20, 33, 40, 41, 5, 9] * 3)  # 99 is not a kept token
-    x, labels = drafts.copy_drill(kept, text, batch=8, span=5, gen=torch.Generator().manual_seed(0))
+    x, labels = smol_draft.copy_drill(kept, text, batch=8, span=5, gen=torch.Generator().manual_seed(0))
     assert x.shape == labels.shape == (8, 15)
     second = x[:, 10:]
     index = {int(t): i for i, t in enumerate(kept)}
@@ -217,9 +221,9 @@ class _Copier(torch.nn.Module):
 
 def test_copy_accuracy_separates_a_copier_from_a_guesser():
     kept = torch.arange(3, 20000)  # large enough that noise rarely repeats a token
-    assert drafts.copy_accuracy(_Copier(kept), kept, span=40) > 0.95
+    assert smol_draft.copy_accuracy(_Copier(kept), kept, span=40) > 0.95
     guesser = lambda input_ids: type("Out", (), {"logits": torch.zeros(*input_ids.shape, len(kept))})()  # noqa: E731
-    assert drafts.copy_accuracy(guesser, kept, span=40) < 0.05
+    assert smol_draft.copy_accuracy(guesser, kept, span=40) < 0.05
 
 
 def test_grow_layer_starts_from_the_same_predictions(tiny, tiny_draft):
@@ -227,13 +231,13 @@ def test_grow_layer_starts_from_the_same_predictions(tiny, tiny_draft):
     ids = torch.tensor([tiny.encode(PROMPTS[2])])
     L = tiny_draft.num_layers
     for at in (0, L):
-        big = drafts.grow_layer(tiny_draft.model, tiny.model.model.layers[1], at)
+        big = smol_draft.grow_layer(tiny_draft.model, tiny.model.model.layers[1], at)
         assert big.config.num_hidden_layers == L + 1
         with torch.no_grad():
             torch.testing.assert_close(big(ids).logits, tiny_draft.model(ids).logits)
         assert big.model.embed_tokens.weight is tiny_draft.model.model.embed_tokens.weight
     with pytest.raises(ValueError, match="at must"):
-        drafts.grow_layer(tiny_draft.model, tiny.model.model.layers[1], L + 2)
+        smol_draft.grow_layer(tiny_draft.model, tiny.model.model.layers[1], L + 2)
 
 
 def test_student_config_is_the_target_with_fewer_layers(tiny):

