@@ -29,9 +29,9 @@ test-fast: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests
 
 bench: setup
-	$(BIN)/python -m refimpl.bench --suite latency --model smollm2-135m
-	$(BIN)/python -m refimpl.bench --model smollm2-135m --per-category 2
-	$(BIN)/python -m refimpl.bench --model tiny
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite latency --model smollm2-135m
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model smollm2-135m --per-category 2
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model tiny
 
 # regenerate every .ipynb from its paired jupytext .py (outputs stay stripped)
 notebooks: setup

@@ -8,14 +8,14 @@ chapters), never above, and nothing imports ``train`` or ``bench``::
     3 models   refimpl/models/     models.load(name): the zoo table, SmolLM2 conversion, CPU fast paths
     2 chapters refimpl/*.py        one algorithm per file: autoregressive, speculative (the verification
                                    core), drafts, copy_prior, adaptive, retrieval, diffusion_lm, diffusion, ...
-    1 core     refimpl/core/       LM adapter, Generation/Stats + input checks, sampling;
-               refimpl/data.py, refimpl/prompts.py (the corpus and the benchmark prompts)
+    1 core     refimpl/lm.py       the LM adapter; generation.py: Generation/Stats + input checks;
+               refimpl/sampling.py, data.py (the corpus), prompts.py (the benchmark prompts)
 
-``import refimpl`` loads the core only. Start with :mod:`refimpl.models` (``load``),
+The core files stay at the top of the package, where the public API has always had them
+(``refimpl.sampling``, ``refimpl.generation``); ``import refimpl`` loads the core only. Start with :mod:`refimpl.models` (``load``),
 :mod:`refimpl.autoregressive` (the baseline) and :mod:`refimpl.speculative` (the verification
 core every drafting method plugs into).
 """
-from .core import generation, lm, sampling  # noqa: F401  (``from refimpl import sampling``)
-from .core.generation import Generation, Stats  # noqa: F401
+from .generation import Generation, Stats  # noqa: F401
 
 __version__ = "0.1.0"

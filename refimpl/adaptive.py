@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from .core.generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int
 from .speculative import DraftModel, decode
 
 POLICIES = ("threshold", "cumulative", "ucb")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .core.generation import (Generation, Stats, Timer, check_generate_args, eos_set, normalize_prompts)
-from .core.lm import left_pad, positions_from_mask
-from .core.sampling import sample
+from .generation import (Generation, Stats, Timer, check_generate_args, eos_set, normalize_prompts)
+from .lm import left_pad, positions_from_mask
+from .sampling import sample
 
 
 @torch.inference_mode()  # like no_grad, minus version-counter bookkeeping: ~2% faster per step on CPU

@@ -4,7 +4,7 @@ latest earlier occurrence of the context's last few tokens (prompt lookup inside
 A small draft is poor at copying from its context: names, numbers, the passage a summary or a
 rewrite repeats. :func:`lookup_positions` finds, for every position, where the context's last
 n-gram occurred before (vectorised over a batch); :class:`ContextCopyLM` wraps any draft
-:class:`refimpl.core.lm.LM` and adds ``bias`` to the logit of the token found there. Any draft
+:class:`refimpl.lm.LM` and adds ``bias`` to the logit of the token found there. Any draft
 distribution is verified exactly, so outputs stay lossless. :mod:`refimpl.retrieval` uses the
 same lookup as a proposer with no draft model at all.
 """
@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .core.lm import LM, as_token_batch, positions_from_mask
+from .lm import LM, as_token_batch, positions_from_mask
 
 
 def lookup_positions(history: torch.Tensor, ends: torch.Tensor, max_ngram: int = 3, min_ngram: int = 2) -> torch.Tensor:

@@ -77,8 +77,8 @@ import inspect
 
 import torch
 
-from .core.generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
-from .core.lm import left_pad, positions_from_mask
+from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
+from .lm import left_pad, positions_from_mask
 
 REMASKING = ("low_confidence", "random")
 CACHES = (None, "prefix", "dual")

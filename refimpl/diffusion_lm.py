@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core.lm import as_token_batch, positions_from_mask
+from .lm import as_token_batch, positions_from_mask
 
 # ---------------------------------------------------------------------------------------
 # the network

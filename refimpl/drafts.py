@@ -4,7 +4,7 @@ target's own first layers (early-exit self-speculation), plus how to measure a d
 Speculative decoding (Leviathan et al., arXiv 2211.17192) pays ``1 + gamma * c`` target-forward
 units per step and gains ``tau = (1 - alpha^(gamma+1)) / (1 - alpha)`` tokens, so a draft is good
 when its acceptance rate ``alpha`` is high *and* its cost ratio ``c`` is low. Every draft here is
-an :class:`refimpl.core.lm.LM`, so it plugs into :class:`refimpl.speculative.DraftModel` unchanged:
+an :class:`refimpl.lm.LM`, so it plugs into :class:`refimpl.speculative.DraftModel` unchanged:
 
 - **Distilled draft** (the zoo's ``"tiny-draft"``): a small Llama trained to match the target's
   softened next-token distribution, loss :func:`distill_loss` = ``KL(p_T || q_T) * T^2 + CE``
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .autoregressive import generate as ar_generate
-from .core.lm import LM, decoder_of
+from .lm import LM, decoder_of
 from .speculative import expected_tau  # noqa: F401 - re-exported: drafts.expected_tau
 
 

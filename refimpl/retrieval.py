@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .copy_prior import lookup_positions
-from .core.generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
 
 METHODS = ("prompt_lookup",)

@@ -21,7 +21,7 @@ The seam. A *proposer* drafts; :func:`decode` verifies. One step, for each row o
    probability ``min(1, p_i(x_i) / q_i(x_i))``, at the first rejection draw from
    ``norm(max(0, p_i - q_i))``, and if every draft was accepted draw a bonus token from
    ``p_{g+1}`` (:func:`kernels.rejection_sample`). ``p`` and ``q`` get the same temperature /
-   top-k / top-p processing (:func:`refimpl.core.sampling.probs`), so the output is distributed
+   top-k / top-p processing (:func:`refimpl.sampling.probs`), so the output is distributed
    exactly as plain sampling from the target with those settings;
 4. the target's KV cache is rolled back past the rejected drafts, and the proposer is told what
    was accepted (:meth:`Proposer.accept`) so it can roll back its own state.
@@ -51,10 +51,10 @@ import torch
 
 import kernels
 
-from .core import sampling
-from .core.generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, eos_set,
+from . import sampling
+from .generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, eos_set,
                               normalize_prompts, truncate_at_eos)
-from .core.lm import left_pad
+from .lm import left_pad
 
 
 SAME_VOCAB: dict = {}  # (id(target tokenizer), id(draft tokenizer)) pairs already compared

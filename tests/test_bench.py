@@ -7,7 +7,7 @@ import pytest
 
 from refimpl import bench
 from refimpl.bench import decode
-from refimpl.core.generation import Generation, Stats
+from refimpl.generation import Generation, Stats
 
 
 class Fake:

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from .. import autoregressive
-from ..core.generation import Generation, Stats
+from ..generation import Generation, Stats
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Layer 3, the model zoo: ``load(name)`` and the one table of every model the course uses.
 
-``load(name)`` returns what the decoders take: an :class:`refimpl.core.lm.LM` (a Hugging Face
+``load(name)`` returns what the decoders take: an :class:`refimpl.lm.LM` (a Hugging Face
 causal LM plus its tokenizer) for the autoregressive models and drafts, a
 :class:`refimpl.diffusion_lm.DiffusionLM` for the masked diffusion models. Names: the keys of
 :data:`ZOO`, any folder with a Hugging Face ``config.json``, or a Hugging Face id already in the
@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..core.lm import LM, default_device  # noqa: F401  (``models.LM``, ``models.default_device``)
+from ..lm import LM, default_device  # noqa: F401  (``models.LM``, ``models.default_device``)
 from ..diffusion_lm import load_dir as load_dllm_dir
 from . import cpu_linear, smollm2
 from .hf import MODELS_DIR, cache_dir, load_folder, load_hub_cache, set_attention, zoo_folder  # noqa: F401

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from ..core.lm import LM, default_device
+from ..lm import LM, default_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: the committed weights of our zoo (``models/NAME`` at the repository root)

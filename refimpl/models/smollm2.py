@@ -22,7 +22,7 @@ import time
 import torch
 
 from ..copy_prior import ContextCopyLM
-from ..core.lm import LM
+from ..lm import LM
 from .hf import cache_dir, load_folder, place, zoo_folder
 from .lean_llama import LeanTrimmedLM, supports
 

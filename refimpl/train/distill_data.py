@@ -32,8 +32,8 @@ import time
 
 import torch
 
-from ..autoregressive import generate as ar_generate
-from ..core.lm import decoder_of, left_pad, positions_from_mask
+from .. import autoregressive
+from ..lm import decoder_of, left_pad, positions_from_mask
 from ..models import load
 from ..prompts import encode_prompt
 from .distill_prompts import (ASK_KINDS, ASK_PROMPT, TOPICS, bench_texts, clean_question, human_copy_prompts,
@@ -188,7 +188,7 @@ def self_instruct_questions(lm, n: int = 2000, seed: int = 0, batch: int = 96, t
     for _ in range(2 * n // batch + 1):
         asks = [ASK_PROMPT.format(rng.choice(ASK_KINDS), rng.choice(TOPICS)) for _ in range(batch)]
         ids = [lm.tokenizer(a, add_special_tokens=False)["input_ids"] for a in asks]
-        g = ar_generate(lm, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=gen)
+        g = autoregressive.generate(lm, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=gen)
         for toks in g.tokens:
             lines = ("1." + lm.tokenizer.decode(toks, skip_special_tokens=True)).split("\n")[:-1]  # complete lines
             for line in lines:

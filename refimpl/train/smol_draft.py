@@ -17,7 +17,7 @@ import zlib
 import torch
 
 from .. import data
-from ..core.lm import decoder_of
+from ..lm import decoder_of
 from ..drafts import distill_loss, student_config, top_tokens
 from ..models import load
 from ..models.hf import cache_dir
