@@ -12,9 +12,9 @@ chapters), never above, and nothing imports ``train`` or ``bench``::
                refimpl/sampling.py, data.py (the corpus), prompts.py (the benchmark prompts)
 
 The core files stay at the top of the package, where the public API has always had them
-(``refimpl.sampling``, ``refimpl.generation``); ``import refimpl`` loads the core only. Start with :mod:`refimpl.models` (``load``),
-:mod:`refimpl.autoregressive` (the baseline) and :mod:`refimpl.speculative` (the verification
-core every drafting method plugs into).
+(``refimpl.sampling``, ``refimpl.generation``); ``import refimpl`` loads the core only. Start
+with :mod:`refimpl.models` (``load``), :mod:`refimpl.autoregressive` (the baseline) and
+:mod:`refimpl.speculative` (the verification core every drafting method plugs into).
 """
 from .generation import Generation, Stats  # noqa: F401
 
