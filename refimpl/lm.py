@@ -133,6 +133,24 @@ class LM:
             cache.crop(-drop)
         return cache
 
+    @staticmethod
+    def move_slots(cache, dst: int, src: torch.Tensor) -> None:
+        """Copy each row's cached positions ``src`` (B, k) to positions ``dst .. dst + k - 1``.
+
+        The compaction after a token-tree verification: the accepted path's keys and values move
+        into place without another forward. Works on a Hugging Face ``DynamicCache`` and on
+        :class:`refimpl.models.lean_llama.KVCache` (both keep (B, H, S, D) tensors per layer).
+        """
+        layers = [(lay.keys, lay.values) for lay in cache.layers] if hasattr(cache, "layers") else \
+            list(zip(cache.keys, cache.values))
+        k_new = src.shape[1]
+        for keys, values in layers:
+            if keys is None or k_new == 0:
+                continue
+            idx = src.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+            keys[:, :, dst:dst + k_new] = keys.gather(2, idx)  # gather copies first: overlaps are safe
+            values[:, :, dst:dst + k_new] = values.gather(2, idx)
+
 
 def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged prompts -> (ids (B, L), mask (B, L)) with pads on the left (mask 0 on pads)."""

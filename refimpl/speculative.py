@@ -105,6 +105,7 @@ class Proposal(NamedTuple):
     valid: torch.Tensor  # (b,) drafts each row proposes, <= g
     q: torch.Tensor | None = None  # (b, g, V) what each was drawn from; None: deterministic (one-hot)
     calls: int = 0  # draft-model forward passes spent (0 for lookups)
+    tree: object = None  # a refimpl.tree.Tree: the tokens are nodes of a tree; None: a chain
 
 
 class Verdict(NamedTuple):
@@ -112,6 +113,8 @@ class Verdict(NamedTuple):
     next: torch.Tensor  # (b,) the target's token after them (correction or bonus)
     n_list: list  # n on the host
     emitted: float  # mean tokens emitted per row this step (for length policies)
+    logits: torch.Tensor | None = None  # (b, g + 1, V) the target's logits after the root and each draft
+    path: torch.Tensor | None = None  # (b, max n) accepted node indices of a tree proposal (-1 = none)
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,13 +220,18 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
             stats.draft_calls += prop.calls
             step_gammas.append(g)
             # 2. one target call over the unprocessed tokens + the drafts
-            fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
-            logits = tgt.feed(torch.cat([feed, x], 1), fm)[:, feed.shape[1] - 1:]  # (b, g + 1, V)
+            if prop.tree is None:
+                fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
+                logits = tgt.feed(torch.cat([feed, x], 1), fm)[:, feed.shape[1] - 1:]  # (b, g + 1, V)
+                n, nxt = verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
+                path, acc = None, x
+            else:  # a token tree (refimpl.tree): ancestor mask, position = depth, walk from the root
+                logits = prop.tree.feed(tgt, feed, fmask, x, valid)  # (b, g + 1, V)
+                n, nxt, path = prop.tree.verify(x, logits, valid, prop.q, settings, rule)
+                acc = x.gather(1, path.clamp(min=0))  # (b, max n) the accepted path's tokens
             stats.target_calls += 1
             stats.row_steps += len(rows)
-            # 3. accept / reject
-            n, nxt = verify(x, logits, valid, prop.q, settings, rule)
-            host = torch.cat([n[:, None], nxt[:, None], valid[:, None], x], 1).tolist()  # one sync per step
+            host = torch.cat([n[:, None], nxt[:, None], valid[:, None], acc], 1).tolist()  # one sync per step
             # 4. emit, stop rows at EOS / max_new_tokens
             step_acc, finished, emitted = [0] * B, [], []
             for i, r in enumerate(rows):
@@ -241,9 +249,11 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
                 break
             # 5. roll back past the rejected drafts; the proposer does the same for its state
             n_list = [h[0] for h in host]
-            if g:
+            if g and prop.tree is not None:
+                prop.tree.compact(tgt, g, path, n, n_list)
+            elif g:
                 tgt.keep_accepted(g, n, n_list)
-            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted)))
+            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted), logits, path))
             feed, fmask = nxt[:, None], None
             if finished:
                 keep = [i for i in range(len(rows)) if i not in finished]

@@ -1,0 +1,103 @@
+"""Jacobi decoding and speculative Jacobi decoding (chapter 07): the target drafts for itself.
+
+Papers:
+- Santilli et al., "Accelerating Transformer Inference for Translation via Parallel Decoding",
+  arXiv 2305.10427, §3 (eq. 3-4): guess a window of n tokens ``y_1..y_n`` and update every
+  position at once, ``y_i <- argmax p(. | x, y_<i)`` (a Jacobi iteration; autoregressive
+  decoding is the Gauss-Seidel order of the same fixed-point system, one position at a time).
+  The fixed point is the greedy output, and each iteration fixes at least one more token: the
+  first position's context is all committed, so its argmax is final.
+- Teng et al., "Accelerating Auto-regressive Text-to-Image Generation with Training-free
+  Speculative Jacobi Decoding", arXiv 2410.01699, §3.2 (eq. 4-6): with sampling, a token drawn at
+  the last iteration from ``p_old`` is accepted with ``min(1, p_new(x) / p_old(x))``; at the first
+  rejection draw from ``norm(max(0, p_new - p_old))`` and stop. Random initial tokens are
+  deterministic drafts (one-hot ``p_old``).
+
+Both are a proposer on the verification core (:func:`refimpl.speculative.decode`): one
+iteration = one target call over [last committed token, y_1..y_n]. The core accepts the
+converged prefix (greedy: ``y_i == argmax``; sampling: the rule above, which is speculative
+sampling with ``q = p_old``) plus the target's token after it. The same call's predictions at
+the positions after the accepted ones become the next iteration's guesses -- the Jacobi update
+-- and fresh initial tokens refill the window's end.
+"""
+from __future__ import annotations
+
+import torch
+
+from .generation import Generation, check_positive_int
+from .speculative import Proposal, Sampling, Verdict, decode
+
+
+class Jacobi:
+    """Proposer: the window of guesses, updated by the target's own predictions after every call.
+
+    ``window`` guesses per iteration; initial guesses are tokens drawn uniformly from the row's
+    context (seeded by ``seed``; any guesses give the same output, only the speed changes).
+    """
+
+    def __init__(self, window: int = 8, seed: int = 0):
+        self.window = check_positive_int("window", window)
+        self.init = torch.Generator().manual_seed(seed)
+
+    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        self.context = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        self.settings, self.vocab = settings, None
+        self.guess: list[list[int]] = [[] for _ in self.context]  # y_1..y_k per row
+        self.p_old: list[list[torch.Tensor | None]] = [[] for _ in self.context]  # q of each guess; None = one-hot
+
+    def fresh(self, row: int, k: int) -> list[int]:
+        ctx = self.context[row]
+        picks = torch.randint(0, len(ctx), (k,), generator=self.init).tolist()
+        return [ctx[i] for i in picks]
+
+    def propose(self, caps: list[int]) -> Proposal:
+        for b, cap in enumerate(caps):
+            w = min(self.window, cap)
+            g, q = self.guess[b][:w], self.p_old[b][:w]
+            fill = self.fresh(b, w - len(g))
+            self.guess[b], self.p_old[b] = g + fill, q + [None] * len(fill)
+        valid = [len(g) for g in self.guess]
+        width = max(valid)
+        x = torch.tensor([g + [0] * (width - len(g)) for g in self.guess], dtype=torch.long).view(len(valid), width)
+        q = None
+        if not self.settings.greedy and width and self.vocab is not None:
+            q = torch.nn.functional.one_hot(x, self.vocab).float()  # (b, g, V) random guesses: one-hot
+            for b, qs in enumerate(self.p_old):
+                for i, qi in enumerate(qs):
+                    if qi is not None:
+                        q[b, i] = qi.to(q.device)
+        return Proposal(x, torch.tensor(valid), q)
+
+    def accept(self, v: Verdict) -> None:
+        logits, s = v.logits, self.settings
+        self.vocab = logits.shape[-1]
+        for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
+            self.context[b].extend(self.guess[b][:k] + [t])
+            ahead = logits[b, k + 1: len(self.guess[b]) + 1]  # (g - k, V): predictions past the new token
+            if s.greedy:
+                self.guess[b], self.p_old[b] = ahead.argmax(-1).tolist(), [None] * ahead.shape[0]
+            else:  # SJD: draw the next guesses from p_old and remember p_old as their q
+                p = s.probs(ahead)  # (g - k, V)
+                gdev = s.generator.device if s.generator is not None else p.device
+                x = torch.multinomial(p.to(gdev), 1, generator=s.generator)[:, 0] if len(p) else p.new_zeros(0)
+                self.guess[b], self.p_old[b] = x.tolist(), list(p.unbind(0))
+
+    def select(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        self.context = [self.context[i] for i in keep]
+        self.guess = [self.guess[i] for i in keep]
+        self.p_old = [self.p_old[i] for i in keep]
+
+
+def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
+             window: int = 8, seed: int = 0) -> Generation:
+    """Jacobi decoding (greedy) or speculative Jacobi decoding (sampling) of a ragged batch.
+
+    Greedy output equals ``autoregressive.generate``'s token for token; sampling is distributed
+    exactly as sampling from ``target`` with the same temperature / top-k / top-p.
+    ``stats.tau`` = tokens per target call = 1 / (Jacobi iterations per token).
+    """
+    return decode(target, Jacobi(window, seed), prompts, max_new_tokens, temperature, top_k, top_p, generator,
+                  eos_token_id)

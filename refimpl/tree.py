@@ -1,0 +1,181 @@
+"""Token trees: many candidate continuations scored by ONE target forward (chapter 05).
+
+Papers:
+- Miao et al., "SpecInfer: Accelerating Large Language Model Serving with Tree-based Speculative
+  Inference and Verification", arXiv 2305.09781: tree attention (§4, a topology-aware causal
+  mask over the flattened tree) and multi-step speculative sampling (§5, Algorithm 2): try a
+  node's children in turn, accept child x with ``min(1, p(x) / q(x))``, on a rejection replace
+  ``p`` by ``norm(max(0, p - q))``; Theorem 4.2: the output is distributed as the target's.
+- Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+  Heads", arXiv 2401.10774, §2.1.2: the position id of a tree node is its depth.
+
+The flattening. A tree of m nodes hangs below the *root*, the last committed token. Nodes are
+listed parents first (``parents[i] < i``); ``parents[i] == ROOT`` (-1) for the root's children.
+The m nodes go into the target's input after the tokens it has not processed yet, with
+
+- position id = root position + depth (siblings share a position: they are alternatives);
+- attention: every node sees the whole context and its own ancestors (``see``), nothing else.
+
+So one forward returns ``p`` after the root and after every node: the target's opinion of every
+path at once. A proposer may also add *side* nodes (``parents == SIDE``): scored in the same
+forward with an attention pattern of its own (``see``), never accepted -- lookahead decoding's
+Jacobi window (:mod:`refimpl.lookahead`) rides along this way.
+
+Verification walks down from the root: greedy keeps the child whose token is the target's argmax
+(output identical to greedy decoding); sampling uses SpecInfer's rule above. Children drawn
+*with* replacement from one ``q`` share that ``q``; children drawn *without* replacement (top-k,
+sampling without replacement) must carry ``q`` renormalised over the untried tokens, and
+deterministic children (``q = None``, one-hot) lose their token from ``p`` when rejected, so a
+duplicate of a rejected sibling can never be accepted. Finally the accepted path's keys and
+values move into place in the cache (:meth:`refimpl.lm.LM.move_slots`): no second forward.
+
+A proposer returns ``Proposal(tokens, valid, q, calls, tree=Tree(parents))`` to
+:func:`refimpl.speculative.decode`; the loop calls :meth:`Tree.feed`, :meth:`Tree.verify` and
+:meth:`Tree.compact` instead of the chain's three steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import sampling
+
+ROOT, SIDE = -1, -2
+
+
+def ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """(b, m) parent indices -> (b, m, m) bool, ``[b, i, j]``: node j is node i or one of its ancestors.
+
+    Side nodes (``SIDE``) and the root's children have no ancestors among the nodes."""
+    b, m = parents.shape
+    if m and bool((parents >= torch.arange(m, device=parents.device)).any()):
+        raise ValueError("parents must list a node's parent before the node (parents[i] < i)")
+    anc = torch.zeros((b, m, m), dtype=torch.bool, device=parents.device)
+    rows = torch.arange(b, device=parents.device)
+    for i in range(m):
+        p = parents[:, i]
+        has = p >= 0
+        anc[rows[has], i] = anc[rows[has], p[has]]
+        anc[:, i, i] = True
+    return anc
+
+
+@dataclass
+class Tree:
+    """The shape of a proposal: ``parents`` (b, m); ``depth`` (b, m) (root's children: 1) and
+    ``see`` (b, m, m) bool (node i attends to node j) default to what the parents imply."""
+
+    parents: torch.Tensor
+    depth: torch.Tensor | None = None
+    see: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.depth is None or self.see is None:
+            anc = ancestors(self.parents)
+            self.depth = anc.sum(-1) if self.depth is None else self.depth
+            self.see = anc if self.see is None else self.see
+
+    # -- 1. one forward over the unprocessed tokens + every node ---------------------------
+    def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
+             valid: torch.Tensor) -> torch.Tensor:
+        """Append ``feed`` (b, F) (``fmask`` marks real tokens) and the nodes ``x`` (b, m) to the
+        :class:`~refimpl.speculative.SlotCache` ``slots`` -> logits (b, 1 + m, V): after the root,
+        then after each node."""
+        b, F = feed.shape
+        m, dev = x.shape[1], feed.device
+        fm = torch.ones_like(feed) if fmask is None else fmask
+        node_ok = (torch.arange(m, device=dev)[None, :] < valid.to(dev)[:, None]).long()  # (b, m)
+        P = slots.mask.shape[1]
+        root = slots.count + fm.sum(-1) - 1  # (b,) the root's position
+        pos = torch.cat([slots.count[:, None] + (fm.cumsum(-1) - 1).clamp(min=0),
+                         root[:, None] + self.depth.to(dev)], 1)  # (b, F + m)
+        allow = torch.zeros((b, F + m, P + F + m), dtype=torch.bool, device=dev)
+        allow[:, :, :P] = True
+        allow[:, :F, P:P + F] = torch.ones((F, F), dtype=torch.bool, device=dev).tril()
+        allow[:, F:, P:P + F] = True
+        allow[:, F:, P + F:] = self.see.to(dev)
+        allow &= torch.cat([slots.mask, fm, node_ok], 1).bool()[:, None, :]
+        diag = torch.arange(F + m, device=dev)
+        allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
+        mask = torch.zeros(allow.shape, dtype=torch.float32, device=dev).masked_fill(~allow, float("-inf"))
+        logits, slots.cache = slots.lm.forward(torch.cat([feed, x], 1), slots.cache, position_ids=pos,
+                                               attention_mask=mask[:, None])
+        slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
+        slots.count = slots.mask.sum(-1)
+        slots.holes = slots.holes or fmask is not None
+        return logits[:, F - 1:]
+
+    # -- 2. walk down from the root ---------------------------------------------------------
+    def verify(self, x: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor, q: torch.Tensor | None,
+               settings, rule=None):
+        """-> ``(n (b,), next (b,), path (b, max n))``: accepted depth, the target's token after the
+        accepted path, and the path's node indices (-1 past a row's ``n``). ``q`` (b, m, V) or None
+        (deterministic nodes); ``settings`` a :class:`~refimpl.speculative.Sampling`."""
+        if rule is not None:
+            raise ValueError("rule= replaces the chain's acceptance rule; a Tree is verified by SpecInfer's rule")
+        b, m = x.shape
+        parents, xs, vs = self.parents.tolist(), x.tolist(), valid.tolist()
+        if settings.greedy:
+            best = logits.argmax(-1).tolist()  # (b, 1 + m)
+            walks = [self.walk(parents[r], vs[r], lambda node, kids, r=r: next(
+                (c for c in kids if xs[r][c] == best[r][node + 1]), None), lambda node, r=r: best[r][node + 1])
+                for r in range(b)]
+        else:
+            p = settings.probs(logits)  # (b, 1 + m, V)
+            walks = [self.sample_walk(parents[r], vs[r], xs[r], p[r], None if q is None else q[r].to(p.device),
+                                      settings) for r in range(b)]
+        n = [len(w[0]) for w in walks]
+        path = torch.full((b, max(n)), -1, dtype=torch.long)
+        for r, (w, _) in enumerate(walks):
+            path[r, : len(w)] = torch.tensor(w, dtype=torch.long)
+        dev = logits.device
+        return (torch.tensor(n, device=dev), torch.tensor([w[1] for w in walks], device=dev), path.to(dev))
+
+    @staticmethod
+    def walk(parents: list, valid: int, choose, final):
+        """Descend from the root: ``choose(node, children)`` -> accepted child or None; ``final(node)``
+        -> the token after the last accepted node. Returns (path, token)."""
+        kids: dict[int, list[int]] = {}
+        for i in range(valid):
+            kids.setdefault(parents[i], []).append(i)
+        node, path = ROOT, []
+        while True:
+            child = choose(node, kids.get(node, []))
+            if child is None:
+                return path, final(node)
+            path.append(child)
+            node = child
+
+    def sample_walk(self, parents, valid, xs, p, q, settings):
+        """SpecInfer's multi-step speculative sampling on one row (see the module doc)."""
+        state = {}
+
+        def choose(node, kids):
+            r = p[node + 1]  # (V,) the target's distribution after ``node``
+            for c in kids:
+                t = xs[c]
+                qx = 1.0 if q is None else float(q[c, t])
+                if float(settings.uniforms((1,), p.device)[0]) * qx < float(r[t]):
+                    return c
+                resid = r.clone() if q is None else (r - q[c]).clamp(min=0)
+                if q is None:
+                    resid[t] = 0
+                if float(resid.sum()) > 0:  # (== 0 only if p == q: then the child is always accepted)
+                    r = resid / resid.sum()
+            state["r"] = r
+            return None
+
+        def final(node):
+            r = state.get("r", p[node + 1])
+            return int(sampling.sample_from_probs(r[None], settings.generator)[0])
+
+        return self.walk(parents, valid, choose, final)
+
+    # -- 3. keep the accepted path's cache entries ------------------------------------------
+    def compact(self, slots, m: int, path: torch.Tensor, n: torch.Tensor, n_list: list) -> None:
+        """Move each row's accepted nodes' keys / values to the first slots after the feed, drop the rest."""
+        start = slots.mask.shape[1] - m
+        if max(n_list):
+            slots.lm.move_slots(slots.cache, start, start + path.clamp(min=0))
+        slots.keep_accepted(m, n, n_list)
