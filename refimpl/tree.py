@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from . import sampling
+from .speculative import Proposal
 
 ROOT, SIDE = -1, -2
 
@@ -179,3 +180,36 @@ class Tree:
         if max(n_list):
             slots.lm.move_slots(slots.cache, start, start + path.clamp(min=0))
         slots.keep_accepted(m, n, n_list)
+
+
+# ---------------------------------------------------------------------------------------
+# building trees
+# ---------------------------------------------------------------------------------------
+def trie(paths: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Merge token sequences that all start below the root into one tree (shared prefixes once).
+
+    -> ``(tokens, parents)`` in insertion order (parents first). Merging matters for sampling:
+    two siblings with the same deterministic token waste the second (see the module doc)."""
+    tokens, parents, index = [], [], {}
+    for path in paths:
+        node = ROOT
+        for t in path:
+            key = (node, t)
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(t)
+                parents.append(node)
+            node = index[key]
+    return tokens, parents
+
+
+def pack(rows: list[tuple[list[int], list[int]]], q=None, calls: int = 0):
+    """Per-row ``(tokens, parents)`` -> a :class:`~refimpl.speculative.Proposal` with a :class:`Tree`
+    (rows padded to the widest; ``valid`` = each row's node count). No nodes at all -> a chain of 0."""
+    width = max((len(t) for t, _ in rows), default=0)
+    x = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.long).view(len(rows), width)
+    valid = torch.tensor([len(t) for t, _ in rows])
+    if width == 0:
+        return Proposal(x, valid, None, calls)
+    parents = torch.tensor([p + [ROOT] * (width - len(p)) for _, p in rows], dtype=torch.long)
+    return Proposal(x, valid, q, calls, Tree(parents))
