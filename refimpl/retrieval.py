@@ -8,16 +8,33 @@ the ``num_tokens`` tokens that followed it. A lookup is deterministic, so the pr
 rejection sampling lossless (accept x with probability ``p(x)``, else resample from ``p`` with x
 removed). Summaries, rewrites and answers about a passage copy long spans, so tau is high
 there; open chat rarely repeats itself.
+
+SAM decoding (Hu et al., "SAM Decoding: Speculative Decoding via Suffix Automaton", arXiv
+2411.10666, §3.2-3.3): an online suffix automaton (Blumer et al., 1985) over prompt + output
+finds the longest suffix of the text that occurred before, in O(1) amortised per new token
+(:class:`SuffixAutomaton`), and proposes what followed that earlier occurrence. Below a
+minimum match length it falls back to another drafter -- here token recycling.
+
+Token recycling (Luo et al., "Turning Trash into Treasure: Accelerating Inference of Large
+Language Models with Token Recycling", arXiv 2408.08696, §3): every verification scores many
+candidate positions; keep each token's latest top-k successors in a (V, k) table
+(:class:`RecyclingTable`) and draft a tree from it by following a static template of ranks
+(:func:`recycling_template`, 80 nodes, k = 8 in the paper), verified as a token tree
+(:mod:`refimpl.tree`). The table is rewritten after every verification from the scores the
+target just computed: no extra model, no extra forward.
 """
 from __future__ import annotations
+
+import heapq
 
 import torch
 
 from .copy_prior import lookup_positions
 from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
+from .tree import ROOT, pack
 
-METHODS = ("prompt_lookup",)
+METHODS = ("prompt_lookup", "sam", "recycling", "sam+recycling")
 
 
 class PromptLookup:
@@ -53,16 +70,187 @@ class PromptLookup:
         self.rows = [self.rows[i] for i in rows.tolist()]
 
 
+class SuffixAutomaton:
+    """The suffix automaton of a growing token list, plus the longest suffix match in what came before.
+
+    ``extend(t)`` appends one token: first it moves the *match* -- the longest suffix of the text
+    (including ``t``) that also occurs in the text before ``t`` -- by following suffix links
+    (amortised O(1)), then it adds ``t`` to the automaton (amortised O(1), Blumer et al.).
+    ``match_len`` is that suffix's length; ``continuation(n)`` the n tokens after its first
+    occurrence (states remember their first end position)."""
+
+    def __init__(self, tokens=()):
+        self.next: list[dict] = [{}]
+        self.link, self.length, self.end = [-1], [0], [-1]
+        self.last, self.text = 0, []
+        self.state, self.match_len = 0, 0
+        for t in tokens:
+            self.extend(t)
+
+    def extend(self, t: int) -> None:
+        s, n = self.state, self.match_len
+        while s and t not in self.next[s]:
+            s = self.link[s]
+            n = self.length[s]
+        s, n = (self.next[s][t], n + 1) if t in self.next[s] else (0, 0)
+        self.add(t)
+        while s and self.length[self.link[s]] >= n:  # a split may have moved our string to a clone
+            s = self.link[s]
+        self.state, self.match_len = s, n
+
+    def new_state(self, length: int, end: int, link: int = -1, nxt=None) -> int:
+        self.next.append({} if nxt is None else dict(nxt))
+        self.link.append(link)
+        self.length.append(length)
+        self.end.append(end)
+        return len(self.length) - 1
+
+    def add(self, t: int) -> None:
+        pos = len(self.text)
+        self.text.append(t)
+        cur = self.new_state(self.length[self.last] + 1, pos)
+        p = self.last
+        while p != -1 and t not in self.next[p]:
+            self.next[p][t] = cur
+            p = self.link[p]
+        if p == -1:
+            self.link[cur] = 0
+        else:
+            q = self.next[p][t]
+            if self.length[p] + 1 == self.length[q]:
+                self.link[cur] = q
+            else:  # split q: the clone holds the shorter strings, which now also end at pos
+                clone = self.new_state(self.length[p] + 1, self.end[q], self.link[q], self.next[q])
+                while p != -1 and self.next[p].get(t) == q:
+                    self.next[p][t] = clone
+                    p = self.link[p]
+                self.link[q] = self.link[cur] = clone
+        self.last = cur
+
+    def continuation(self, n: int) -> list[int]:
+        if self.match_len == 0:
+            return []
+        start = self.end[self.state] + 1
+        return self.text[start: start + n]
+
+
+def recycling_template(nodes: int = 80, k: int = 8, decay: float = 0.8) -> list[tuple[int, ...]]:
+    """A static draft tree as rank paths (``(0, 2)`` = the 3rd successor of the 1st successor), parents
+    first. Best-first by the score ``prod decay / (rank + 1)``: wide near the root, deep along rank 0."""
+    check_positive_int("nodes", nodes)
+    check_positive_int("k", k)
+    heap, out = [(-decay / (r + 1), (r,)) for r in range(k)], []
+    heapq.heapify(heap)
+    while heap and len(out) < nodes:
+        score, path = heapq.heappop(heap)
+        out.append(path)
+        for r in range(k):
+            heapq.heappush(heap, (score * decay / (r + 1), path + (r,)))
+    return sorted(out, key=lambda p: (len(p), p))
+
+
+class RecyclingTable:
+    """One row's (V, k) successor table, stored sparsely (tokens never scored have no entry)."""
+
+    def __init__(self, template):
+        self.template, self.succ = template, {}
+
+    def draft(self, root: int, cap: int) -> tuple[list[int], list[int]]:
+        tokens, parents, node_of = [], [], {(): ROOT}
+        for path in self.template:
+            if len(path) > cap or path[:-1] not in node_of:
+                continue
+            parent = node_of[path[:-1]]
+            row = self.succ.get(root if parent == ROOT else tokens[parent])
+            if row is None or path[-1] >= len(row):
+                continue
+            node_of[path] = len(tokens)
+            tokens.append(row[path[-1]])
+            parents.append(parent)
+        return tokens, parents
+
+    def update(self, tokens: list[int], top: list[list[int]]) -> None:
+        for t, succ in zip(tokens, top):
+            self.succ[t] = succ
+
+
+class SuffixAndRecycling:
+    """Proposer for ``sam``, ``recycling`` and ``sam+recycling`` (see the module doc)."""
+
+    def __init__(self, sam: bool = True, recycling: bool = True, num_tokens: int = 16, min_match: int | None = None,
+                 k: int = 8, nodes: int = 80):
+        self.sam, self.recycling = sam, recycling
+        self.num_tokens = check_positive_int("num_tokens", num_tokens)
+        self.min_match = (5 if recycling else 1) if min_match is None else check_positive_int("min_match", min_match)
+        self.k, self.template = k, recycling_template(nodes, k) if recycling else None
+
+    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        rows = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        self.last = [r[-1] for r in rows]
+        self.automata = [SuffixAutomaton(r) for r in rows] if self.sam else None
+        self.tables = [RecyclingTable(self.template) for _ in rows] if self.recycling else None
+
+    def propose(self, caps: list[int]) -> Proposal:
+        rows = []
+        for b, cap in enumerate(caps):
+            chain = []
+            if self.sam and self.automata[b].match_len >= self.min_match:
+                chain = self.automata[b].continuation(min(self.num_tokens, cap))
+            if chain or not self.recycling:
+                rows.append((chain, list(range(-1, len(chain) - 1))))
+            else:
+                rows.append(self.tables[b].draft(self.last[b], cap))
+        if not self.recycling:  # chains only: the core's chain path
+            width = max(len(t) for t, _ in rows)
+            x = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.long).view(len(rows), width)
+            self.prop = Proposal(x, torch.tensor([len(t) for t, _ in rows]))
+        else:
+            self.prop = pack(rows)
+        return self.prop
+
+    def accept(self, v: Verdict) -> None:
+        xs, valid = self.prop.tokens.tolist(), self.prop.valid.tolist()
+        paths = v.path.tolist() if v.path is not None else [list(range(k)) for k in v.n_list]
+        top = v.logits.topk(self.k, dim=-1).indices.tolist() if self.recycling else None  # (b, 1 + g, k)
+        for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
+            new = [xs[b][i] for i in paths[b][:k]] + [t]
+            if self.recycling:  # every scored position rewrites its token's successors
+                self.tables[b].update([self.last[b]] + xs[b][: valid[b]], top[b][: 1 + valid[b]])
+            if self.sam:
+                for tok in new:
+                    self.automata[b].extend(tok)
+            self.last[b] = new[-1]
+
+    def select(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        self.last = [self.last[i] for i in keep]
+        self.automata = [self.automata[i] for i in keep] if self.sam else None
+        self.tables = [self.tables[i] for i in keep] if self.recycling else None
+
+
 def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             method: str = "prompt_lookup", num_tokens: int = 10, max_ngram: int = 3,
-             min_ngram: int = 1) -> Generation:
+             method: str = "prompt_lookup", num_tokens: int | None = None, max_ngram: int = 3,
+             min_ngram: int = 1, min_match: int | None = None, recycle_k: int = 8,
+             tree_nodes: int = 80) -> Generation:
     """Speculative decoding of a ragged batch with drafts retrieved from each row's own context.
 
-    ``method="prompt_lookup"``: :class:`PromptLookup` with ``num_tokens``, ``max_ngram`` and
-    ``min_ngram``. Greedy output equals ``autoregressive.generate``'s; sampling is lossless.
+    - ``"prompt_lookup"``: :class:`PromptLookup` (``num_tokens`` default 10, ``max_ngram``, ``min_ngram``);
+    - ``"sam"``: the suffix automaton's continuation (``num_tokens`` default 16) when the match is
+      at least ``min_match`` tokens long (default 1);
+    - ``"recycling"``: a token tree of ``tree_nodes`` nodes from each token's ``recycle_k`` latest
+      successors;
+    - ``"sam+recycling"``: SAM when its match has ``min_match`` (default 5) tokens, else recycling.
+
+    Greedy output equals ``autoregressive.generate``'s; sampling is lossless (deterministic
+    drafts: one-hot ``q``).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return decode(target, PromptLookup(num_tokens, max_ngram, min_ngram), prompts, max_new_tokens, temperature,
-                  top_k, top_p, generator, eos_token_id)
+    if method == "prompt_lookup":
+        proposer = PromptLookup(10 if num_tokens is None else num_tokens, max_ngram, min_ngram)
+    else:
+        proposer = SuffixAndRecycling("sam" in method, "recycling" in method, 16 if num_tokens is None else num_tokens,
+                                      min_match, recycle_k, tree_nodes)
+    return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

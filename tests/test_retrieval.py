@@ -54,7 +54,7 @@ def test_max_new_tokens_and_eos_inside_a_proposal(tiny, prompts, n):
 
 
 def test_bad_arguments_name_the_argument(tiny, prompts):
-    for kw, name in [({"method": "sam"}, "method"), ({"num_tokens": 0}, "num_tokens"),
+    for kw, name in [({"method": "suffix"}, "method"), ({"num_tokens": 0}, "num_tokens"),
                      ({"min_ngram": 3, "max_ngram": 2}, "min_ngram"), ({"temperature": -1.0}, "temperature"),
                      ({"max_new_tokens": 0}, "max_new_tokens")]:
         with pytest.raises(ValueError, match=name):
