@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# one thread per process: pytest-xdist runs one worker per core
-TEST_ENV := TRITON_INTERPRET=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# one thread per process: pytest-xdist runs one worker per core; COURSE_ANSWERS=1: notebook
+# exercises run with their reference answers (notebooks/solutions), so every check is exercised
+TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
 .PHONY: setup lab test test-fast bench notebooks clean

@@ -229,6 +229,7 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
                 logits = prop.tree.feed(tgt, feed, fmask, x, valid)  # (b, g + 1, V)
                 n, nxt, path = prop.tree.verify(x, logits, valid, prop.q, settings, rule)
                 acc = x.gather(1, path.clamp(min=0))  # (b, max n) the accepted path's tokens
+                valid = prop.tree.candidates(valid)  # drafts = nodes that could be accepted
             stats.target_calls += 1
             stats.row_steps += len(rows)
             host = torch.cat([n[:, None], nxt[:, None], valid[:, None], acc], 1).tolist()  # one sync per step

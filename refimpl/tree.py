@@ -77,6 +77,11 @@ class Tree:
             self.depth = anc.sum(-1) if self.depth is None else self.depth
             self.see = anc if self.see is None else self.see
 
+    def candidates(self, valid: torch.Tensor) -> torch.Tensor:
+        """(b,) nodes that could be accepted (side nodes are scored, never drafts): for ``stats.drafted``."""
+        real = torch.arange(self.parents.shape[1], device=valid.device)[None, :] < valid[:, None]
+        return (real & (self.parents.to(valid.device) != SIDE)).sum(-1)
+
     # -- 1. one forward over the unprocessed tokens + every node ---------------------------
     def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
              valid: torch.Tensor) -> torch.Tensor:

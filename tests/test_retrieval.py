@@ -1,15 +1,20 @@
-"""retrieval.generate (prompt lookup on the verification core): greedy == AR greedy token for token
-(ragged batches, EOS inside a proposal, max_new_tokens inside a proposal); sampling is lossless
-(chi-square on the first two tokens, with an accept-everything rule as the negative control)."""
+"""retrieval.generate (prompt lookup, SAM, token recycling, SAM + recycling on the verification core):
+the suffix automaton against a brute-force longest earlier suffix match; greedy == AR greedy token
+for token (ragged batches, EOS inside a proposal, max_new_tokens inside a proposal); sampling is
+lossless (chi-square on the first two tokens, with an accept-everything rule as the negative control)."""
+import random
+
 import pytest
 import torch
 
 from refimpl import autoregressive as ar
-from refimpl import retrieval, sampling
+from refimpl import retrieval, sampling, tree
 from refimpl import speculative as sp
 from refimpl.copy_prior import lookup_positions
 
 REPEAT = "And God said, Let there be light: and there was light. And God said, Let there be"
+pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels have their own tests; torch references here
+
 TEXTS = [REPEAT, "In the beginning God created the heaven and the earth. In the beginning God",
          "The LORD is my shepherd; I shall not want.", "And"]
 
@@ -31,6 +36,81 @@ def test_lookup_positions_match_brute_force():
                 want = max(starts) + n
                 break
         assert lookup_positions(torch.tensor(h), torch.tensor([t]), 3, 1).item() == want, h
+
+
+def longest_earlier_suffix(s):
+    """Brute force: the longest suffix of s that also occurs inside s[:-1] (0 if none)."""
+    best = 0
+    for n in range(1, len(s)):
+        if any(s[j:j + n] == s[-n:] for j in range(len(s) - n)):
+            best = n
+    return best
+
+
+def test_suffix_automaton_matches_brute_force():
+    rnd = random.Random(0)
+    for _ in range(200):
+        sam, s = retrieval.SuffixAutomaton(), []
+        for _ in range(rnd.randint(1, 40)):
+            s.append(rnd.randint(0, rnd.choice([1, 2, 3, 6])))
+            sam.extend(s[-1])
+            n = longest_earlier_suffix(s)
+            assert sam.match_len == n, s
+            if n:  # the continuation starts right after an earlier occurrence of the suffix
+                end = sam.end[sam.state]
+                assert end < len(s) - 1 and s[end - n + 1: end + 1] == s[-n:], s
+                assert sam.continuation(3) == s[end + 1: end + 4]
+    assert len(retrieval.SuffixAutomaton(list(range(50))).length) <= 2 * 50  # linear size
+
+
+def test_recycling_template_and_draft_tree():
+    tpl = retrieval.recycling_template(nodes=80, k=8)
+    assert len(tpl) == 80 and len(set(tpl)) == 80
+    assert all(p[:-1] in set(tpl) or len(p) == 1 for p in tpl), "every node's parent is in the tree, listed first"
+    assert [len(p) for p in tpl] == sorted(len(p) for p in tpl)
+    for path in tpl:  # a node with rank r > 0 comes with its better-ranked siblings
+        assert path[-1] == 0 or path[:-1] + (path[-1] - 1,) in set(tpl)
+    assert max(len(p) for p in tpl) >= 6 and sum(len(p) == 1 for p in tpl) >= 6  # deep and wide
+    small = retrieval.recycling_template(nodes=6, k=2)
+    table = retrieval.RecyclingTable(small)
+    assert table.draft(5, 10) == ([], [])  # nothing known about token 5 yet
+    succ = {5: [7, 8], 7: [9, 10], 9: [5, 7]}
+    table.update(list(succ), list(succ.values()))
+    tokens, parents = table.draft(5, 10)
+    want = []  # brute force: follow each template path through the table; unknown rows end a branch
+    for path in small:
+        tok, ok = 5, True
+        for r in path:
+            ok = ok and tok in succ
+            tok = succ[tok][r] if ok else None
+        if ok:
+            want.append((path, tok))
+    assert len(tokens) == len(want) and [t for _, t in want] == tokens
+    for i, (path, _) in enumerate(want):
+        par = parents[i]
+        assert (par == tree.ROOT) == (len(path) == 1) and (par == tree.ROOT or want[par][0] == path[:-1])
+    assert all(len(p) == 1 for p, _ in want[: len(table.draft(5, 1)[0])])  # cap = 1: depth-1 nodes only
+
+
+@pytest.mark.parametrize("method", ["sam", "recycling", "sam+recycling"])
+def test_new_methods_greedy_equal_ar(tiny, prompts, method):
+    ref = ar.generate(tiny, prompts, max_new_tokens=30, eos_token_id=[])
+    got = retrieval.generate(tiny, prompts, max_new_tokens=30, eos_token_id=[], method=method)
+    assert got.tokens == ref.tokens
+    assert [retrieval.generate(tiny, [p], max_new_tokens=30, eos_token_id=[], method=method).tokens[0]
+            for p in prompts] == ref.tokens
+    assert got.stats.draft_calls == 0 and got.stats.tau > 1.2
+
+
+@pytest.mark.parametrize("method", ["sam", "recycling", "sam+recycling"])
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_new_methods_stop_inside_a_proposal(tiny, prompts, method, n):
+    free = ar.generate(tiny, [prompts[0]], max_new_tokens=16, eos_token_id=[]).tokens[0]
+    assert retrieval.generate(tiny, [prompts[0]], max_new_tokens=n, eos_token_id=[], method=method).tokens[0] \
+        == free[:n]
+    eos = free[5]
+    got = retrieval.generate(tiny, [prompts[0]], max_new_tokens=16, eos_token_id=eos, method=method).tokens[0]
+    assert got == free[: free.index(eos) + 1]
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 10])
@@ -72,14 +152,16 @@ def accept_all(draft, p, q, u, valid):
     return valid.clone(), sampling.sample_from_probs(p[rows, valid])
 
 
-def first_two_pvalue(tiny, prompt, rule):
+def first_two_pvalue(tiny, prompt, rule, method="prompt_lookup"):
     from scipy.stats import chisquare
 
     p1 = sampling.probs(tiny.logits(torch.tensor([prompt]))[0, -1], TEMP, TOP_K)
     firsts = p1.nonzero()[:, 0].tolist()
     p2 = sampling.probs(tiny.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], TEMP, TOP_K)
     exact = {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
-    g = sp.decode(tiny, retrieval.PromptLookup(num_tokens=3), [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP,
+    proposer = retrieval.PromptLookup(num_tokens=3) if method == "prompt_lookup" else \
+        retrieval.SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens=3)
+    g = sp.decode(tiny, proposer, [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP,
                   top_k=TOP_K, generator=torch.Generator().manual_seed(7), eos_token_id=[], rule=rule)
     counts: dict = {}
     for t in g.tokens:
@@ -102,4 +184,31 @@ def test_sampling_is_lossless_and_the_wrong_rule_is_caught(tiny):
     assert g.stats.drafted > 0 and 0.05 < g.stats.alpha < 0.95  # both branches of the rule run
     assert pvalue > 1e-3
     bad, _ = first_two_pvalue(tiny, prompt, accept_all)
+    assert bad < 1e-6
+
+
+def first_child_always(self, parents, valid, xs, p, q, settings):
+    """Negative control for trees: accept the first child at every node, whatever p says."""
+    return self.walk(parents, valid, lambda node, kids: kids[0] if kids else None,
+                     lambda node: int(sampling.sample_from_probs(p[node + 1][None])[0]))
+
+
+@pytest.mark.usefixtures("torch_kernels")
+def test_sam_sampling_is_lossless(tiny):
+    prompt = tiny.encode("And the LORD spake unto Moses, saying, Speak unto the children of Israel. "
+                         "And the LORD spake unto")
+    pvalue, g = first_two_pvalue(tiny, prompt, None, method="sam")
+    assert g.stats.drafted > 0 and 0.05 < g.stats.alpha < 0.95
+    assert pvalue > 1e-3
+
+
+def test_sam_with_recycling_samples_through_the_tree_losslessly(tiny, monkeypatch):
+    """SAM's 5-token match proposes a chain packed as a tree: the tree's walk must keep p exact."""
+    prompt = tiny.encode("And the LORD spake unto Moses, saying, Speak unto the children of Israel. "
+                         "And the LORD spake unto")
+    pvalue, g = first_two_pvalue(tiny, prompt, None, method="sam+recycling")
+    assert g.stats.drafted > 0 and 0.05 < g.stats.alpha < 0.95
+    assert pvalue > 1e-3
+    monkeypatch.setattr(tree.Tree, "sample_walk", first_child_always)
+    bad, _ = first_two_pvalue(tiny, prompt, None, method="sam+recycling")
     assert bad < 1e-6

@@ -23,8 +23,8 @@ from .. import models
 from ..models import cpu_linear
 from ..prompts import encode_prompt, prompt_set
 from . import dllm
-from .decode import DECODE_COLS, Context, hardware, latency_curve, markdown_table, run_decode
-from .rows import DRAFT_FOR, decode_rows
+from .decode import DECODE_COLS, Context, category_table, hardware, latency_curve, markdown_table, run_decode
+from .rows import DRAFT_FOR, decode_rows, lookahead_sweep_rows
 
 INTERPRETER_REFUSAL = ("TRITON_INTERPRET=1 is set: Triton kernels would run in the CPU interpreter and the "
                        "timings would be the interpreter's. Unset it (env -u TRITON_INTERPRET ...) to benchmark.")
@@ -36,7 +36,7 @@ def prepacked(model) -> bool:
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refimpl.bench", description="Benchmark every decoding method.")
-    p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "kernels"], default="decode")
+    p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "kernels", "lookahead-sweep"], default="decode")
     p.add_argument("--model", default="tiny", help="target model (zoo name, folder or HF id)")
     p.add_argument("--methods", default=None, help="comma-separated substrings of method names to run")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -83,7 +83,7 @@ def main(argv=None):
     else:
         lm = models.load(args.model, device=args.device, prepack=prepack)
         packed = prepacked(lm.model)
-        methods = decode_rows()
+        methods = decode_rows() if args.suite == "decode" else lookahead_sweep_rows()
         if args.methods:
             want = [w.strip() for w in args.methods.split(",")]
             methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
@@ -98,7 +98,7 @@ def main(argv=None):
         per_cat = 1 if args.fast else args.per_category
         prompts = [(cat, encode_prompt(lm, text)) for cat, text in prompt_set(per_cat)]
         rows = run_decode(ctx, methods, prompts, args.max_new_tokens, 1 if args.fast else args.repeats)
-        md = markdown_table(rows, DECODE_COLS)
+        md = markdown_table(rows, DECODE_COLS) + "\n\nPer category:\n\n" + category_table(rows)
     result["rows"] = rows
     result["prepacked_linears"] = packed
     hw = result["hardware"]

@@ -175,6 +175,21 @@ def markdown_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def category_table(rows: list[dict]) -> str:
+    """Per prompt category: ``speed-up vs AR / tau`` of every row (tau '-' where a method has none)."""
+    base = next((r for r in rows if r["method"] == "ar (cache)"), None)
+    cats = list(rows[0]["per_category_tokens_per_s"]) if rows else []
+    table = []
+    for r in rows:
+        out = {"method": r["method"]}
+        for c in cats:
+            sp = (r["per_category_tokens_per_s"].get(c, 0.0) / base["per_category_tokens_per_s"][c]) if base else None
+            tau = r["per_category_tau"].get(c)
+            out[c] = ("-" if sp is None else f"{sp:.2f}x") + " / " + ("-" if tau is None else f"{tau:.2f}")
+        table.append(out)
+    return markdown_table(table, [("method", "method (speed-up / tau)", "")] + [(c, c, "") for c in cats])
+
+
 DECODE_COLS = [("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"), ("speedup", "speedup vs AR", ".2f"),
                ("tau", "tau", ".2f"), ("target_nfe_per_token", "target NFE/token", ".2f"),
                ("exact", "exact vs AR greedy", ".0%"), ("prompts", "prompts", "")]

@@ -8,12 +8,15 @@ adds its rows to :func:`decode_rows`.
 """
 from __future__ import annotations
 
-from .. import adaptive, autoregressive, drafts, retrieval, speculative
+from .. import adaptive, autoregressive, drafts, jacobi, lookahead, retrieval, speculative
 from ..copy_prior import ContextCopyLM
 from .decode import Context, Method, hf_assisted, hf_generate
 
 #: the draft model paired with each target in the zoo
 DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+
+#: the best (W, N, G) of the lookahead sweep on SmolLM2-135M, this CPU (README, chapter 08)
+LOOKAHEAD_BEST = {"window": 3, "ngram": 4, "guesses": 3}
 
 
 def default_exit_layer(num_layers: int) -> int:
@@ -67,4 +70,29 @@ def decode_rows() -> list[Method]:
         Method("prompt lookup sampling T=0.7",
                lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, temperature=0.7,
                                                   generator=c.generator), exact=False),
+        Method("jacobi (window 8)", lambda c, p, n: jacobi.generate(c.target, [p], max_new_tokens=n, window=8)),
+        Method("lookahead (W=7, N=5, G=7)", lambda c, p, n: lookahead.generate(c.target, [p], max_new_tokens=n)),
+        Method(f"lookahead (W={LOOKAHEAD_BEST['window']}, N={LOOKAHEAD_BEST['ngram']}, "
+               f"G={LOOKAHEAD_BEST['guesses']}, prompt n-grams)",
+               lambda c, p, n: lookahead.generate(c.target, [p], max_new_tokens=n, pool_from_prompt=True,
+                                                  **LOOKAHEAD_BEST)),
+        Method("sam (16 tokens)", lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, method="sam")),
+        Method("token recycling (80 nodes, k=8)",
+               lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, method="recycling")),
+        Method("sam + token recycling",
+               lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, method="sam+recycling")),
     ]
+
+
+#: (W, N, G) points of the lookahead sweep: the repository's README and MT-bench settings, and smaller
+#: windows, which matter on a CPU where every extra scored token costs time
+LOOKAHEAD_GRID = [(7, 5, 7), (15, 5, 15), (5, 5, 5), (3, 5, 3), (3, 4, 3), (5, 4, 5), (3, 3, 3), (7, 3, 7), (1, 4, 3)]
+
+
+def lookahead_sweep_rows() -> list[Method]:
+    """AR plus lookahead at every :data:`LOOKAHEAD_GRID` point, with and without prompt n-grams."""
+    def row(w, n, g, prompt):
+        return Method(f"lookahead W={w} N={n} G={g}{' +prompt' if prompt else ''}",
+                      lambda c, p, k: lookahead.generate(c.target, [p], max_new_tokens=k, window=w, ngram=n,
+                                                         guesses=g, pool_from_prompt=prompt))
+    return [decode_rows()[0]] + [row(w, n, g, pr) for w, n, g in LOOKAHEAD_GRID for pr in (False, True)]
