@@ -1,0 +1,198 @@
+"""jacobi.generate (Jacobi decoding as a proposer on the verification core): greedy == AR greedy token
+for token (windows 1, 3, 8; ragged batches and single rows; EOS inside an accepted run;
+max_new_tokens cutting the window); speculative Jacobi decoding (SJD) is lossless: chi-square on the
+first two tokens, where the second is decided by an SJD guess (q = p_old), with wrong rules and a
+proposer whose q is taken from the wrong position as negative controls."""
+import pytest
+import torch
+
+import kernels
+from refimpl import autoregressive as ar
+from refimpl import jacobi, sampling
+from refimpl import speculative as sp
+
+pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels' torch references (fast on CPU)
+
+REPEAT = "And God said, Let there be light: and there was light. And God said, Let there be"
+TEXTS = [REPEAT, "In the beginning", "The LORD is my shepherd; I shall not want. He maketh me", "And"]
+N = 20
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    return [tiny.encode(t) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def ar_free(tiny, prompts):
+    return ar.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens
+
+
+# ---- greedy Jacobi ----------------------------------------------------------------------
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_greedy_equals_ar_ragged_and_row_by_row(tiny, prompts, ar_free, window):
+    g = jacobi.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[], window=window)
+    assert g.tokens == ar_free
+    assert g.stats.draft_calls == 0 and g.stats.tau >= 1.0
+    assert g.stats.nfe == g.stats.target_calls <= N
+    assert sum(map(sum, g.stats.accepted)) > 0, "some Jacobi guesses should converge early"
+    for p, ref in zip(prompts, ar_free):
+        one = jacobi.generate(tiny, [p], max_new_tokens=N, eos_token_id=[], window=window, seed=window)
+        assert one.tokens[0] == ref and one.stats.tau >= 1.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 11])
+def test_max_new_tokens_cuts_the_window(tiny, prompts, ar_free, n):
+    """The last steps' windows are cut to what a row still needs; rows finish at different steps."""
+    g = jacobi.generate(tiny, prompts, max_new_tokens=n, eos_token_id=[], window=4)
+    assert g.tokens == [r[:n] for r in ar_free]
+    assert max(g.stats.extra["gammas"]) <= min(4, n - 1)
+
+
+def eos_inside_a_run(prompts, free):
+    """(row, eos, position): a token emitted as an accepted Jacobi guess (not the target's own token)
+    at its first occurrence in the row's output, so that the step emitted tokens after it."""
+    for r in range(len(prompts)):
+        start = 0
+        for step in free.stats.accepted:
+            k = step[r]
+            for j in range(k):  # the accepted guesses of this step; the target's token follows
+                tok = free.tokens[r][start + j]
+                if free.tokens[r].index(tok) == start + j:
+                    return r, tok, start + j
+            start += k + 1
+            if start >= len(free.tokens[r]):
+                break
+    return None
+
+
+@pytest.mark.parametrize("window", [3, 8])
+def test_eos_inside_an_accepted_run(tiny, prompts, ar_free, window):
+    free = jacobi.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[], window=window)
+    found = eos_inside_a_run(prompts, free)
+    assert found is not None, "the test needs a row where an accepted guess can be EOS"
+    row, eos, pos = found
+    g = jacobi.generate(tiny, prompts, max_new_tokens=N, eos_token_id=eos, window=window)
+    assert g.tokens[row] == ar_free[row][: pos + 1]
+    assert g.tokens == [r[: r.index(eos) + 1] if eos in r else r for r in ar_free]
+    one = jacobi.generate(tiny, [prompts[row]], max_new_tokens=N, eos_token_id=[eos, 10**6], window=window)
+    assert one.tokens[0] == ar_free[row][: pos + 1]
+
+
+@pytest.mark.parametrize("window", [0, -1, 2.5, True, "8"])
+def test_bad_window_names_window(tiny, prompts, window):
+    with pytest.raises(ValueError, match="window"):
+        jacobi.generate(tiny, prompts[:1], window=window)
+
+
+# ---- speculative Jacobi decoding ----------------------------------------------------------
+def test_sjd_top_k_1_equals_greedy_and_is_seeded(tiny, prompts, ar_free):
+    """top_k=1: p and p_old are one-hot, so SJD's accept test and residual must reproduce AR greedy."""
+    g = jacobi.generate(tiny, prompts, max_new_tokens=12, temperature=1.3, top_k=1,
+                        generator=torch.Generator().manual_seed(0), eos_token_id=[], window=4)
+    assert g.tokens == [r[:12] for r in ar_free]
+
+    def run(seed):
+        return jacobi.generate(tiny, prompts, max_new_tokens=8, temperature=0.9, top_p=0.95,
+                               generator=torch.Generator().manual_seed(seed), window=3).tokens
+
+    a = run(1)
+    assert a == run(1) and a != run(2)
+
+
+def accept_all(draft, p, q, u, valid):
+    """Negative control: keep every guess (the output then copies the random initial guesses)."""
+    rows = torch.arange(len(valid))
+    return valid.clone(), sampling.sample_from_probs(p[rows, valid])
+
+
+def trust_sjd_guesses(draft, p, q, u, valid):
+    """Negative control, SJD guesses only: accept a guess drawn from p_old whenever p(x) > 0 (the ratio
+    p / p_old is ignored); the random initial guesses (one-hot q) get the correct rule."""
+    g = draft.shape[1]
+    soft = q.amax(-1) < 1  # (b, g) guesses with a real p_old
+    u = u.clone()
+    u[:, :g] = torch.where(soft, torch.zeros_like(u[:, :g]), u[:, :g])
+    return kernels.rejection_sample(draft, p, q, u, valid)
+
+
+def residual_ignores_p_old(draft, p, q, u, valid):
+    """Negative control, SJD guesses only: the correct accept test, but after a rejection draw from
+    p without the rejected token (right for a one-hot q) instead of norm(max(0, p - p_old))."""
+    n, nxt = kernels.rejection_sample(draft, p, q, u, valid)
+    b, g = draft.shape
+    rej = n < valid
+    if g == 0 or not bool(rej.any()):
+        return n, nxt
+    rows = torch.arange(b)
+    w = p[rows, n].clone()
+    w[rows[rej], draft[rows, n.clamp(max=g - 1)][rej]] = 0
+    w = w / w.sum(-1, keepdim=True)
+    alt = (w.cumsum(-1) > u[:, g:g + 1]).long().argmax(-1)
+    return n, torch.where(rej, alt, nxt)
+
+
+class ShiftedPOld(jacobi.Jacobi):
+    """Negative control (a proposer bug): each SJD guess carries the p_old of the position after it, so
+    q is not the distribution the guess was drawn from."""
+
+    def accept(self, v):
+        super().accept(v)
+        self.p_old = [qs[1:] + qs[-1:] for qs in self.p_old]
+
+
+TOP_K, TEMP, SAMPLES, WINDOW = 5, 1.0, 1500, 4
+
+
+def exact_first_two(tiny, prompt):
+    """The target's exact joint distribution of the first two sampled tokens: {(a, b): prob}."""
+    p1 = sampling.probs(tiny.logits(torch.tensor([prompt]))[0, -1], TEMP, TOP_K)
+    firsts = p1.nonzero()[:, 0].tolist()
+    p2 = sampling.probs(tiny.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], TEMP, TOP_K)
+    return {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
+
+
+def sjd_pvalue(tiny, prompt, exact, seed, rule=None, proposer=jacobi.Jacobi):
+    from scipy.stats import chisquare
+
+    g = sp.decode(tiny, proposer(WINDOW), [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
+                  generator=torch.Generator().manual_seed(seed), eos_token_id=[], rule=rule)
+    counts: dict = {}
+    for t in g.tokens:
+        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
+    if not set(counts) <= set(exact):  # a pair the target never emits
+        return 0.0, g
+    big = [k for k in exact if exact[k] * SAMPLES >= 5]  # pool the rare cells into one
+    obs = [counts.get(k, 0) for k in big] + [SAMPLES - sum(counts.get(k, 0) for k in big)]
+    exp = [exact[k] * SAMPLES for k in big] + [SAMPLES * (1 - sum(exact[k] for k in big))]
+    exp = [e * sum(obs) / sum(exp) for e in exp]
+    return chisquare(obs, exp).pvalue, g
+
+
+@pytest.mark.parametrize("text,seed,controls", [
+    ("Then", 8, [(accept_all, jacobi.Jacobi), (trust_sjd_guesses, jacobi.Jacobi),
+                 (residual_ignores_p_old, jacobi.Jacobi)]),
+    ("Then the", 9, [(trust_sjd_guesses, jacobi.Jacobi), (None, ShiftedPOld)]),
+])
+def test_sjd_is_lossless_and_wrong_rules_are_caught(tiny, text, seed, controls):
+    """Chi-square on the first two tokens (top-5, T = 1; fixed seeds, 1,500 samples).
+
+    The initial guesses (tokens of the context) are never in the top-5 here, so the first step always
+    rejects and draws token 1, and the same call's prediction after the rejected guess, p_old, supplies
+    the guess for token 2: the next step accepts it with min(1, p / p_old) or draws from the residual
+    norm(max(0, p - p_old)). "Then": p_old(. | Then Then) is the first-token distribution, far from
+    p(. | Then t), so the residual matters; "Then the": the two guesses' p_old differ, so a q taken from
+    the wrong position shows. Measured, seeds 7-11: correct rule p = 0.005-0.49; accept-all p = 0;
+    trust-the-guess p < 1e-35; residual-ignores-p_old ("Then") p < 2e-7; shifted p_old ("Then the")
+    p < 5e-6 (2e-11 at seed 9)."""
+    prompt = tiny.encode(text)
+    exact = exact_first_two(tiny, prompt)
+    pvalue, g = sjd_pvalue(tiny, prompt, exact, seed)
+    first, second = g.stats.accepted[0], g.stats.accepted[1]
+    assert all(k == 0 for k in first), "step 1 rejects the initial guesses: token 2 is decided by an SJD guess"
+    took = sum(k >= 1 for k in second) / SAMPLES  # SJD guesses accepted at step 2
+    assert 0.05 < took < 0.95, "both branches of the SJD rule (accept p_old's draw, residual) must run"
+    assert pvalue > 1e-3
+    for rule, proposer in controls:
+        bad, _ = sjd_pvalue(tiny, prompt, exact, seed, rule, proposer)
+        assert bad < 1e-6, (rule or proposer).__name__
