@@ -20,8 +20,9 @@ Language Models with Token Recycling", arXiv 2408.08696, §3): every verificatio
 candidate positions; keep each token's latest top-k successors in a (V, k) table
 (:class:`RecyclingTable`) and draft a tree from it by following a static template of ranks
 (:func:`recycling_template`, 80 nodes, k = 8 in the paper), verified as a token tree
-(:mod:`refimpl.tree`). The table is rewritten after every verification from the scores the
-target just computed: no extra model, no extra forward.
+(:mod:`refimpl.tree`). The table starts from the prefill's scores of the prompt (the paper keeps
+it across requests instead) and is rewritten after every verification from the scores the target
+just computed: no extra model, no extra forward.
 """
 from __future__ import annotations
 
@@ -188,6 +189,7 @@ class SuffixAndRecycling:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         rows = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
         self.last = [r[-1] for r in rows]
+        self.prompts = rows  # the recycling table starts from the prompt's own scores (first verdict)
         self.automata = [SuffixAutomaton(r) for r in rows] if self.sam else None
         self.tables = [RecyclingTable(self.template) for _ in rows] if self.recycling else None
 
@@ -213,6 +215,11 @@ class SuffixAndRecycling:
         xs, valid = self.prop.tokens.tolist(), self.prop.valid.tolist()
         paths = v.path.tolist() if v.path is not None else [list(range(k)) for k in v.n_list]
         top = v.logits.topk(self.k, dim=-1).indices.tolist() if self.recycling else None  # (b, 1 + g, k)
+        if self.recycling and self.prompts is not None and v.fed is not None and v.fed.shape[1]:
+            fed = v.fed.topk(self.k, dim=-1).indices.tolist()  # (b, F - 1, k): the prefill scored the prompt
+            for b, r in enumerate(self.prompts):  # left padding: row b's tokens are the last len(r) columns
+                self.tables[b].update(r[:-1], fed[b][len(fed[b]) - (len(r) - 1):] if len(r) > 1 else [])
+        self.prompts = None
         for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
             new = [xs[b][i] for i in paths[b][:k]] + [t]
             if self.recycling:  # every scored position rewrites its token's successors
@@ -225,6 +232,7 @@ class SuffixAndRecycling:
     def select(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
         self.last = [self.last[i] for i in keep]
+        self.prompts = None
         self.automata = [self.automata[i] for i in keep] if self.sam else None
         self.tables = [self.tables[i] for i in keep] if self.recycling else None
 

@@ -115,6 +115,7 @@ class Verdict(NamedTuple):
     emitted: float  # mean tokens emitted per row this step (for length policies)
     logits: torch.Tensor | None = None  # (b, g + 1, V) the target's logits after the root and each draft
     path: torch.Tensor | None = None  # (b, max n) accepted node indices of a tree proposal (-1 = none)
+    fed: torch.Tensor | None = None  # (b, F - 1, V) logits after the fed tokens before the root (the prompt, at first)
 
 
 # ---------------------------------------------------------------------------------------
@@ -220,13 +221,16 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
             stats.draft_calls += prop.calls
             step_gammas.append(g)
             # 2. one target call over the unprocessed tokens + the drafts
+            F = feed.shape[1]
             if prop.tree is None:
                 fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
-                logits = tgt.feed(torch.cat([feed, x], 1), fm)[:, feed.shape[1] - 1:]  # (b, g + 1, V)
+                logits = tgt.feed(torch.cat([feed, x], 1), fm)  # (b, F + g, V)
+                fed, logits = logits[:, : F - 1], logits[:, F - 1:]  # before the root; (b, g + 1, V)
                 n, nxt = verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
                 path, acc = None, x
             else:  # a token tree (refimpl.tree): ancestor mask, position = depth, walk from the root
-                logits = prop.tree.feed(tgt, feed, fmask, x, valid)  # (b, g + 1, V)
+                logits = prop.tree.feed(tgt, feed, fmask, x, valid, full=True)  # (b, F + g, V)
+                fed, logits = logits[:, : F - 1], logits[:, F - 1:]
                 n, nxt, path = prop.tree.verify(x, logits, valid, prop.q, settings, rule)
                 acc = x.gather(1, path.clamp(min=0))  # (b, max n) the accepted path's tokens
                 valid = prop.tree.candidates(valid)  # drafts = nodes that could be accepted
@@ -254,7 +258,7 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
                 prop.tree.compact(tgt, g, path, n, n_list)
             elif g:
                 tgt.keep_accepted(g, n, n_list)
-            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted), logits, path))
+            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted), logits, path, fed))
             feed, fmask = nxt[:, None], None
             if finished:
                 keep = [i for i in range(len(rows)) if i not in finished]

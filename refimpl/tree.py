@@ -84,10 +84,10 @@ class Tree:
 
     # -- 1. one forward over the unprocessed tokens + every node ---------------------------
     def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
-             valid: torch.Tensor) -> torch.Tensor:
+             valid: torch.Tensor, full: bool = False) -> torch.Tensor:
         """Append ``feed`` (b, F) (``fmask`` marks real tokens) and the nodes ``x`` (b, m) to the
         :class:`~refimpl.speculative.SlotCache` ``slots`` -> logits (b, 1 + m, V): after the root,
-        then after each node."""
+        then after each node (``full``: (b, F + m, V), after every fed token too)."""
         b, F = feed.shape
         m, dev = x.shape[1], feed.device
         fm = torch.ones_like(feed) if fmask is None else fmask
@@ -110,7 +110,7 @@ class Tree:
         slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
         slots.count = slots.mask.sum(-1)
         slots.holes = slots.holes or fmask is not None
-        return logits[:, F - 1:]
+        return logits if full else logits[:, F - 1:]
 
     # -- 2. walk down from the root ---------------------------------------------------------
     def verify(self, x: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor, q: torch.Tensor | None,

@@ -16,7 +16,7 @@ from .decode import Context, Method, hf_assisted, hf_generate
 DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
 
 #: the best (W, N, G) of the lookahead sweep on SmolLM2-135M, this CPU (README, chapter 08)
-LOOKAHEAD_BEST = {"window": 3, "ngram": 4, "guesses": 3}
+LOOKAHEAD_BEST = {"window": 1, "ngram": 4, "guesses": 3}
 
 
 def default_exit_layer(num_layers: int) -> int:
