@@ -37,12 +37,13 @@ class Jacobi:
 
     def __init__(self, window: int = 8, seed: int = 0):
         self.window = check_positive_int("window", window)
-        self.init = torch.Generator().manual_seed(seed)
+        self.seed = seed
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.context = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
         self.settings, self.vocab = settings, None
+        self.init = torch.Generator().manual_seed(self.seed)  # the same initial guesses on every run
         self.guess: list[list[int]] = [[] for _ in self.context]  # y_1..y_k per row
         self.p_old: list[list[torch.Tensor | None]] = [[] for _ in self.context]  # q of each guess; None = one-hot
 

@@ -65,6 +65,8 @@ class NgramPool:
 class Lookahead:
     """Proposer: lookahead window (side nodes) + verification trie of pooled n-grams."""
 
+    tree_proposals = True
+
     def __init__(self, window: int = 7, ngram: int = 5, guesses: int = 7, pool_from_prompt: bool = False,
                  seed: int = 0):
         self.W = check_positive_int("window", window)

@@ -181,6 +181,7 @@ class SuffixAndRecycling:
     def __init__(self, sam: bool = True, recycling: bool = True, num_tokens: int = 16, min_match: int | None = None,
                  k: int = 8, nodes: int = 80):
         self.sam, self.recycling = sam, recycling
+        self.tree_proposals = recycling
         self.num_tokens = check_positive_int("num_tokens", num_tokens)
         self.min_match = (5 if recycling else 1) if min_match is None else check_positive_int("min_match", min_match)
         self.k, self.template = k, recycling_template(nodes, k) if recycling else None
@@ -256,6 +257,10 @@ def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_positive_int("recycle_k", recycle_k)
+    check_positive_int("tree_nodes", tree_nodes)
+    if recycle_k > target.vocab_size:
+        raise ValueError(f"recycle_k must be at most the vocabulary size {target.vocab_size}, got {recycle_k}")
     if method == "prompt_lookup":
         proposer = PromptLookup(10 if num_tokens is None else num_tokens, max_ngram, min_ngram)
     else:

@@ -41,6 +41,12 @@ for the whole batch, and a 2-D slot mask (B, slots) marks which slots hold a row
 the slots of rejected drafts stay behind as *holes* (mask 0) that are never attended to. Position
 ids count only a row's valid slots, so every row computes exactly what it would compute alone.
 At batch 1 there are never holes and no mask is passed at all.
+
+Trees. A proposal with ``tree=`` (a :class:`refimpl.tree.Tree`) holds the nodes of a token tree
+instead of a chain; the loop then lets the tree feed itself (ancestor mask, position = depth),
+walk itself (greedy or SpecInfer's multi-candidate rule) and compact the cache to the accepted
+path. Every verdict also returns the target's logits at every scored position (``Verdict.logits``,
+``Verdict.fed``): self-drafting proposers (Jacobi, lookahead, token recycling) draft from them.
 """
 from __future__ import annotations
 
@@ -197,6 +203,8 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
     number of drafts per row and step.
     """
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
+    if rule is not None and getattr(proposer, "tree_proposals", False):
+        raise ValueError("rule= replaces the chain's acceptance rule; this proposer drafts token trees")
     prompts = normalize_prompts(prompts, min(target.max_length, getattr(proposer, "max_length", target.max_length)),
                                 max_new_tokens, target.vocab_size)
     eos = eos_set(eos_token_id, target.eos_token_id)

@@ -72,6 +72,13 @@ class Tree:
     see: torch.Tensor | None = None
 
     def __post_init__(self):
+        if self.parents.dim() != 2 or bool((self.parents < SIDE).any()):
+            raise ValueError("parents must be (b, m) with entries >= -2 (SIDE), -1 (ROOT) or a node index")
+        b, m = self.parents.shape
+        if self.depth is not None and tuple(self.depth.shape) != (b, m):
+            raise ValueError(f"depth must have the parents' shape {(b, m)}, got {tuple(self.depth.shape)}")
+        if self.see is not None and tuple(self.see.shape) != (b, m, m):
+            raise ValueError(f"see must be (b, m, m) = {(b, m, m)}, got {tuple(self.see.shape)}")
         if self.depth is None or self.see is None:
             anc = ancestors(self.parents)
             self.depth = anc.sum(-1) if self.depth is None else self.depth

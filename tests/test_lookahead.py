@@ -76,6 +76,10 @@ def test_bad_arguments_name_the_argument(tiny, prompts):
     for kw, name in [({"window": 0}, "window"), ({"ngram": 1}, "ngram"), ({"guesses": 0}, "guesses")]:
         with pytest.raises(ValueError, match=name):
             lookahead.generate(tiny, prompts[:1], **kw)
+    with pytest.raises(ValueError, match="rule"):  # refused before any forward: trees have their own rule
+        sp.decode(tiny, lookahead.Lookahead(), prompts[:1], temperature=1.0, rule=lambda *a: None)
+    with pytest.raises(ValueError, match="parents"):
+        tree.Tree(torch.tensor([[-3, 0]]))
 
 
 TOP_K, TEMP, SAMPLES = 4, 1.0, 1500

@@ -136,7 +136,10 @@ def test_max_new_tokens_and_eos_inside_a_proposal(tiny, prompts, n):
 def test_bad_arguments_name_the_argument(tiny, prompts):
     for kw, name in [({"method": "suffix"}, "method"), ({"num_tokens": 0}, "num_tokens"),
                      ({"min_ngram": 3, "max_ngram": 2}, "min_ngram"), ({"temperature": -1.0}, "temperature"),
-                     ({"max_new_tokens": 0}, "max_new_tokens")]:
+                     ({"max_new_tokens": 0}, "max_new_tokens"), ({"method": "recycling", "recycle_k": 0}, "recycle_k"),
+                     ({"method": "recycling", "recycle_k": 10 ** 9}, "recycle_k"),
+                     ({"method": "sam+recycling", "tree_nodes": 0}, "tree_nodes"),
+                     ({"method": "sam", "min_match": 0}, "min_match")]:
         with pytest.raises(ValueError, match=name):
             retrieval.generate(tiny, prompts[:1], **kw)
     with pytest.raises(ValueError, match="prompts"):
