@@ -1,0 +1,24 @@
+"""Reference answers for chapter 05 (token trees). Shown only when the learner asks."""
+import torch
+
+
+def ancestor_mask(parents):
+    """(m,) parent list -> (m, m) bool: [i, j] True when node j is node i or one of its ancestors."""
+    m = len(parents)
+    mask = torch.zeros((m, m), dtype=torch.bool)
+    for i, p in enumerate(parents):        # parents come first: row p is complete when we reach i
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    return mask
+
+
+def greedy_path(tokens, parents, best):
+    """Walk from the root keeping the (first) child whose token is the target's argmax."""
+    path, node = [], -1
+    while True:
+        kid = next((c for c in range(len(tokens)) if parents[c] == node and tokens[c] == best[node + 1]), None)
+        if kid is None:
+            return path, best[node + 1]
+        path.append(kid)
+        node = kid
