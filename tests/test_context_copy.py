@@ -13,6 +13,7 @@ from refimpl import autoregressive as ar
 from refimpl import copy_prior, drafts, sampling
 from refimpl.models.lean_llama import LeanTrimmedLM
 from refimpl import speculative as sp
+from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels' torch references
 
@@ -142,33 +143,19 @@ def test_sampling_stays_lossless_chi_square(target, copier, prompts):
     verifying with the inner draft's q instead (as if the prior were not part of the draft) is
     the negative control: its first token is 0.5 away in total variation. Power at seed 1234
     (1,200 samples): correct rule p = 0.86, inner q p = 0.0."""
-    from scipy.stats import chisquare
-
     temp, top_k, samples = 1.0, 8, 1200
     prompt = target.encode("I will give thee the land of Egypt. I will give thee the")
     cand = copy_prior.copy_candidates(torch.tensor(prompt), torch.tensor([len(prompt) - 1]), 3, 1).item()  # " land"
     q_copy = sampling.probs(copier.logits(torch.tensor([prompt]))[0, -1], temp, top_k)
     q_inner = sampling.probs(copier.lm.logits(torch.tensor([prompt]))[0, -1], temp, top_k)
     assert q_copy[cand] > q_inner[cand] + 0.3  # the prior reshapes q: the control below has power
-    p1 = sampling.probs(target.logits(torch.tensor([prompt]))[0, -1], temp, top_k)
-    firsts = p1.nonzero()[:, 0].tolist()
-    p2 = sampling.probs(target.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], temp, top_k)
-    exact = {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
+    exact = exact_first_two(target, prompt, temp, top_k)
 
     def pvalue(rule=None):
         g = sp.decode(target, sp.DraftModel(copier, sp.FixedGamma(2), target), [prompt] * samples, max_new_tokens=3,
                       temperature=temp, top_k=top_k, generator=torch.Generator().manual_seed(1234), eos_token_id=[],
                       rule=rule)
-        counts = {}
-        for t in g.tokens:
-            counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
-        if not set(counts) <= set(exact):
-            return 0.0
-        big = [k for k in sorted(exact, key=exact.get, reverse=True) if exact[k] * samples >= 5]
-        obs = [counts.get(k, 0) for k in big] + [samples - sum(counts.get(k, 0) for k in big)]
-        exp = [exact[k] * samples for k in big] + [samples * (1 - sum(exact[k] for k in big))]
-        exp = [e * sum(obs) / sum(exp) for e in exp]
-        return chisquare(obs, exp).pvalue
+        return first_two_pvalue(g.tokens, exact)
 
     def inner_q(x, p, q, u, valid):
         """Wrong: verify the first step's drafts (sampled from the biased q) against the inner

@@ -10,6 +10,7 @@ import kernels
 from refimpl import autoregressive as ar
 from refimpl import jacobi, sampling
 from refimpl import speculative as sp
+from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels' torch references (fast on CPU)
 
@@ -144,29 +145,10 @@ class ShiftedPOld(jacobi.Jacobi):
 TOP_K, TEMP, SAMPLES, WINDOW = 5, 1.0, 1500, 4
 
 
-def exact_first_two(tiny, prompt):
-    """The target's exact joint distribution of the first two sampled tokens: {(a, b): prob}."""
-    p1 = sampling.probs(tiny.logits(torch.tensor([prompt]))[0, -1], TEMP, TOP_K)
-    firsts = p1.nonzero()[:, 0].tolist()
-    p2 = sampling.probs(tiny.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], TEMP, TOP_K)
-    return {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
-
-
 def sjd_pvalue(tiny, prompt, exact, seed, rule=None, proposer=jacobi.Jacobi):
-    from scipy.stats import chisquare
-
     g = sp.decode(tiny, proposer(WINDOW), [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
                   generator=torch.Generator().manual_seed(seed), eos_token_id=[], rule=rule)
-    counts: dict = {}
-    for t in g.tokens:
-        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
-    if not set(counts) <= set(exact):  # a pair the target never emits
-        return 0.0, g
-    big = [k for k in exact if exact[k] * SAMPLES >= 5]  # pool the rare cells into one
-    obs = [counts.get(k, 0) for k in big] + [SAMPLES - sum(counts.get(k, 0) for k in big)]
-    exp = [exact[k] * SAMPLES for k in big] + [SAMPLES * (1 - sum(exact[k] for k in big))]
-    exp = [e * sum(obs) / sum(exp) for e in exp]
-    return chisquare(obs, exp).pvalue, g
+    return first_two_pvalue(g.tokens, exact), g
 
 
 @pytest.mark.parametrize("text,seed,controls", [
@@ -186,7 +168,7 @@ def test_sjd_is_lossless_and_wrong_rules_are_caught(tiny, text, seed, controls):
     trust-the-guess p < 1e-35; residual-ignores-p_old ("Then") p < 2e-7; shifted p_old ("Then the")
     p < 5e-6 (2e-11 at seed 9)."""
     prompt = tiny.encode(text)
-    exact = exact_first_two(tiny, prompt)
+    exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
     pvalue, g = sjd_pvalue(tiny, prompt, exact, seed)
     first, second = g.stats.accepted[0], g.stats.accepted[1]
     assert all(k == 0 for k in first), "step 1 rejects the initial guesses: token 2 is decided by an SJD guess"

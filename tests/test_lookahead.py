@@ -6,6 +6,7 @@ import torch
 from refimpl import autoregressive as ar
 from refimpl import lookahead, sampling, tree
 from refimpl import speculative as sp
+from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels have their own tests; torch references here
 
@@ -86,25 +87,12 @@ TOP_K, TEMP, SAMPLES = 4, 1.0, 1500
 MOSES = "And the LORD spake unto Moses, saying, Speak unto the children of Israel. And the LORD spake unto"
 
 
-def first_two_pvalue(tiny, prompt):
-    from scipy.stats import chisquare
-
-    p1 = sampling.probs(tiny.logits(torch.tensor([prompt]))[0, -1], TEMP, TOP_K)
-    firsts = p1.nonzero()[:, 0].tolist()
-    p2 = sampling.probs(tiny.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], TEMP, TOP_K)
-    exact = {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
+def sampled_pvalue(tiny, prompt):
+    exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
     g = lookahead.generate(tiny, [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
                            generator=torch.Generator().manual_seed(3), eos_token_id=[], pool_from_prompt=True,
                            window=2, ngram=3)
-    counts: dict = {}
-    for t in g.tokens:
-        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
-    if not set(counts) <= set(exact):
-        return 0.0, g
-    big = [k for k in exact if exact[k] * SAMPLES >= 5]
-    obs = [counts.get(k, 0) for k in big] + [SAMPLES - sum(counts.get(k, 0) for k in big)]
-    exp = [exact[k] * SAMPLES for k in big] + [SAMPLES * (1 - sum(exact[k] for k in big))]
-    return chisquare(obs, exp).pvalue, g
+    return first_two_pvalue(g.tokens, exact), g
 
 
 def greedy_first_child(self, parents, valid, xs, p, q, settings):
@@ -116,9 +104,9 @@ def greedy_first_child(self, parents, valid, xs, p, q, settings):
 
 def test_sampling_is_lossless_and_a_wrong_tree_rule_is_caught(tiny, monkeypatch):
     prompt = tiny.encode(MOSES)
-    pvalue, g = first_two_pvalue(tiny, prompt)
+    pvalue, g = sampled_pvalue(tiny, prompt)
     assert sum(map(sum, g.stats.accepted)) > SAMPLES // 10  # pooled guesses are accepted often
     assert pvalue > 1e-3
     monkeypatch.setattr(tree.Tree, "sample_walk", greedy_first_child)
-    bad, _ = first_two_pvalue(tiny, prompt)
+    bad, _ = sampled_pvalue(tiny, prompt)
     assert bad < 1e-6

@@ -11,6 +11,7 @@ from refimpl import autoregressive as ar
 from refimpl import retrieval, sampling, tree
 from refimpl import speculative as sp
 from refimpl.copy_prior import lookup_positions
+from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 REPEAT = "And God said, Let there be light: and there was light. And God said, Let there be"
 pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels have their own tests; torch references here
@@ -155,26 +156,13 @@ def accept_all(draft, p, q, u, valid):
     return valid.clone(), sampling.sample_from_probs(p[rows, valid])
 
 
-def first_two_pvalue(tiny, prompt, rule, method="prompt_lookup"):
-    from scipy.stats import chisquare
-
-    p1 = sampling.probs(tiny.logits(torch.tensor([prompt]))[0, -1], TEMP, TOP_K)
-    firsts = p1.nonzero()[:, 0].tolist()
-    p2 = sampling.probs(tiny.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], TEMP, TOP_K)
-    exact = {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
+def sampled_pvalue(tiny, prompt, rule, method="prompt_lookup"):
+    exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
     proposer = retrieval.PromptLookup(num_tokens=3) if method == "prompt_lookup" else \
         retrieval.SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens=3)
     g = sp.decode(tiny, proposer, [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP,
                   top_k=TOP_K, generator=torch.Generator().manual_seed(7), eos_token_id=[], rule=rule)
-    counts: dict = {}
-    for t in g.tokens:
-        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
-    if not set(counts) <= set(exact):
-        return 0.0, g
-    big = [k for k in exact if exact[k] * SAMPLES >= 5]
-    obs = [counts.get(k, 0) for k in big] + [SAMPLES - sum(counts.get(k, 0) for k in big)]
-    exp = [exact[k] * SAMPLES for k in big] + [SAMPLES * (1 - sum(exact[k] for k in big))]
-    return chisquare(obs, exp).pvalue, g
+    return first_two_pvalue(g.tokens, exact), g
 
 
 @pytest.mark.usefixtures("torch_kernels")
@@ -183,10 +171,10 @@ def test_sampling_is_lossless_and_the_wrong_rule_is_caught(tiny):
     top-4): a one-hot q is accepted with probability p(x), else the residual (p without x) is sampled."""
     prompt = tiny.encode("And the LORD spake unto Moses, saying, Speak unto the children of Israel. "
                          "And the LORD spake unto")
-    pvalue, g = first_two_pvalue(tiny, prompt, None)
+    pvalue, g = sampled_pvalue(tiny, prompt, None)
     assert g.stats.drafted > 0 and 0.05 < g.stats.alpha < 0.95  # both branches of the rule run
     assert pvalue > 1e-3
-    bad, _ = first_two_pvalue(tiny, prompt, accept_all)
+    bad, _ = sampled_pvalue(tiny, prompt, accept_all)
     assert bad < 1e-6
 
 
@@ -200,7 +188,7 @@ def first_child_always(self, parents, valid, xs, p, q, settings):
 def test_sam_sampling_is_lossless(tiny):
     prompt = tiny.encode("And the LORD spake unto Moses, saying, Speak unto the children of Israel. "
                          "And the LORD spake unto")
-    pvalue, g = first_two_pvalue(tiny, prompt, None, method="sam")
+    pvalue, g = sampled_pvalue(tiny, prompt, None, method="sam")
     assert g.stats.drafted > 0 and 0.05 < g.stats.alpha < 0.95
     assert pvalue > 1e-3
 
@@ -209,9 +197,9 @@ def test_sam_with_recycling_samples_through_the_tree_losslessly(tiny, monkeypatc
     """SAM's 5-token match proposes a chain packed as a tree: the tree's walk must keep p exact."""
     prompt = tiny.encode("And the LORD spake unto Moses, saying, Speak unto the children of Israel. "
                          "And the LORD spake unto")
-    pvalue, g = first_two_pvalue(tiny, prompt, None, method="sam+recycling")
+    pvalue, g = sampled_pvalue(tiny, prompt, None, method="sam+recycling")
     assert g.stats.drafted > 0 and 0.05 < g.stats.alpha < 0.95
     assert pvalue > 1e-3
     monkeypatch.setattr(tree.Tree, "sample_walk", first_child_always)
-    bad, _ = first_two_pvalue(tiny, prompt, None, method="sam+recycling")
+    bad, _ = sampled_pvalue(tiny, prompt, None, method="sam+recycling")
     assert bad < 1e-6

@@ -15,8 +15,9 @@ import torch  # noqa: E402
 
 import kernels  # noqa: E402,F401  (imported while TRITON_INTERPRET=1: interpreter-ready jit functions)
 from refimpl import autoregressive as ar  # noqa: E402
-from refimpl import models, sampling  # noqa: E402
+from refimpl import models  # noqa: E402
 from refimpl import speculative as sp  # noqa: E402
+from first_two import exact_first_two, first_two_pvalue  # noqa: E402  (tests/first_two.py)
 
 TEXTS = [
     "And God said",
@@ -192,14 +193,6 @@ def wrong_residual_is_p(draft, p, q, u, valid):
 SAMPLES, TOP_K, TEMP = 1200, 4, 1.0
 
 
-def joint_first_two(lm, prompt):
-    """Exact joint distribution of the first two sampled tokens under the target: {(a, b): prob}."""
-    p1 = sampling.probs(lm.logits(torch.tensor([prompt]))[0, -1], TEMP, TOP_K)
-    firsts = p1.nonzero()[:, 0].tolist()
-    p2 = sampling.probs(lm.logits(torch.tensor([prompt + [a] for a in firsts]))[:, -1], TEMP, TOP_K)
-    return {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
-
-
 def chi_square_pvalue(target, draft, prompt, rule, seed=1234):
     """p-value of the chi-square test: first two tokens of speculative sampling vs the target's joint.
 
@@ -207,25 +200,11 @@ def chi_square_pvalue(target, draft, prompt, rule, seed=1234):
     the second from the test at position 2 or (after a rejection) from the next step, so the
     accept test, the residual and the bonus all feed the statistic.
     """
-    from scipy.stats import chisquare
-
-    exact = joint_first_two(target, prompt)
+    exact = exact_first_two(target, prompt, TEMP, TOP_K)
     g = sp.decode(target, sp.DraftModel(draft, sp.FixedGamma(2), target), [prompt] * SAMPLES, max_new_tokens=3,
                   temperature=TEMP, top_k=TOP_K, generator=torch.Generator().manual_seed(seed), eos_token_id=[],
                   rule=rule)
-    counts = {}
-    for t in g.tokens:
-        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
-    if not set(counts) <= set(exact):  # a pair the target never emits: infinite chi-square
-        return 0.0, g.stats.alpha
-    keys = sorted(exact, key=exact.get, reverse=True)
-    big = [k for k in keys if exact[k] * SAMPLES >= 5]  # pool the rare cells into one
-    obs = [counts.get(k, 0) for k in big] + [SAMPLES - sum(counts.get(k, 0) for k in big)]
-    exp = [exact[k] * SAMPLES for k in big] + [SAMPLES * (1 - sum(exact[k] for k in big))]
-    if exp[-1] < 1e-9:
-        obs, exp = obs[:-1], exp[:-1]
-    exp = [e * sum(obs) / sum(exp) for e in exp]  # exact float normalisation for scipy
-    return chisquare(obs, exp).pvalue, g.stats.alpha
+    return first_two_pvalue(g.tokens, exact), g.stats.alpha
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from refimpl import autoregressive as ar
 from refimpl import sampling
 from refimpl import speculative as sp
 from refimpl.tree import ROOT, SIDE, Tree, ancestors
+from first_two import first_two_pvalue  # tests/first_two.py
 
 TEXTS = ["And God said", "In the beginning",
          "The LORD is my shepherd; I shall not want. He maketh me", "And"]
@@ -268,21 +269,10 @@ def chi_setup(tiny):
 
 
 def tree_pvalue(tiny, chi_setup, cls, seed=11):
-    from scipy.stats import chisquare
-
     prompt, exact, parents, tokens = chi_setup
     g = sp.decode(tiny, FixedTree(parents, tokens, cls), [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP,
                   top_k=TOP_K, generator=torch.Generator().manual_seed(seed), eos_token_id=[])
-    counts: dict = {}
-    for t in g.tokens:
-        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
-    if not set(counts) <= set(exact):  # a pair the target never emits
-        return 0.0, g
-    big = [k for k in exact if exact[k] * SAMPLES >= 5]  # pool the rare cells into one
-    obs = [counts.get(k, 0) for k in big] + [SAMPLES - sum(counts.get(k, 0) for k in big)]
-    exp = [exact[k] * SAMPLES for k in big] + [SAMPLES * (1 - sum(exact[k] for k in big))]
-    exp = [e * sum(obs) / sum(exp) for e in exp]
-    return chisquare(obs, exp).pvalue, g
+    return first_two_pvalue(g.tokens, exact), g
 
 
 def test_specinfer_walk_is_lossless_and_wrong_walks_are_caught(tiny, chi_setup):
