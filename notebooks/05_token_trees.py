@@ -136,38 +136,10 @@ print("depth", depth.tolist(), "== refimpl.tree")
 # sees only its path.
 
 # %%
-def tree_xy(parents):                       # x = depth; leaves stacked; a parent at its children's mean
-    kids, xy, leaves = {}, {}, [0]
-    for i, p in enumerate(parents):
-        kids.setdefault(p, []).append(i)
-
-    def place(i, d):
-        ys = [place(c, d + 1) for c in kids.get(i, [])]
-        y = sum(ys) / len(ys) if ys else leaves[0]
-        leaves[0] += 0 if ys else 1
-        xy[i] = (d, -y)
-        return y
-    place(ROOT, 0)
-    return xy
-
-# %% [markdown]
-# Drawing a tree: edges first, then one labelled box per node; nodes in `green` are highlighted
-# (the accepted path, later).
-
-# %%
-def draw_tree(labels, parents, ax, root="root", green=()):
-    xy = tree_xy(parents)
-    for i, p in enumerate(parents):
-        ax.plot(*zip(xy[p], xy[i]), color="green" if i in green else "0.6", lw=2.5 if i in green else 1, zorder=1)
-    for i, lab in [(ROOT, root)] + list(enumerate(labels)):
-        fc = "#b7e4c7" if i in green else ("#ffe8a3" if i == ROOT else "white")
-        ax.text(*xy[i], repr(lab), ha="center", va="center", fontsize=9, zorder=2,
-                bbox=dict(boxstyle="round,pad=0.25", fc=fc, ec="0.4"))
-    ax.set_xlim(-0.5, max(tree_xy(parents)[i][0] for i in range(-1, len(parents))) + 0.5); ax.axis("off")
-
+from figures import draw_tree   # notebooks/figures.py: x = depth, leaves stacked, a parent at its children's mean
 
 fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw=dict(width_ratios=[1.2, 1]))
-draw_tree(labels, parents, a0, root=lm.decode(ctx[-1:])); a0.set_title("the draft's top-2 x top-2 tree", fontsize=9)
+draw_tree([repr(t) for t in labels], parents, a0, root=repr(lm.decode(ctx[-1:]))); a0.set_title("the draft's top-2 x top-2 tree", fontsize=9)
 a1.imshow(torch.cat([torch.full((6, 3), 0.5), by_hand.float()], 1), cmap="Greys", vmin=0, vmax=1)
 a1.set_xticks(range(9), ["ctx", "...", "ctx"] + labels, rotation=60); a1.set_yticks(range(6), labels)
 a1.set_title("attention mask: context + ancestors", fontsize=9)
@@ -457,7 +429,7 @@ def play(prompt=0, k1=2, k2=2):
     acc, nx = tree.Tree.walk(par, len(toks), lambda node, ch: next((i for i in ch if toks[i] == int(lg[node + 1].argmax())), None),
                              lambda node: int(lg[node + 1].argmax()))
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(toks) + 1))
-    draw_tree([lm.decode([t]) for t in toks], par, ax, root=lm.decode(c[-1:]), green=set(acc) | {ROOT})
+    draw_tree([repr(lm.decode([t])) for t in toks], par, ax, root=repr(lm.decode(c[-1:])), green=set(acc) | {ROOT})
     shown = f"{len(toks)} nodes, accepted {len(acc)} + {lm.decode([nx])!r}"
     ax.set_title(shown, fontsize=9); plt.show()
 

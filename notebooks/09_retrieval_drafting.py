@@ -285,40 +285,12 @@ plt.show()
 
 # %%
 from refimpl.tree import ROOT
-
-
-def tree_xy(parents):                                  # x = depth, leaves stacked, a parent at its children's mean
-    kids, xy, leaves = {}, {}, [0]
-    for i, p in enumerate(parents):
-        kids.setdefault(p, []).append(i)
-
-    def place(i, d):
-        ys = [place(c, d + 1) for c in kids.get(i, [])]
-        y = sum(ys) / len(ys) if ys else leaves[0]
-        leaves[0] += 0 if ys else 1
-        xy[i] = (d, -y)
-        return y
-    place(ROOT, 0)
-    return xy
-
-# %% [markdown]
-# Draw the template itself: each node shows its rank among its parent's successors.
-
-# %%
-def draw_tree(labels, parents, ax, root="root", green=()):
-    xy = tree_xy(parents)
-    for i, p in enumerate(parents):
-        ax.plot(*zip(xy[p], xy[i]), color="green" if i in green else "0.7", lw=2.5 if i in green else 0.8, zorder=1)
-    for i, lab in [(ROOT, root)] + list(enumerate(labels)):
-        fc = "#b7e4c7" if i in green else ("#ffe8a3" if i == ROOT else "white")
-        ax.text(*xy[i], lab, ha="center", va="center", fontsize=7, zorder=2, bbox=dict(boxstyle="round,pad=0.2", fc=fc, ec="0.5"))
-    ax.axis("off")
-
+from figures import draw_tree                            # notebooks/figures.py (chapter 05 draws trees the same way)
 
 template = retrieval.recycling_template()                 # 80 rank paths, parents first
 node = {path: i for i, path in enumerate(template)}
 fig, ax = plt.subplots(figsize=(10, 7))
-draw_tree([str(p[-1]) for p in template], [node.get(p[:-1], ROOT) for p in template], ax)
+draw_tree([str(p[-1]) for p in template], [node.get(p[:-1], ROOT) for p in template], ax, fontsize=7)
 ax.set_title(f"the static template: {len(template)} nodes, depth <= {max(map(len, template))}", fontsize=9)
 plt.show()
 
@@ -361,7 +333,7 @@ assert accepted + [int(nxt[0])] == greedy
 print(f"one target call accepted {int(n[0])} of {len(draft_tokens)} nodes: {lm.decode(accepted)!r} + {lm.decode([int(nxt[0])])!r}")
 fig, ax = plt.subplots(figsize=(11, 8))
 draw_tree([lm.decode([t]).strip() or repr(lm.decode([t])) for t in draft_tokens], draft_parents, ax,
-          root=lm.decode([root]).strip(), green=set(path[0].tolist()))
+          root=lm.decode([root]).strip(), green=set(path[0].tolist()), fontsize=7)
 ax.set_title(f"draft tree below {lm.decode([root])!r}; accepted path in green", fontsize=9)
 plt.show()
 

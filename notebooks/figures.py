@@ -1,0 +1,35 @@
+"""Drawing helpers the notebooks share (pictures only: nothing here is part of an algorithm)."""
+from __future__ import annotations
+
+ROOT = -1  # as refimpl.tree.ROOT: the parent of the root's children
+
+
+def tree_xy(parents: list[int]) -> dict[int, tuple[float, float]]:
+    """Layout of a tree given parents-first ``parents``: x = depth, leaves stacked top to bottom, a
+    parent at the mean height of its children. Node ``ROOT`` (-1) is the root."""
+    kids, xy, leaves = {}, {}, [0]
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+
+    def place(i, d):
+        ys = [place(c, d + 1) for c in kids.get(i, [])]
+        y = sum(ys) / len(ys) if ys else leaves[0]
+        leaves[0] += 0 if ys else 1
+        xy[i] = (d, -y)
+        return y
+    place(ROOT, 0)
+    return xy
+
+
+def draw_tree(labels, parents, ax, root="root", green=(), fontsize: int = 9) -> None:
+    """Edges, then one labelled box per node (``labels[i]`` for node i); nodes in ``green`` (the
+    accepted path, say; ``ROOT`` included to colour the root) are highlighted."""
+    xy = tree_xy(parents)
+    for i, p in enumerate(parents):
+        ax.plot(*zip(xy[p], xy[i]), color="green" if i in green else "0.6", lw=2.5 if i in green else 1, zorder=1)
+    for i, lab in [(ROOT, root)] + list(enumerate(labels)):
+        fc = "#b7e4c7" if i in green else ("#ffe8a3" if i == ROOT else "white")
+        ax.text(*xy[i], lab, ha="center", va="center", fontsize=fontsize, zorder=2,
+                bbox=dict(boxstyle="round,pad=0.25", fc=fc, ec="0.4"))
+    ax.set_xlim(-0.5, max(x for x, _ in xy.values()) + 0.5)
+    ax.axis("off")
