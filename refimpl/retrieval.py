@@ -204,12 +204,7 @@ class SuffixAndRecycling:
                 rows.append((chain, list(range(-1, len(chain) - 1))))
             else:
                 rows.append(self.tables[b].draft(self.last[b], cap))
-        if not self.recycling:  # chains only: the core's chain path
-            width = max(len(t) for t, _ in rows)
-            x = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.long).view(len(rows), width)
-            self.prop = Proposal(x, torch.tensor([len(t) for t, _ in rows]))
-        else:
-            self.prop = pack(rows)
+        self.prop = pack(rows, as_tree=self.recycling)  # SAM alone: chains only, the core's chain path
         return self.prop
 
     def accept(self, v: Verdict) -> None:

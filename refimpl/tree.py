@@ -215,13 +215,14 @@ def trie(paths: list[list[int]]) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-def pack(rows: list[tuple[list[int], list[int]]], q=None, calls: int = 0):
+def pack(rows: list[tuple[list[int], list[int]]], q=None, calls: int = 0, as_tree: bool = True):
     """Per-row ``(tokens, parents)`` -> a :class:`~refimpl.speculative.Proposal` with a :class:`Tree`
-    (rows padded to the widest; ``valid`` = each row's node count). No nodes at all -> a chain of 0."""
+    (rows padded to the widest; ``valid`` = each row's node count). No nodes at all, or
+    ``as_tree=False`` (every row a chain: the core's cheaper chain path) -> a chain proposal."""
     width = max((len(t) for t, _ in rows), default=0)
     x = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.long).view(len(rows), width)
     valid = torch.tensor([len(t) for t, _ in rows])
-    if width == 0:
+    if width == 0 or not as_tree:
         return Proposal(x, valid, None, calls)
     parents = torch.tensor([p + [ROOT] * (width - len(p)) for _, p in rows], dtype=torch.long)
     return Proposal(x, valid, q, calls, Tree(parents))
