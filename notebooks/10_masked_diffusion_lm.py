@@ -114,7 +114,7 @@ assert changed > 0
 # %%
 def loss_by_hand(model, x0, t, gen):
     xt, masked = forward_mask_by_hand(x0, t, model.mask_token_id, gen)
-    ce = torch.nn.functional.cross_entropy(model(xt).transpose(1, 2), x0, reduction="none")  # (B, T)
+    ce = torch.nn.functional.cross_entropy(model(xt).logits.transpose(1, 2), x0, reduction="none")  # (B, T)
     return (ce * masked / t[:, None]).sum() / x0.numel()
 
 xb = torch.randint(3, len(tok), (4, 32), device=DEVICE)

@@ -55,19 +55,21 @@ print(len(prompts), "prompts of", PROMPT_LEN, "tokens; answer", GEN, "in blocks 
 
 # %% [markdown]
 # ## The cache contract
-# `dlm.forward(ids, position_ids, kv=None, return_kv=False)`: `kv` is a per-layer list of
-# `(k, v)` (B, H, S, D) of *context* tokens (RoPE already applied); the queries attend to the
-# context and to themselves. With fresh K/V the split is exact:
+# The calls Fast-dLLM's samplers make: `dlm(ids, use_cache=True)` returns `.logits` and
+# `.past_key_values`, a per-layer tuple of `(k, v)` (B, H, T, D) (RoPE already applied);
+# `dlm(later_ids, past_key_values=context)` feeds only the later tokens, which attend to the
+# cached *context* and to themselves (positions continue after the cache). With fresh K/V the
+# split is exact:
 
 # %%
 x = torch.tensor([prompts[0] + [MASK] * GEN], device=DEVICE)
-pos = torch.arange(x.size(1), device=DEVICE)[None]
-full, kv = dlm(x, pos, return_kv=True)                           # logits (1, T, V), K/V per layer
+full = dlm(x, use_cache=True)                                    # .logits (1, T, V), K/V per layer
+kv = full.past_key_values
 P = len(prompts[0])
 prefix = [(k[:, :, :P], v[:, :, :P]) for k, v in kv]
-part = dlm(x[:, P:], pos[:, P:], kv=prefix)                      # the answer, prompt from the cache
-print("max |difference|:", (part - full[:, P:]).abs().max().item())
-assert torch.allclose(part, full[:, P:], atol=1e-4)
+part = dlm(x[:, P:], past_key_values=prefix).logits               # the answer, prompt from the cache
+print("max |difference|:", (part - full.logits[:, P:]).abs().max().item())
+assert torch.allclose(part, full.logits[:, P:], atol=1e-4)
 
 # %% [markdown]
 # ## What goes stale
@@ -76,8 +78,8 @@ assert torch.allclose(part, full[:, P:], atol=1e-4)
 # its position, so they never change):
 
 # %%
-y = x.clone(); y[0, P: P + BLOCK // 2] = full[0, P: P + BLOCK // 2].argmax(-1)
-_, kv2 = dlm(y, pos, return_kv=True)
+y = x.clone(); y[0, P: P + BLOCK // 2] = full.logits[0, P: P + BLOCK // 2].argmax(-1)
+kv2 = dlm(y, use_cache=True).past_key_values
 for layer, ((k1, _), (k2, _)) in enumerate(zip(kv, kv2)):
     rel = ((k1[:, :, :P] - k2[:, :, :P]).norm() / k1[:, :, :P].norm()).item()
     print(f"layer {layer}: prompt keys changed by {rel:.2%}")
@@ -89,10 +91,10 @@ for layer, ((k1, _), (k2, _)) in enumerate(zip(kv, kv2)):
 
 # %%
 s = P                                                            # first block starts after the prompt
-_, kv_blockstart = dlm(x, pos, return_kv=True)
+kv_blockstart = dlm(x, use_cache=True).past_key_values
 cache = [(k[:, :, :s], v[:, :, :s]) for k, v in kv_blockstart]
-approx = dlm(y[:, s:], pos[:, s:], kv=cache)                      # after committing some tokens
-exact = dlm(y, pos)[:, s:]
+approx = dlm(y[:, s:], past_key_values=cache).logits               # after committing some tokens
+exact = dlm(y).logits[:, s:]
 agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
 print(f"argmax agreement with the exact forward: {agree:.1%}")
 
@@ -103,14 +105,13 @@ print(f"argmax agreement with the exact forward: {agree:.1%}")
 # %%
 def prefix_cache_sampler(model, prompt, gen_length, block_length):
     P, x = len(prompt), torch.tensor([prompt + [MASK] * gen_length], device=DEVICE)
-    pos = torch.arange(x.size(1), device=DEVICE)[None]
     for s in range(P, P + gen_length, block_length):
         for step in range(block_length):
             if step == 0:
-                lg, kv = model(x, pos, return_kv=True); lg = lg[:, s:]
-                cache = [(k[:, :, :s], v[:, :, :s]) for k, v in kv]
+                out = model(x, use_cache=True); lg = out.logits[:, s:]
+                cache = [(k[:, :, :s], v[:, :, :s]) for k, v in out.past_key_values]
             else:
-                lg = model(x[:, s:], pos[:, s:], kv=cache)
+                lg = model(x[:, s:], past_key_values=cache).logits
             lg = lg[0, :block_length]; lg[:, MASK] = float("-inf")
             c, pred = torch.softmax(lg.double(), -1).max(-1)
             c[x[0, s: s + block_length] != MASK] = -float("inf")

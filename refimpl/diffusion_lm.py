@@ -23,7 +23,9 @@ The network (:class:`DiffusionLM`) is a plain-torch Llama-style stack (RMSNorm, 
 tied embeddings) without a causal mask. Its ``forward`` takes an optional per-layer KV cache of
 *context* tokens (keys with RoPE already applied) that the queries attend to bidirectionally
 together with themselves; this is what the approximate block caches of Fast-dLLM
-(:mod:`refimpl.diffusion`, ``cache="prefix"`` / ``"dual"``) need.
+(:mod:`refimpl.diffusion`, ``cache="prefix"`` / ``"dual"``) need. The public samplers' calls work
+as is: LLaDA's ``model(x).logits``, Fast-dLLM's (arXiv 2505.22618, Sec. 3.2) ``model(x, use_cache=True)
+.past_key_values``, ``past_key_values=`` and ``replace_position=`` (see :class:`DiffusionLM`).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -103,29 +106,44 @@ class Block(nn.Module):
         self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
 
-    def forward(self, x, pos, kv=None, key_mask=None):
+    def forward(self, x, pos, kv=None, key_mask=None, slots=None):
+        """x (B, Q, H) -> (B, Q, H) and the attended (k, v): context ``kv`` (B, H, S, D) then the
+        queries (S + Q keys), or, with ``slots`` (B, Q), the context with the queries' K/V at their slots."""
         B, Q, Hd = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(B, Q, 3, self.heads, Hd // self.heads).permute(2, 0, 3, 1, 4)
         q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)  # (B, H, Q, D)
-        new_kv = (k, v)
-        if kv is not None:  # context tokens first, then the queries themselves
+        if kv is not None and slots is not None:  # the queries replace their own slots of the context
+            idx = slots[:, None, :, None].expand_as(k)  # (B, H, Q, D)
+            k, v = kv[0].scatter(2, idx, k), kv[1].scatter(2, idx, v)  # (B, H, S, D), out of place
+        elif kv is not None:  # context tokens first, then the queries themselves
             k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)  # (B, H, S + Q, D)
-        attn_mask = None if key_mask is None else key_mask[:, None, None, :].bool()  # (B, 1, 1, S + Q)
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :].bool()  # (B, 1, 1, keys)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # no causal mask
         x = x + self.o(a.transpose(1, 2).reshape(B, Q, Hd))
         g, u = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(g) * u), new_kv
+        return x + self.down(F.silu(g) * u), (k, v)
+
+
+class DLMOutput(NamedTuple):
+    """What :meth:`DiffusionLM.forward` returns: the field names of Hugging Face model outputs, so
+    ``model(x).logits`` works, and a tuple, so ``logits, kv = model(x, pos, return_kv=True)`` too."""
+
+    logits: torch.Tensor  # (B, Q, V) float32
+    past_key_values: tuple | None = None  # per layer (k, v), each (B, H, keys, D); None without use_cache
 
 
 class DiffusionLM(nn.Module):
     """Bidirectional transformer denoiser with the fields every dLLM sampler reads.
 
     - ``logits(input_ids)``: (B, T) -> (B, T, V) float32, full bidirectional attention, no grad.
-    - ``forward(input_ids (B, Q), position_ids (B, Q), kv=None, return_kv=False, attention_mask=None)``:
-      ``kv`` is a per-layer list of ``(k, v)`` each (B, H, S, D) for S context tokens (RoPE
-      applied); queries attend to context + themselves. ``attention_mask`` (B, S + Q) of 1/0
-      hides pads (keys in the order context, then queries). Returns logits (B, Q, V), and the
-      per-layer ``(k, v)`` of the input tokens when ``return_kv``.
+    - ``forward(input_ids (B, Q), position_ids=None, kv=None, return_kv=False, attention_mask=None, *,
+      past_key_values=None, use_cache=None, replace_position=None) -> DLMOutput(logits, past_key_values)``:
+      ``kv`` (alias ``past_key_values``): per layer ``(k, v)`` each (B, H, S, D) of S context tokens
+      (RoPE applied); the queries attend to context + themselves. ``replace_position`` (B, S) bool,
+      Q ``True`` per row (Fast-dLLM's dual cache): the queries' K/V replace those slots (the cache
+      passed in stays as is) and they attend to the S slots. ``attention_mask`` (B, keys) hides pads;
+      ``position_ids`` default to the queries' key positions (real tokens only). ``return_kv`` (alias
+      ``use_cache``): also return the ``(k, v)`` of every attended key, per layer.
     - ``mask_token_id``, ``eos_token_id``, ``pad_token_id``, ``tokenizer``, ``max_length``, ``device``.
     """
 
@@ -155,32 +173,44 @@ class DiffusionLM(nn.Module):
     device = property(lambda self: self.embed.weight.device)
     dtype = property(lambda self: self.embed.weight.dtype)
 
-    def forward(self, input_ids, position_ids=None, kv=None, return_kv=False, attention_mask=None):
+    def forward(self, input_ids, position_ids=None, kv=None, return_kv=False, attention_mask=None, *,
+                past_key_values=None, use_cache=None, replace_position=None) -> DLMOutput:
+        if kv is not None and past_key_values is not None:
+            raise ValueError("past_key_values is an alias of kv: pass one of them")
+        kv = past_key_values if kv is None else kv
         B, Q = input_ids.shape
-        if position_ids is None:
-            start = 0 if kv is None else kv[0][0].size(2)
-            position_ids = torch.arange(start, start + Q, device=input_ids.device).expand(B, Q)
+        S = 0 if kv is None else kv[0][0].size(2)
+        slots = None
+        if replace_position is not None:
+            rp = torch.as_tensor(replace_position, device=input_ids.device).bool()
+            if kv is None or rp.shape != (B, S) or not bool((rp.sum(-1) == Q).all()):
+                raise ValueError(f"replace_position must be a (B, S) = ({B}, {S}) bool with {Q} True per row, "
+                                 "S the length of past_key_values")
+            slots = rp.nonzero()[:, 1].view(B, Q)  # (B, Q): the cache slot of each query
+        keys = S if slots is not None else S + Q
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, keys):
+            raise ValueError(f"attention_mask must be (B, keys) = ({B}, {keys}), got {tuple(attention_mask.shape)}")
+        if position_ids is None:  # the queries' key positions (pads not counted)
+            key_pos = (positions_from_mask(attention_mask.long()) if attention_mask is not None
+                       else torch.arange(keys, device=input_ids.device).expand(B, keys))  # (B, keys)
+            position_ids = key_pos.gather(1, slots) if slots is not None else key_pos[:, S:]
         x = self.embed(input_ids)  # (B, Q, H)
         if self.pos_embed is not None:
             x = x + self.pos_embed(position_ids)
         new = []
         for i, blk in enumerate(self.blocks):
-            x, layer_kv = blk(x, position_ids, None if kv is None else kv[i], attention_mask)
+            x, layer_kv = blk(x, position_ids, None if kv is None else kv[i], attention_mask, slots)
             new.append(layer_kv)
         logits = F.linear(self.norm(x), self.embed.weight).float()  # tied head, (B, Q, V)
-        return (logits, new) if return_kv else logits
+        return DLMOutput(logits, tuple(new) if (return_kv or use_cache) else None)
 
     @torch.no_grad()
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         """(B, T) -> (B, T, V) float32 logits; for left-padded rows pass the 2-D ``attention_mask``."""
         input_ids = as_token_batch(input_ids).to(self.device)
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(self.device)
-            if position_ids is None:  # count real tokens only
-                position_ids = positions_from_mask(attention_mask.long())
-        if position_ids is not None:
-            position_ids = position_ids.to(self.device)
-        return self.forward(input_ids, position_ids, attention_mask=attention_mask)
+        am = None if attention_mask is None else attention_mask.to(self.device)  # positions: real tokens only
+        pos = None if position_ids is None else position_ids.to(self.device)
+        return self.forward(input_ids, pos, attention_mask=am).logits
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -219,7 +249,7 @@ def masked_diffusion_loss(model, x0: torch.Tensor, maskable: torch.Tensor | None
     if t is None:
         t = eps + (1 - eps) * torch.rand(B, generator=generator, device=x0.device)  # (B,)
     xt, masked = forward_mask(x0, t, model.mask_token_id, maskable, generator)
-    logits = model(xt)  # (B, T, V)
+    logits = model(xt).logits  # (B, T, V)
     ce = F.cross_entropy(logits.transpose(1, 2), x0, reduction="none")  # (B, T)
     if weighting == "mean":
         return (ce * masked).sum() / masked.sum().clamp(min=1)
@@ -242,7 +272,7 @@ def masked_token_eval(model, x0: torch.Tensor, ratios=(0.15, 0.5, 0.85), seed: i
         for i in range(0, x0.size(0), batch):
             xb = x0[i: i + batch]
             xt, m = forward_mask(xb, torch.full((xb.size(0),), r), model.mask_token_id, generator=gen)
-            ce = F.cross_entropy(model(xt).transpose(1, 2), xb, reduction="none")
+            ce = F.cross_entropy(model(xt).logits.transpose(1, 2), xb, reduction="none")
             tot, n = tot + (ce * m).sum().item(), n + m.sum().item()
         out[f"masked_ce@{r}"] = round(tot / max(n, 1), 4)
     grid = [(i + 0.5) / 10 for i in range(10)]
@@ -251,7 +281,7 @@ def masked_token_eval(model, x0: torch.Tensor, ratios=(0.15, 0.5, 0.85), seed: i
         for i in range(0, x0.size(0), batch):
             xb = x0[i: i + batch]
             xt, m = forward_mask(xb, torch.full((xb.size(0),), r), model.mask_token_id, generator=gen)
-            ce = F.cross_entropy(model(xt).transpose(1, 2), xb, reduction="none")
+            ce = F.cross_entropy(model(xt).logits.transpose(1, 2), xb, reduction="none")
             nelbo += (ce * m).sum().item() / r / x0.numel() / len(grid)
     out["nelbo_per_token"] = round(nelbo, 4)
     out["ppl_bound"] = round(math.exp(nelbo), 2)

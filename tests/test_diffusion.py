@@ -243,6 +243,13 @@ def test_bad_inputs():
             diffusion.generate(model, p, **kw)
     with pytest.raises(ValueError, match="prompts"):
         diffusion.generate(model, [[]], gen_length=8, steps=8, block_length=8)
+    for prompts in ([5, MASK, 7], [PROMPTS[0], PROMPTS[1] + [MASK]]):  # MASK inside a prompt
+        with pytest.raises(ValueError, match=r"prompts\[\d\].*mask"):
+            diffusion.generate(model, prompts, gen_length=8, steps=8, block_length=8)
+        with pytest.raises(ValueError, match="prompts"):
+            diffusion.generate(Recorder(model), prompts, gen_length=8, steps=8, block_length=8, draft_steps=2)
+    with pytest.raises(ValueError, match="prompts"):  # a mask id passed explicitly counts as well
+        diffusion.generate(model, [5, 9, 7], gen_length=8, steps=8, block_length=8, mask_token_id=9)
 
     class NoMask:
         def logits(self, ids):

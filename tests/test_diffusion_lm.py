@@ -44,10 +44,48 @@ def test_kv_forward_equals_full_forward(abs_pos):
     for cut in ([0, 5], [5, 12], [3, 9]):
         a, b = cut
         ctx = [(torch.cat([k[:, :, :a], k[:, :, b:]], 2), torch.cat([v[:, :, :a], v[:, :, b:]], 2)) for k, v in kv]
-        part = m(x[:, a:b], pos[:, a:b], kv=ctx)  # queries a..b attend to the rest via the cache
+        part = m(x[:, a:b], pos[:, a:b], kv=ctx).logits  # queries a..b attend to the rest via the cache
         assert torch.allclose(part, full[:, a:b], atol=1e-5)
-    stale = m(x[:, 5:], pos[:, 5:], kv=[(k[:, :, :5], v[:, :, :5]) for k, v in kv])
+    stale = m(x[:, 5:], pos[:, 5:], kv=[(k[:, :, :5], v[:, :, :5]) for k, v in kv]).logits
     assert torch.allclose(stale, full[:, 5:], atol=1e-5)
+
+
+def test_upstream_call_conventions():
+    """LLaDA's ``model(x).logits``; Fast-dLLM's ``use_cache`` / ``past_key_values`` / ``replace_position``."""
+    m = small(5)
+    x = torch.randint(3, 30, (2, 12))
+    out = m(x)
+    assert torch.equal(out.logits, m.logits(x)) and out.past_key_values is None
+    full = m(x, use_cache=True)
+    logits, kv = full  # a NamedTuple: the old ``logits, kv = model(x, pos, return_kv=True)`` still unpacks
+    assert torch.equal(logits, out.logits) and len(kv) == 2 and kv[0][0].shape == (2, 2, 12, 16)
+    prefix = tuple(tuple(t[:, :, :5] for t in layer) for layer in kv)
+    part = m(x[:, 5:], past_key_values=prefix, use_cache=True)  # positions continue after the cache
+    assert torch.allclose(part.logits, logits[:, 5:], atol=1e-5) and part.past_key_values[0][0].size(2) == 12
+    rp = torch.zeros(2, 12, dtype=torch.bool)
+    rp[:, 4:8] = True
+    before = kv[0][0].clone()
+    y = x.clone()
+    y[:, 4:8] = 2  # new block contents: the block's K/V replace its slots, the rest comes from the cache
+    dual = m(y[:, 4:8], past_key_values=kv, use_cache=True, replace_position=rp)
+    ctx = [(torch.cat([k[:, :, :4], k[:, :, 8:]], 2), torch.cat([v[:, :, :4], v[:, :, 8:]], 2)) for k, v in kv]
+    want = m(y[:, 4:8], torch.arange(4, 8).expand(2, 4), kv=ctx).logits
+    assert torch.allclose(dual.logits, want, atol=1e-5) and not torch.allclose(dual.logits, logits[:, 4:8], atol=1e-3)
+    assert torch.equal(kv[0][0], before)  # the cache passed in is left alone
+    assert torch.equal(dual.past_key_values[0][0][:, :, :4], kv[0][0][:, :, :4])
+    # ragged: the attention mask hides pads and sets the positions, with and without a cache
+    am = torch.ones(2, 12, dtype=torch.long)
+    am[0, :3] = 0
+    assert torch.allclose(m(x, attention_mask=am).logits[0, 3:], m.logits(x[:1, 3:])[0], atol=1e-5)
+    kvm = m(x, attention_mask=am, use_cache=True).past_key_values
+    got = m(x[:, 4:8], past_key_values=kvm, replace_position=rp, attention_mask=am).logits
+    assert torch.allclose(got[0], m.logits(x[:1, 3:])[0, 1:5], atol=1e-5)
+    for kw, name in [(dict(kv=prefix, past_key_values=prefix), "past_key_values"),
+                     (dict(past_key_values=kv, replace_position=rp[:, :11]), "replace_position"),
+                     (dict(replace_position=rp), "replace_position"),
+                     (dict(attention_mask=am[:, :5]), "attention_mask")]:
+        with pytest.raises(ValueError, match=name):
+            m(x[:, 4:8], **kw)
 
 
 def test_left_padding_is_invisible():
@@ -76,13 +114,13 @@ def test_loss_is_weighted_masked_cross_entropy():
     t = torch.tensor([0.2, 0.5, 0.7, 1.0])
     loss = D.masked_diffusion_loss(m, x0, t=t, generator=torch.Generator().manual_seed(5))
     xt, masked = D.forward_mask(x0, t, 2, generator=torch.Generator().manual_seed(5))
-    ce = torch.nn.functional.cross_entropy(m(xt).transpose(1, 2), x0, reduction="none")
+    ce = torch.nn.functional.cross_entropy(m(xt).logits.transpose(1, 2), x0, reduction="none")
     want = sum((ce[b] * masked[b]).sum() / t[b] for b in range(4)) / x0.numel()
     assert torch.allclose(loss, want)
     # all masked at t = 1: the loss is the plain mean CE of predicting every token from nothing
     full = D.masked_diffusion_loss(m, x0, t=torch.ones(4))
     assert torch.allclose(full, torch.nn.functional.cross_entropy(
-        m(torch.full_like(x0, 2)).transpose(1, 2), x0))
+        m(torch.full_like(x0, 2)).logits.transpose(1, 2), x0))
 
 
 def test_uniform_model_loss_is_log_vocab():
