@@ -58,6 +58,7 @@ ZOO: dict[str, Entry] = {
     "smollm2-135m-draft": Entry(smollm2.load_draft, "python -m refimpl.train smollm2-135m-draft"),
     "tiny-dllm": Entry(trained("tiny-dllm", load_dllm_dir), "python -m refimpl.train tiny-dllm"),
     "tiny-dllm-rev": Entry(trained("tiny-dllm-rev", load_dllm_dir), "python -m refimpl.train tiny-dllm-rev"),
+    "tiny-bdlm": Entry(trained("tiny-bdlm"), "python -m refimpl.train tiny-bdlm (tiny adapted into a block-diffusion LM)"),
 }
 
 

@@ -5,7 +5,7 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
 ``(out_dir, **options)`` and writes the weights plus ``train_report.json``:
 
 - ``tiny``, ``tiny-draft``: :mod:`refimpl.train.ar`;
-- ``tiny-dllm``, ``tiny-dllm-rev``: :mod:`refimpl.train.dllm`;
+- ``tiny-dllm``, ``tiny-dllm-rev``, ``tiny-bdlm`` (adapted from ``tiny``): :mod:`refimpl.train.dllm`;
 - ``smollm2-135m-draft``: :mod:`refimpl.train.smol_draft` on the data of
   :mod:`refimpl.train.distill_data`.
 
@@ -21,5 +21,6 @@ TRAINERS: dict[str, str] = {
     "tiny-draft": "refimpl.train.ar:train_tiny_draft",
     "tiny-dllm": "refimpl.train.dllm:train_tiny_dllm",
     "tiny-dllm-rev": "refimpl.train.dllm:train_tiny_dllm_rev",
+    "tiny-bdlm": "refimpl.train.dllm:train_tiny_bdlm",
     "smollm2-135m-draft": "refimpl.train.smol_draft:train_smollm2_draft_recipe",
 }

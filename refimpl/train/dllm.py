@@ -14,8 +14,9 @@ from transformers import AutoTokenizer
 from .. import data
 from ..diffusion_lm import CharTokenizer, DiffusionLM, DLMConfig, load_dir, masked_diffusion_loss, masked_token_eval
 from ..digit_reversal import synthetic_accuracy, synthetic_batch, synthetic_split
-from ..models.hf import zoo_folder
-from .common import encode_docs, random_windows, save_fp16, train_loop, write_report
+from ..models.hf import load_folder, zoo_folder
+from .common import (causal_lm_perplexity, encode_docs, random_windows, save_fp16, save_half, train_loop,
+                     write_report)
 
 
 def save_dllm(model: DiffusionLM, out_dir: str) -> None:
@@ -90,5 +91,46 @@ def train_tiny_dllm_rev(out_dir: str, steps: int = 400, batch: int = 128, lr: fl
     report = {"params": sum(p.numel() for p in model.parameters()), "steps": steps, "batch": batch,
               "valid_problems": len(valid), "valid_exact_match_default_sampler": acc,
               "valid_exact_match_threshold_0.9": acc_par,
+              "minutes": round((time.time() - t0) / 60, 1), "threads": torch.get_num_threads()}
+    return write_report(out_dir, report)
+
+
+def train_tiny_bdlm(out_dir: str, steps: int = 700, batch: int = 16, length: int = 128, lr: float = 1e-3,
+                    seed: int = 0, teacher: str = "tiny"):
+    """Adapt the AR ``tiny`` into the block-diffusion ``tiny-bdlm`` (Fast-dLLM v2 recipe,
+    :func:`refimpl.block_diffusion.block_diffusion_loss`): same weights to start, same tokenizer
+    (its MASK id 2 was reserved from the start), King James windows, block sizes 2..16."""
+    from ..block_diffusion import block_diffusion_loss
+
+    torch.manual_seed(seed)
+    base = load_folder(zoo_folder(teacher, f"train it first: python -m refimpl.train {teacher}"), device="cpu")
+    model, tok = base.model, base.tokenizer
+    train_docs, valid_docs = data.kjv_split()
+    train_stream = encode_docs(tok, train_docs, tok.eos_token_id)
+    valid_stream = encode_docs(tok, valid_docs, tok.eos_token_id)
+    ppl_before = causal_lm_perplexity(base.logits, valid_stream)
+    gen = torch.Generator().manual_seed(seed)
+    t0 = time.time()
+
+    def step_loss(s):
+        loss, _ = block_diffusion_loss(model, random_windows(train_stream, batch, length, gen), tok.mask_token_id,
+                                       generator=gen)
+        return loss
+
+    train_loop(model, step_loss, steps, lr, "adapt tiny -> tiny-bdlm", warmup=30)
+    os.makedirs(out_dir, exist_ok=True)
+    save_half(model, out_dir)
+    tok.save_pretrained(out_dir)
+    lm = load_folder(out_dir, device="cpu")  # report on the fp16 round trip
+    vgen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        parts = [block_diffusion_loss(lm.model, random_windows(valid_stream, batch, length, vgen), tok.mask_token_id,
+                                      generator=vgen)[1] for _ in range(8)]
+    report = {"base": teacher, "params": sum(p.numel() for p in model.parameters()), "steps": steps,
+              "tokens_seen": steps * batch * length, "block_sizes": [2, 16],
+              "valid_masked_ce": round(sum(p["masked_ce"] for p in parts) / len(parts), 4),
+              "valid_ar_ce": round(sum(p["ar_ce"] for p in parts) / len(parts), 4),
+              "valid_ar_perplexity": round(causal_lm_perplexity(lm.logits, valid_stream), 2),
+              "valid_ar_perplexity_before": round(ppl_before, 2),
               "minutes": round((time.time() - t0) / 60, 1), "threads": torch.get_num_threads()}
     return write_report(out_dir, report)

@@ -1,0 +1,249 @@
+"""Block diffusion from an autoregressive model: ``tiny`` adapted into ``tiny-bdlm``.
+
+Paper: "Fast-dLLM v2: Efficient Block-Diffusion LLM" (Wu et al., arXiv 2509.26328), which adapts a
+pretrained AR model into a block-diffusion LM with little fine-tuning; the block-causal layout
+follows "Block Diffusion: Interpolating Between Autoregressive and Diffusion Language Models"
+(BD3-LM, Arriola et al., arXiv 2503.09573, Sec. 3.2 and its vectorised training mask).
+
+The sequence is cut into blocks of ``b`` tokens. Attention is *causal across blocks* and
+*bidirectional inside the block being denoised*; committed tokens are processed exactly as the
+AR model processes them (causally), so their keys/values never change once written: the block
+KV cache is exact, not an approximation like Fast-dLLM v1's (:mod:`refimpl.diffusion`).
+
+The AR model's *shifted* prediction is kept: the output at position ``j - 1`` predicts token
+``j``. Inside a block starting at ``s`` the first token is predicted by the clean token ``s - 1``
+(exactly the AR model's next-token distribution), token ``j > s`` by the block's slot ``j - 1``,
+whose input is either a committed token or MASK.
+
+Training (:func:`block_diffusion_loss`, Fast-dLLM v2 Sec. 3.1): each window ``x0`` is fed three
+times in one row, ``[x_t ; x_t' ; x0]``, all with positions ``0..T-1``: two noisy copies with
+*complementary* masks (every token is masked in exactly one of them) and the clean stream,
+causal, which the noisy blocks attend to for their prefix. Loss = mean cross-entropy of the
+masked tokens (shifted) + the AR loss of the clean stream, which keeps the AR model intact.
+The block size is drawn per row, so one model decodes with any ``block_length``.
+
+Decoding (:func:`generate`): blocks left to right; inside a block the LLaDA / Fast-dLLM
+commit rules of :mod:`refimpl.diffusion` (top-k linear schedule, ``threshold``, ``factor``);
+with ``cache=True`` each call feeds only the newly finished block (causally) and the current
+block, and the finished block's keys/values stay in the cache: exact, tested equal to
+``cache=False``, which recomputes the whole prefix at every step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .diffusion_steps import num_transfer_tokens, predict, select_factor, select_threshold, select_topk
+from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
+from .lm import left_pad
+from .speculative import SlotCache
+
+# ---------------------------------------------------------------------------------------
+# masks
+# ---------------------------------------------------------------------------------------
+def block_ids(length: int, size: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """(B,) block sizes and offsets -> (B, T) block index of each position: ``(j + offset) // size``."""
+    j = torch.arange(length, device=size.device)
+    return (j[None, :] + offset[:, None]) // size[:, None]
+
+
+def training_allow(blk: torch.Tensor) -> torch.Tensor:
+    """Who may attend to whom in a training row ``[x_t ; x_t' ; x0]``: (B, T) block ids -> (B, 3T, 3T) bool.
+
+    Clean stream: causal. A noisy copy at position i: the clean tokens of earlier blocks
+    (``blk[j] < blk[i]``) and its own copy's tokens of the same block (bidirectional).
+    """
+    B, T = blk.shape
+    same = blk[:, :, None] == blk[:, None, :]  # (B, T, T)
+    before = blk[:, None, :] < blk[:, :, None]  # (B, T, T): key block earlier than query block
+    causal = torch.ones(T, T, dtype=torch.bool, device=blk.device).tril().expand(B, T, T)
+    none = torch.zeros_like(same)
+    noisy_a = torch.cat([same, none, before], dim=2)  # (B, T, 3T)
+    noisy_b = torch.cat([none, same, before], dim=2)
+    clean = torch.cat([none, none, causal], dim=2)
+    return torch.cat([noisy_a, noisy_b, clean], dim=1)  # (B, 3T, 3T)
+
+
+def additive(allow: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """Bool (B, Q, K) -> additive float mask (B, 1, Q, K): 0 where allowed, -inf elsewhere."""
+    return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill(~allow, float("-inf"))[:, None]
+
+
+# ---------------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------------
+def block_diffusion_loss(model, x0: torch.Tensor, mask_token_id: int, generator: torch.Generator | None = None,
+                         sizes: tuple[int, int] = (2, 16), ar_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """Fast-dLLM v2 style loss on windows ``x0`` (B, T) for a Hugging Face causal LM ``model``.
+
+    Block size per row ~ U{sizes[0]..sizes[1]}, random offset; mask ratio per block ~ U(0, 1);
+    the second noisy copy masks exactly the tokens the first one keeps (complementary masks).
+    Returns ``(loss, parts)`` with the masked and the AR cross-entropies in ``parts``.
+    """
+    B, T = x0.shape
+    dev = x0.device
+    size = torch.randint(sizes[0], sizes[1] + 1, (B,), generator=generator).to(dev)  # (B,)
+    offset = (torch.rand(B, generator=generator).to(dev) * size).long()  # (B,)
+    blk = block_ids(T, size, offset)  # (B, T)
+    blk = blk - blk[:, :1]  # 0-based
+    t = torch.rand(B, int(blk.max()) + 1, generator=generator).to(dev)  # (B, blocks) mask ratio per block
+    masked_a = torch.rand(B, T, generator=generator).to(dev) < t.gather(1, blk)  # (B, T)
+    masked_b = ~masked_a
+    mask_tok = torch.full_like(x0, mask_token_id)
+    ids = torch.cat([torch.where(masked_a, mask_tok, x0), torch.where(masked_b, mask_tok, x0), x0], 1)  # (B, 3T)
+    pos = torch.arange(T, device=dev).repeat(3)[None].expand(B, 3 * T)
+    attn = additive(training_allow(blk), next(model.parameters()).dtype)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, 3T, V)
+    V = logits.size(-1)
+    start = torch.ones_like(masked_a)
+    start[:, 1:] = blk[:, 1:] != blk[:, :-1]  # (B, T) first token of a block: predicted by the clean stream
+    ce = []
+    for c, m in ((0, masked_a), (1, masked_b)):
+        lg = logits[:, c * T: c * T + T - 1]  # slot j - 1 predicts token j
+        want = (m & ~start)[:, 1:]  # (B, T - 1)
+        ce.append(F.cross_entropy(lg.reshape(-1, V), x0[:, 1:].reshape(-1), reduction="none").view(B, T - 1)[want])
+    masked_ce = torch.cat(ce).mean()
+    ar_ce = F.cross_entropy(logits[:, 2 * T: 3 * T - 1].reshape(-1, V), x0[:, 1:].reshape(-1))
+    return masked_ce + ar_weight * ar_ce, {"masked_ce": masked_ce.item(), "ar_ce": ar_ce.item()}
+
+
+# ---------------------------------------------------------------------------------------
+# one denoiser call: finished tokens (causal) + the current block (bidirectional)
+# ---------------------------------------------------------------------------------------
+def block_step(sc: SlotCache, pending: torch.Tensor, pmask: torch.Tensor | None,
+               block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of ``sc.lm`` on top of its cache: ``pending`` (B, F) committed tokens not yet in
+    the cache (``pmask`` (B, F) marks real ones, None = all) see the cache and each other causally;
+    ``block`` (B, b) sees the cache, the pending tokens and the whole block.
+
+    The pending tokens' keys/values stay in ``sc`` (they are final); the block's are dropped.
+    Returns ``(pending logits (B, F, V), block logits (B, b, V))``.
+    """
+    B, Fn = pending.shape
+    b = block.shape[1]
+    dev = block.device
+    fm = torch.ones_like(pending) if pmask is None else pmask
+    P = sc.mask.shape[1]
+    pos_f = sc.count[:, None] + (fm.cumsum(-1) - 1).clamp(min=0)  # (B, F)
+    pos_b = (sc.count + fm.sum(-1))[:, None] + torch.arange(b, device=dev)  # (B, b)
+    keys = torch.cat([sc.mask, fm, torch.ones_like(block)], 1).bool()  # (B, P + F + b) real slots
+    q = Fn + b
+    allow = keys[:, None, :].expand(B, q, P + q).clone()
+    causal = torch.ones(Fn, Fn, dtype=torch.bool, device=dev).tril()
+    allow[:, :Fn, P:P + Fn] &= causal  # pending: causal among themselves
+    allow[:, :Fn, P + Fn:] = False  # pending never sees the block
+    eye = torch.eye(q, dtype=torch.bool, device=dev)
+    allow[:, :, P:] |= eye  # every query sees itself (pads too: no empty softmax rows)
+    logits, sc.cache = sc.lm.forward(torch.cat([pending, block], 1), sc.cache,
+                                     position_ids=torch.cat([pos_f, pos_b], 1),
+                                     attention_mask=additive(allow, sc.lm.dtype))
+    sc.lm.crop(sc.cache, P + Fn)
+    sc.mask = torch.cat([sc.mask, fm], 1)
+    sc.count = sc.count + fm.sum(-1)
+    sc.holes = sc.holes or pmask is not None
+    return logits[:, :Fn], logits[:, Fn:]
+
+
+def block_predictions(first: torch.Tensor, block_logits: torch.Tensor) -> torch.Tensor:
+    """The shift: (B, V) logits of the token before the block + (B, b, V) block logits -> (B, b, V)
+    predictions of the block's b tokens (slot j - 1 predicts token j)."""
+    return torch.cat([first[:, None], block_logits[:, :-1]], 1)
+
+
+# ---------------------------------------------------------------------------------------
+# the sampler
+# ---------------------------------------------------------------------------------------
+def check_args(model, prompts, gen_length, block_length, steps, threshold, factor, temperature, remasking):
+    check_positive_int("gen_length", gen_length)
+    check_positive_int("block_length", block_length)
+    if gen_length % block_length:
+        raise ValueError(f"block_length ({block_length}) must divide gen_length ({gen_length})")
+    nb = gen_length // block_length
+    if steps is None:
+        steps = gen_length
+    check_positive_int("steps", steps)
+    if steps % nb or steps // nb > block_length:
+        raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({nb}) "
+                         f"and at most gen_length ({gen_length})")
+    if threshold is not None and (not isinstance(threshold, (int, float)) or not 0 < threshold <= 1):
+        raise ValueError(f"threshold must be in (0, 1] or None, got {threshold!r}")
+    if factor is not None and (not isinstance(factor, (int, float)) or not factor > 0):
+        raise ValueError(f"factor must be > 0 or None, got {factor!r}")
+    if threshold is not None and factor is not None:
+        raise ValueError("pass threshold or factor, not both")
+    if not isinstance(temperature, (int, float)) or temperature != temperature or temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if remasking not in ("low_confidence", "random"):
+        raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
+    mask_id = getattr(model, "mask_token_id", None)
+    if not isinstance(mask_id, int) or not callable(getattr(model, "forward", None)):
+        raise ValueError("model must be a block-diffusion LM (an LM with a mask_token_id, e.g. models.load('tiny-bdlm'))")
+    if any(mask_id in p for p in prompts):
+        raise ValueError(f"prompts must not contain the MASK token (id {mask_id}): infilling is not supported")
+    return nb, steps // nb, mask_id
+
+
+@torch.no_grad()
+def generate(model, prompts, gen_length: int = 32, block_length: int = 8, steps: int | None = None,
+             threshold: float | None = None, factor: float | None = None, temperature: float = 0.0,
+             remasking: str = "low_confidence", cache: bool = True, generator: torch.Generator | None = None,
+             eos_token_id=None) -> Generation:
+    """Block-diffusion decoding of ``gen_length`` tokens after each prompt (see the module doc).
+
+    ``steps`` (default ``gen_length``: one token per step) is split evenly over the blocks;
+    ``threshold`` / ``factor`` switch to Fast-dLLM's parallel commits (then ``steps`` only
+    bounds nothing: a block takes as many steps as it needs). ``cache=False`` recomputes the
+    prefix at every call (the reference the exact cache is tested against). ``stats.nfe``:
+    forward passes; ``stats.extra["committed"]``: tokens committed per step per row.
+    """
+    prompts = normalize_prompts(prompts, model.max_length, gen_length)
+    nb, per_block, mask_id = check_args(model, prompts, gen_length, block_length, steps, threshold, factor,
+                                        temperature, remasking)
+    if not isinstance(cache, bool):
+        raise ValueError(f"cache must be True or False, got {cache!r}")
+    eos = eos_set(eos_token_id, model.eos_token_id)
+    dev, B = model.device, len(prompts)
+    stats = Stats(rows=B)
+    committed = []
+    stats.extra.update(committed=committed, cache=cache, block_length=block_length)
+    with Timer(stats):
+        ids, pm = left_pad(prompts, model.pad_token_id, dev)  # (B, L)
+        pm = pm if bool((pm == 0).any()) else None
+        done = ids.new_zeros((B, 0))  # generated tokens so far
+        sc, pending, pmask = SlotCache(model, B, dev), ids, pm
+        for _ in range(nb):
+            x = torch.full((B, block_length), mask_id, dtype=torch.long, device=dev)  # (B, b)
+            sched = num_transfer_tokens((x == mask_id).sum(-1), per_block)  # (B, per_block)
+            first, step = None, 0
+            while bool((x == mask_id).any()):
+                if not cache:  # recompute everything before the block
+                    sc = SlotCache(model, B, dev)
+                    pending = torch.cat([ids, done], 1)
+                    pmask = None if pm is None else torch.cat([pm, torch.ones_like(done)], 1)
+                lp, lb = block_step(sc, pending, pmask, x)
+                stats.nfe += 1
+                if pending.shape[1]:
+                    first = lp[:, -1]  # (B, V): the clean token before the block predicts its first token
+                pending, pmask = pending[:, :0], None
+                logits = block_predictions(first, lb)
+                logits[..., mask_id] = float("-inf")  # MASK is never a prediction
+                masked = x == mask_id
+                x0, conf = predict(logits, masked, temperature, remasking, generator)
+                if threshold is not None:
+                    sel = select_threshold(conf, threshold)
+                elif factor is not None:
+                    sel = select_factor(conf, factor)
+                else:
+                    sel = select_topk(conf, sched[:, min(step, per_block - 1)])
+                sel &= masked
+                x = torch.where(sel, x0, x)
+                committed.append(sel.sum(-1).tolist())
+                step += 1
+            done = torch.cat([done, x], 1)
+            pending, pmask = x, None
+            if eos and all(any(t in eos for t in row) for row in done.tolist()):
+                break  # every row has finished
+    out = [truncate_at_eos(row, eos, gen_length)[0] for row in done.tolist()]
+    stats.target_calls = stats.nfe
+    stats.new_tokens = sum(len(o) for o in out)
+    return Generation(out, stats)
