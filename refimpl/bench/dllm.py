@@ -22,8 +22,9 @@ import time
 
 import torch
 
-from .. import data, diffusion, models
+from .. import autoregressive, block_diffusion, data, diffusion, models
 from ..digit_reversal import SYNTH_GEN_LENGTH, synthetic_problem, synthetic_split
+from ..speculative import SlotCache
 
 
 def methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
@@ -119,12 +120,95 @@ def run_kjv(fast: bool = False, repeats: int = 2, gen_length: int = 64, block_le
     return rows
 
 
+def repetition(generations, n: int = 3) -> float:
+    """Fraction of a row's n-grams that already occurred earlier in the same row, pooled over rows
+    (0 = no n-gram repeats; perplexity alone rewards repeating a likely phrase)."""
+    seen_twice, total = 0, 0
+    for g in generations:
+        grams = [tuple(g[i:i + n]) for i in range(len(g) - n + 1)]
+        seen: set = set()
+        for gram in grams:
+            seen_twice += gram in seen
+            seen.add(gram)
+        total += len(grams)
+    return seen_twice / max(total, 1)
+
+
+@torch.no_grad()
+def confidence_by_distance(model, windows, context: int, block: int) -> list[dict]:
+    """What limits threshold decoding: for each window, the first ``context`` tokens are committed and
+    a block of ``block`` MASKs follows (one :func:`refimpl.block_diffusion.block_step`); per distance
+    ``d = 1..block`` from the committed text: the mean top-1 probability, the fraction above 0.9 and
+    0.5, and how often the top-1 token is the true one (``windows`` (N, >= context + block))."""
+    x = torch.as_tensor(windows)[:, : context + block].to(model.device)
+    sc = SlotCache(model, x.shape[0], model.device)
+    masks = torch.full((x.shape[0], block), model.mask_token_id, device=model.device)
+    lp, lb = block_diffusion.block_step(sc, x[:, :context], None, masks)
+    logits = block_diffusion.block_predictions(lp[:, -1], lb)  # (N, block, V)
+    logits[..., model.mask_token_id] = float("-inf")
+    top, arg = torch.softmax(logits.double(), -1).max(-1)  # (N, block)
+    right = arg == x[:, context:]
+    return [dict(distance=d + 1, mean_top1=top[:, d].mean().item(), above_0_9=(top[:, d] > 0.9).float().mean().item(),
+                 above_0_5=(top[:, d] > 0.5).float().mean().item(), top1_correct=right[:, d].float().mean().item())
+            for d in range(block)]
+
+
+def bdlm_methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
+    """(name, block_diffusion.generate kwargs) per tiny-bdlm row."""
+    g = gen_length
+    rows = [("one token per step, no cache", dict(cache=False)),
+            ("one token per step + block cache", dict()),
+            ("threshold 0.9, no cache", dict(threshold=0.9, cache=False)),
+            ("threshold 0.9 + block cache", dict(threshold=0.9)),
+            ("threshold 0.7 + block cache", dict(threshold=0.7)),
+            ("threshold 0.5 + block cache", dict(threshold=0.5)),
+            ("factor 1.0 + block cache", dict(factor=1.0))]
+    return [(name, dict(kw, gen_length=g, block_length=block_length)) for name, kw in rows]
+
+
+def best_of(fn, repeats):
+    fn()  # warm-up
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        g = fn()
+        dt = time.perf_counter() - t0
+        best = (dt, g) if best is None or dt < best[0] else best
+    return best
+
+
+def run_bdlm(fast: bool = False, repeats: int = 2, gen_length: int = 32, block_length: int = 8) -> list[dict]:
+    """``tiny-bdlm`` (tiny adapted to block diffusion) on King James continuations, one prompt at a
+    time (batch 1, as a chat user would), against the AR ``tiny`` it was adapted from."""
+    model, ar = models.load("tiny-bdlm"), models.load("tiny")
+    prompts = kjv_prompts(model.tokenizer, 2 if fast else 8)
+    reps = 1 if fast else repeats
+    rows = []
+
+    def row(name, call):
+        dts, outs, nfe = [], [], 0
+        for p in prompts:
+            dt, g = best_of(lambda: call(p), reps)
+            dts.append(dt)
+            outs.append(g.tokens[0])
+            nfe += g.stats.nfe
+        n = sum(len(o) for o in outs)
+        rows.append(dict(task="kjv-bdlm", method=name, nfe_per_row=nfe / len(prompts), nfe=nfe,
+                         tokens_per_s=n / sum(dts), seconds=sum(dts), accuracy=None,
+                         perplexity=ar_perplexity(ar, prompts, outs), repetition=repetition(outs)))
+
+    row("AR tiny (cache), greedy", lambda p: autoregressive.generate(ar, [p], max_new_tokens=gen_length, eos_token_id=[]))
+    for name, kw in bdlm_methods(gen_length, block_length):
+        row(name, lambda p, kw=kw: block_diffusion.generate(model, [p], eos_token_id=[], **kw))
+    return rows
+
+
 def run(fast: bool = False) -> list[dict]:
-    """Rows for both workloads (``fast``: fewer problems and prompts, one timed run)."""
+    """Rows for all three workloads (``fast``: fewer problems and prompts, one timed run)."""
     torch.manual_seed(0)
-    return run_rev(fast) + run_kjv(fast)
+    return run_rev(fast) + run_kjv(fast) + run_bdlm(fast)
 
 
 COLS = [("task", "task", ""), ("method", "method", ""), ("nfe_per_row", "NFE/row", ".2f"), ("nfe", "NFE (batch)", ""),
         ("tokens_per_s", "tokens/s", ".0f"), ("seconds", "seconds", ".3f"), ("accuracy", "accuracy", ".1%"),
-        ("perplexity", "ppl under tiny", ".1f")]
+        ("perplexity", "ppl under tiny", ".1f"), ("repetition", "repeated 3-grams", ".1%")]

@@ -8,12 +8,15 @@ adds its rows to :func:`decode_rows`.
 """
 from __future__ import annotations
 
-from .. import adaptive, autoregressive, drafts, jacobi, lookahead, retrieval, speculative
+from .. import adaptive, autoregressive, dllm_draft, drafts, jacobi, lookahead, models, retrieval, speculative
 from ..copy_prior import ContextCopyLM
 from .decode import Context, Method, hf_assisted, hf_generate
 
 #: the draft model paired with each target in the zoo
 DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+
+#: the block-diffusion drafter paired with a target (chapter 14)
+DLLM_FOR = {"tiny": "tiny-bdlm"}
 
 #: the best (W, N, G) of the lookahead sweep on SmolLM2-135M, this CPU (README, chapter 08)
 LOOKAHEAD_BEST = {"window": 1, "ngram": 4, "guesses": 3}
@@ -42,6 +45,17 @@ def adaptive_row(policy: str, threshold: float):
     def run(ctx: Context, ids, n):
         return adaptive.generate(ctx.target, ctx.draft, [ids], max_gamma=8, threshold=threshold, policy=policy,
                                  max_new_tokens=n)
+    return run
+
+
+def dllm_row(gamma: int, draft_steps: int = 1):
+    """Speculative decoding with the zoo's block-diffusion drafter for the target (loaded once per run)."""
+    def run(ctx: Context, ids, n):
+        key = ("dlm", ctx.model_name)
+        if key not in ctx.memo:
+            ctx.memo[key] = models.load(DLLM_FOR[ctx.model_name], device=ctx.target.device)
+        return dllm_draft.generate(ctx.target, ctx.memo[key], [ids], gamma=gamma, draft_steps=draft_steps,
+                                   max_new_tokens=n)
     return run
 
 
@@ -81,6 +95,8 @@ def decode_rows() -> list[Method]:
                lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, method="recycling")),
         Method("sam + token recycling",
                lambda c, p, n: retrieval.generate(c.target, [p], max_new_tokens=n, method="sam+recycling")),
+        Method("dLLM drafter (tiny-bdlm, gamma 4, 1 step)", dllm_row(4), needs=("target", "dlm")),
+        Method("dLLM drafter (tiny-bdlm, gamma 8, 2 steps)", dllm_row(8, 2), needs=("target", "dlm")),
     ]
 
 
