@@ -34,6 +34,7 @@ bench: setup
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model smollm2-135m --per-category 2
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite lookahead-sweep --model smollm2-135m --per-category 1 --repeats 1
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model tiny
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite dllm
 
 # regenerate every .ipynb from its paired jupytext .py (outputs stay stripped)
 notebooks: setup

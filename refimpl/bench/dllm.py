@@ -1,16 +1,20 @@
 """Benchmark of the dLLM samplers: ``python -m refimpl.bench --suite dllm [--fast]``.
 
-Two workloads:
+Three workloads:
 
 - ``rev`` (``tiny-dllm-rev``): reverse 6 digits, 500 held-out problems in one batch,
   gen_length 8 = block_length; quality = exact-match accuracy.
 - ``kjv`` (``tiny-dllm``): continue the first 48 tokens of held-out King James chapters,
   gen_length 64, block_length 16; quality = perplexity of the generated tokens under the
   autoregressive ``tiny`` model (lower is better; how natural the text is to an AR model).
+- ``kjv-bdlm`` (``tiny-bdlm``, chapter 14): the same kind of prompts, one at a time, gen_length 32,
+  blocks of 8, against the AR ``tiny`` it was adapted from; quality = perplexity under ``tiny``
+  and the fraction of repeated 3-grams (perplexity alone rewards repetition).
 
 Rows: one token per step (LLaDA, steps = gen_length), k per step (steps = gen_length / 2 and
 / 4), Fast-dLLM threshold 0.9, threshold + prefix cache, threshold + dual cache, Fast-dLLM
-factor rule, Prophet-style early commit, and threshold 0.1 (the tiny King James model is
+factor rule, Prophet-style early commit, FreeDave draft-and-verify (same tokens as the row it
+accelerates, fewer calls, each call scoring up to K sequences), and threshold 0.1 (the tiny King James model is
 rarely more than 30% sure of a token, so 0.9 never fires there). ``nfe/row`` counts the denoiser steps in which a row
 still committed something (a batch call serves every row); ``nfe`` is the batch's calls.
 Wall time is the best of ``repeats`` runs after one warm-up.
@@ -40,6 +44,8 @@ def methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
         ("threshold 0.9 + dual cache", dict(steps=g, threshold=0.9, cache="dual")),
         ("factor 1.0", dict(steps=g, factor=1.0)),
         ("early commit (gap 0.9)", dict(steps=g, early_commit=0.9)),
+        ("one token per step + draft-and-verify K=4 (lossless)", dict(steps=g, draft_steps=4)),
+        ("threshold 0.9 + draft-and-verify K=4 (lossless)", dict(steps=g, threshold=0.9, draft_steps=4)),
     ]
     return [(name, dict(kw, gen_length=g, block_length=block_length)) for name, kw in rows]
 
@@ -162,7 +168,9 @@ def bdlm_methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
             ("threshold 0.9 + block cache", dict(threshold=0.9)),
             ("threshold 0.7 + block cache", dict(threshold=0.7)),
             ("threshold 0.5 + block cache", dict(threshold=0.5)),
-            ("factor 1.0 + block cache", dict(factor=1.0))]
+            ("factor 1.0 + block cache", dict(factor=1.0)),
+            ("k = 2 per step + block cache", dict(steps=g // 2)),
+            ("k = 4 per step + block cache", dict(steps=g // 4))]
     return [(name, dict(kw, gen_length=g, block_length=block_length)) for name, kw in rows]
 
 
