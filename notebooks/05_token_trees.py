@@ -327,11 +327,14 @@ class TopKTree:
         self.ctx = [self.ctx[i] for i in rows.tolist()]
 
 # %% [markdown]
-# Run it on the ragged batch of three prompts: the output must be exactly greedy decoding.
+# Run it on the ragged batch of three prompts: the output must be exactly greedy decoding, and
+# exactly what the library's version of this proposer (`tree.DraftTree`, run by `tree.generate`) does.
 
 # %%
 mine = speculative.decode(lm, TopKTree(dr), prompts, max_new_tokens=NEW_TOKENS, eos_token_id=[])
 assert mine.tokens == ar, "a greedy tree walk must reproduce greedy decoding"
+lib = tree.generate(lm, dr, prompts, max_new_tokens=NEW_TOKENS, eos_token_id=[], widths=WIDTHS)  # refimpl's DraftTree
+assert lib.tokens == mine.tokens and lib.stats.accepted == mine.stats.accepted
 print(f"tree {WIDTHS}: tau {mine.stats.tau:.2f} | target calls {mine.stats.target_calls} | accepted per step (row 0):",
       [a[0] for a in mine.stats.accepted][:12])
 

@@ -31,7 +31,8 @@ values move into place in the cache (:meth:`refimpl.lm.LM.move_slots`): no secon
 
 A proposer returns ``Proposal(tokens, valid, q, calls, tree=Tree(parents))`` to
 :func:`refimpl.speculative.decode`; the loop calls :meth:`Tree.feed`, :meth:`Tree.verify` and
-:meth:`Tree.compact` instead of the chain's three steps.
+:meth:`Tree.compact` instead of the chain's three steps. :class:`DraftTree` is the proposer for a
+draft LM (its top-k children below every node, SpecInfer's static trees), :func:`generate` runs it.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 import torch
 
 from . import sampling
-from .speculative import Proposal
+from .generation import Generation
+from .speculative import Proposal, check_same_tokenizer, decode
 
 ROOT, SIDE = -1, -2
 
@@ -226,3 +228,67 @@ def pack(rows: list[tuple[list[int], list[int]]], q=None, calls: int = 0, as_tre
         return Proposal(x, valid, None, calls)
     parents = torch.tensor([p + [ROOT] * (width - len(p)) for _, p in rows], dtype=torch.long)
     return Proposal(x, valid, q, calls, Tree(parents))
+
+
+# ---------------------------------------------------------------------------------------
+# a proposer: the draft model's top-k tree
+# ---------------------------------------------------------------------------------------
+def grow(draft, ctx: list[int], widths) -> tuple[list[int], list[int]]:
+    """-> ``(tokens, parents)``: the draft's top-``widths[d]`` tokens below every node of depth ``d``
+    (a full top-k tree: ``prod(widths[:d + 1])`` nodes at depth ``d + 1``). One draft forward per
+    level, batched over the level's nodes (each recomputes the context: simple, not fast)."""
+    tokens, parents, paths, level = [], [], {ROOT: []}, [ROOT]
+    for k in widths:
+        batch = torch.tensor([ctx + paths[n] for n in level], device=draft.device)  # (nodes, L + d)
+        top = draft.logits(batch)[:, -1].topk(k).indices.tolist()  # (nodes, k) distinct children
+        prev, level = level, []
+        for n, kids in zip(prev, top):
+            for t in kids:
+                paths[len(tokens)] = paths[n] + [t]
+                level.append(len(tokens))
+                tokens.append(t)
+                parents.append(n)
+    return tokens, parents
+
+
+class DraftTree:
+    """Proposer: below the last committed token, the draft's top-``widths[0]`` tokens, below each of
+    them its top-``widths[1]``, and so on (depth ``len(widths)``, capped by what a row still needs).
+    The children are deterministic (``q = None``): the greedy walk takes the argmax child, sampling
+    uses SpecInfer's rule with one-hot children (a rejected child's token leaves ``p``), lossless."""
+
+    tree_proposals = True
+
+    def __init__(self, draft, widths=(2, 2), target=None):
+        if not isinstance(widths, (tuple, list)) or not widths or not all(
+                isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
+            raise ValueError(f"widths must be a non-empty sequence of positive ints, got {widths!r}")
+        if target is not None:
+            check_same_tokenizer(target, draft)
+        self.draft, self.widths, self.max_length = draft, tuple(widths), draft.max_length
+
+    def start(self, ids, mask, settings) -> None:
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        self.ctx = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+
+    def propose(self, caps: list[int]) -> Proposal:
+        self.rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
+        return pack(self.rows, calls=min(len(self.widths), max(caps)))
+
+    def accept(self, v) -> None:
+        for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
+            accepted = [] if v.path is None else [self.rows[r][0][i] for i in v.path[r, :n].tolist()]
+            self.ctx[r] += accepted + [t]
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.ctx = [self.ctx[i] for i in rows.tolist()]
+
+
+def generate(target, draft, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
+             widths=(2, 2)) -> Generation:
+    """Tree speculative decoding with ``draft``'s top-k tree (:class:`DraftTree`, ``widths`` per
+    level). Greedy: exactly ``autoregressive.generate``'s tokens; sampling: distributed exactly as
+    sampling from ``target`` with the same settings (SpecInfer, arXiv 2305.09781, Algorithm 2)."""
+    return decode(target, DraftTree(draft, widths, target), prompts, max_new_tokens, temperature, top_k, top_p,
+                  generator, eos_token_id)

@@ -8,7 +8,7 @@ adds its rows to :func:`decode_rows`.
 """
 from __future__ import annotations
 
-from .. import adaptive, autoregressive, dllm_draft, drafts, jacobi, lookahead, models, retrieval, speculative
+from .. import adaptive, autoregressive, dllm_draft, drafts, jacobi, lookahead, models, retrieval, speculative, tree
 from ..copy_prior import ContextCopyLM
 from .decode import Context, Method, hf_assisted, hf_generate
 
@@ -74,6 +74,10 @@ def decode_rows() -> list[Method]:
                lambda c, p, n: speculative.generate(c.target, c.draft, [p], gamma=4, max_new_tokens=n,
                                                     temperature=0.7, generator=c.generator), needs=D, exact=False),
         Method("speculative greedy, draft without copy prior (gamma=4)", without_copy_prior, needs=D),
+        Method("tree speculative (draft top-k tree, widths 2x2)",
+               lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(2, 2)), needs=D),
+        Method("tree speculative (draft top-k tree, widths 3x2x1)",
+               lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(3, 2, 1)), needs=D),
         Method("self-spec (early exit, gamma 4)", self_spec, needs=T),
         Method("adaptive gamma (confidence < 0.3 stops, max 8)", adaptive_row("threshold", 0.3), needs=D),
         Method("adaptive gamma (cumulative < 0.05 stops, max 8)", adaptive_row("cumulative", 0.05), needs=D),
