@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .diffusion_steps import num_transfer_tokens, predict, select_factor, select_threshold, select_topk
+from .diffusion_steps import check_commit_rule, denoise_step, num_transfer_tokens
 from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
 from .lm import left_pad
 from .speculative import SlotCache
@@ -165,16 +165,7 @@ def check_args(model, prompts, gen_length, block_length, steps, threshold, facto
     if steps % nb or steps // nb > block_length:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({nb}) "
                          f"and at most gen_length ({gen_length})")
-    if threshold is not None and (not isinstance(threshold, (int, float)) or not 0 < threshold <= 1):
-        raise ValueError(f"threshold must be in (0, 1] or None, got {threshold!r}")
-    if factor is not None and (not isinstance(factor, (int, float)) or not factor > 0):
-        raise ValueError(f"factor must be > 0 or None, got {factor!r}")
-    if threshold is not None and factor is not None:
-        raise ValueError("pass threshold or factor, not both")
-    if not isinstance(temperature, (int, float)) or temperature != temperature or temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if remasking not in ("low_confidence", "random"):
-        raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
+    check_commit_rule(temperature, remasking, threshold, factor)
     mask_id = getattr(model, "mask_token_id", None)
     if not isinstance(mask_id, int) or not callable(getattr(model, "forward", None)):
         raise ValueError("model must be a block-diffusion LM (an LM with a mask_token_id, e.g. models.load('tiny-bdlm'))")
@@ -225,17 +216,10 @@ def generate(model, prompts, gen_length: int = 32, block_length: int = 8, steps:
                 if pending.shape[1]:
                     first = lp[:, -1]  # (B, V): the clean token before the block predicts its first token
                 pending, pmask = pending[:, :0], None
-                logits = block_predictions(first, lb)
-                logits[..., mask_id] = float("-inf")  # MASK is never a prediction
                 masked = x == mask_id
-                x0, conf = predict(logits, masked, temperature, remasking, generator)
-                if threshold is not None:
-                    sel = select_threshold(conf, threshold)
-                elif factor is not None:
-                    sel = select_factor(conf, factor)
-                else:
-                    sel = select_topk(conf, sched[:, min(step, per_block - 1)])
-                sel &= masked
+                x0, sel = denoise_step(block_predictions(first, lb), masked, mask_id,  # MASK never predicted
+                                       k=sched[:, min(step, per_block - 1)], threshold=threshold, factor=factor,
+                                       temperature=temperature, remasking=remasking, generator=generator)
                 x = torch.where(sel, x0, x)
                 committed.append(sel.sum(-1).tolist())
                 step += 1

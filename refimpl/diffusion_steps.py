@@ -133,6 +133,21 @@ def accepts(fn, name: str) -> bool:
         return False
 
 
+def check_commit_rule(temperature, remasking, threshold, factor) -> None:
+    """Validate how a step chooses what to commit (``ValueError`` naming the argument); shared by
+    every dLLM sampler (this one and :mod:`refimpl.block_diffusion`)."""
+    if not isinstance(temperature, (int, float)) or temperature != temperature or temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if remasking not in REMASKING:
+        raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
+    if threshold is not None and (not isinstance(threshold, (int, float)) or not 0 < threshold <= 1):
+        raise ValueError(f"threshold must be in (0, 1] or None, got {threshold!r}")
+    if factor is not None and (not isinstance(factor, (int, float)) or not factor > 0):
+        raise ValueError(f"factor must be > 0 or None, got {factor!r}")
+    if threshold is not None and factor is not None:
+        raise ValueError("pass threshold or factor, not both")
+
+
 def check_args(model, gen_length, steps, block_length, temperature, remasking, threshold, factor, early_commit,
                cache, mask_token_id, cache_refresh="block"):
     """Validate the sampler's arguments (``ValueError`` naming the argument) -> (mask id, number of blocks)."""
@@ -144,16 +159,7 @@ def check_args(model, gen_length, steps, block_length, temperature, remasking, t
     num_blocks = gen_length // block_length
     if steps % num_blocks:
         raise ValueError(f"steps ({steps}) must be a multiple of the number of blocks ({num_blocks})")
-    if not isinstance(temperature, (int, float)) or temperature != temperature or temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if remasking not in REMASKING:
-        raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
-    if threshold is not None and (not isinstance(threshold, (int, float)) or not 0 < threshold <= 1):
-        raise ValueError(f"threshold must be in (0, 1] or None, got {threshold!r}")
-    if factor is not None and (not isinstance(factor, (int, float)) or not factor > 0):
-        raise ValueError(f"factor must be > 0 or None, got {factor!r}")
-    if threshold is not None and factor is not None:
-        raise ValueError("pass threshold or factor, not both")
+    check_commit_rule(temperature, remasking, threshold, factor)
     if early_commit is not None and (not isinstance(early_commit, (int, float)) or not 0 < early_commit <= 1):
         raise ValueError(f"early_commit must be a probability gap in (0, 1] or None, got {early_commit!r}")
     if cache not in CACHES:

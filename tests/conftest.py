@@ -31,6 +31,22 @@ def tiny_prompts(tiny):
     return [tiny.encode(t) for t in texts]
 
 
+@pytest.fixture(scope="session")
+def spec_prompts(tiny):
+    """tests/decoding.py's TEXTS encoded for tiny: a ragged batch with a refrain."""
+    from decoding import TEXTS
+
+    return [tiny.encode(t) for t in TEXTS]
+
+
+@pytest.fixture(scope="session")
+def spec_ar_free(tiny, spec_prompts):
+    """AR greedy continuations of ``spec_prompts``: 20 tokens, no EOS stop (the ground truth)."""
+    from refimpl import autoregressive
+
+    return autoregressive.generate(tiny, spec_prompts, max_new_tokens=20, eos_token_id=[]).tokens
+
+
 @pytest.fixture(scope="module")
 def torch_kernels():
     """Run the kernels' torch references (the interpreter costs ~0.1 s a call); the kernel tests

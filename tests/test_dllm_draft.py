@@ -6,16 +6,14 @@ rule and a proposer that reports the wrong q as negative controls."""
 import pytest
 import torch
 
-from refimpl import autoregressive as ar
 from refimpl import dllm_draft, models, sampling
 from refimpl import speculative as sp
+from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")
 
-TEXTS = ["And God said, Let there be light: and there was light. And God said, Let there be", "In the beginning",
-         "The LORD is my shepherd; I shall not want. He maketh me", "And"]
-N = 20
+N = 20  # = spec_ar_free's length
 
 
 @pytest.fixture(scope="module")
@@ -23,67 +21,46 @@ def bdlm():
     return models.load("tiny-bdlm", device="cpu")
 
 
-@pytest.fixture(scope="module")
-def prompts(tiny):
-    return [tiny.encode(t) for t in TEXTS]
-
-
-@pytest.fixture(scope="module")
-def ar_free(tiny, prompts):
-    return ar.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens
-
-
 @pytest.mark.parametrize("gamma,steps", [(1, 1), (4, 1), (6, 1), (6, 3), (8, 2)])
-def test_greedy_equals_ar(tiny, bdlm, prompts, ar_free, gamma, steps):
-    g = dllm_draft.generate(tiny, bdlm, prompts, gamma=gamma, draft_steps=steps, max_new_tokens=N, eos_token_id=[])
-    assert g.tokens == ar_free
+def test_greedy_equals_ar(tiny, bdlm, spec_prompts, spec_ar_free, gamma, steps):
+    g = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=gamma, draft_steps=steps, max_new_tokens=N, eos_token_id=[])
+    assert g.tokens == spec_ar_free
     assert g.stats.draft_calls > 0 and g.stats.tau > 1.0
-    for p, want in zip(prompts[:2], ar_free):  # rows alone
+    for p, want in zip(spec_prompts[:2], spec_ar_free):  # rows alone
         one = dllm_draft.generate(tiny, bdlm, [p], gamma=gamma, draft_steps=steps, max_new_tokens=N, eos_token_id=[])
         assert one.tokens[0] == want
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 7])
-def test_max_new_tokens_inside_a_draft(tiny, bdlm, prompts, ar_free, n):
-    g = dllm_draft.generate(tiny, bdlm, prompts, gamma=6, max_new_tokens=n, eos_token_id=[])
-    assert g.tokens == [t[:n] for t in ar_free]
+def test_max_new_tokens_inside_a_draft(tiny, bdlm, spec_prompts, spec_ar_free, n):
+    g = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=6, max_new_tokens=n, eos_token_id=[])
+    assert g.tokens == [t[:n] for t in spec_ar_free]
 
 
-def test_eos_inside_an_accepted_draft(tiny, bdlm, prompts, ar_free):
-    free = dllm_draft.generate(tiny, bdlm, prompts, gamma=6, max_new_tokens=N, eos_token_id=[])
-    found = None
-    for r in range(len(prompts)):  # a token accepted as a draft (not the target's own) at its first occurrence
-        start = 0
-        for step in free.stats.accepted:
-            k = step[r]
-            for j in range(k):
-                t = free.tokens[r][start + j]
-                if found is None and free.tokens[r].index(t) == start + j and start + j < N - 2:
-                    found = (r, t, start + j)
-            start += k + 1
-            if start >= N:
-                break
+def test_eos_inside_an_accepted_draft(tiny, bdlm, spec_prompts, spec_ar_free):
+    free = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=6, max_new_tokens=N, eos_token_id=[])
+    found = first_accepted_draft(free, N - 2)
     assert found is not None, "the test needs an accepted draft token to turn into EOS"
     row, eos, pos = found
-    g = dllm_draft.generate(tiny, bdlm, prompts, gamma=6, max_new_tokens=N, eos_token_id=eos)
-    assert g.tokens[row] == ar_free[row][: pos + 1]
-    assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in ar_free]
+    g = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=6, max_new_tokens=N, eos_token_id=eos)
+    assert g.tokens[row] == spec_ar_free[row][: pos + 1]
+    assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in spec_ar_free]
 
 
 @pytest.mark.parametrize("kw,name", [(dict(gamma=0), "gamma"), (dict(gamma=2.5), "gamma"),
                                      (dict(draft_steps=0), "draft_steps"), (dict(gamma=2, draft_steps=3), "draft_steps")])
-def test_bad_arguments(tiny, bdlm, prompts, kw, name):
+def test_bad_arguments(tiny, bdlm, spec_prompts, kw, name):
     with pytest.raises(ValueError, match=name):
-        dllm_draft.generate(tiny, bdlm, prompts, **kw)
+        dllm_draft.generate(tiny, bdlm, spec_prompts, **kw)
 
 
-def test_a_drafter_without_mask_is_refused(tiny, prompts):
+def test_a_drafter_without_mask_is_refused(tiny, spec_prompts):
     import copy
 
     no_mask = copy.copy(tiny)
     no_mask.mask_token_id = None
     with pytest.raises(ValueError, match="dlm"):
-        dllm_draft.generate(tiny, no_mask, prompts)
+        dllm_draft.generate(tiny, no_mask, spec_prompts)
 
 
 def accept_all(draft, p, q, u, valid):

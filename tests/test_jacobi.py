@@ -7,94 +7,65 @@ import pytest
 import torch
 
 import kernels
-from refimpl import autoregressive as ar
 from refimpl import jacobi, sampling
 from refimpl import speculative as sp
+from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")  # the kernels' torch references (fast on CPU)
 
-REPEAT = "And God said, Let there be light: and there was light. And God said, Let there be"
-TEXTS = [REPEAT, "In the beginning", "The LORD is my shepherd; I shall not want. He maketh me", "And"]
-N = 20
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny):
-    return [tiny.encode(t) for t in TEXTS]
-
-
-@pytest.fixture(scope="module")
-def ar_free(tiny, prompts):
-    return ar.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens
+N = 20  # = spec_ar_free's length
 
 
 # ---- greedy Jacobi ----------------------------------------------------------------------
 @pytest.mark.parametrize("window", [1, 3, 8])
-def test_greedy_equals_ar_ragged_and_row_by_row(tiny, prompts, ar_free, window):
-    g = jacobi.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[], window=window)
-    assert g.tokens == ar_free
+def test_greedy_equals_ar_ragged_and_row_by_row(tiny, spec_prompts, spec_ar_free, window):
+    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[], window=window)
+    assert g.tokens == spec_ar_free
     assert g.stats.draft_calls == 0 and g.stats.tau >= 1.0
     assert g.stats.nfe == g.stats.target_calls <= N
     assert sum(map(sum, g.stats.accepted)) > 0, "some Jacobi guesses should converge early"
-    for p, ref in zip(prompts, ar_free):
+    for p, ref in zip(spec_prompts, spec_ar_free):
         one = jacobi.generate(tiny, [p], max_new_tokens=N, eos_token_id=[], window=window, seed=window)
         assert one.tokens[0] == ref and one.stats.tau >= 1.0
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 11])
-def test_max_new_tokens_cuts_the_window(tiny, prompts, ar_free, n):
+def test_max_new_tokens_cuts_the_window(tiny, spec_prompts, spec_ar_free, n):
     """The last steps' windows are cut to what a row still needs; rows finish at different steps."""
-    g = jacobi.generate(tiny, prompts, max_new_tokens=n, eos_token_id=[], window=4)
-    assert g.tokens == [r[:n] for r in ar_free]
+    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=n, eos_token_id=[], window=4)
+    assert g.tokens == [r[:n] for r in spec_ar_free]
     assert max(g.stats.extra["gammas"]) <= min(4, n - 1)
 
 
-def eos_inside_a_run(prompts, free):
-    """(row, eos, position): a token emitted as an accepted Jacobi guess (not the target's own token)
-    at its first occurrence in the row's output, so that the step emitted tokens after it."""
-    for r in range(len(prompts)):
-        start = 0
-        for step in free.stats.accepted:
-            k = step[r]
-            for j in range(k):  # the accepted guesses of this step; the target's token follows
-                tok = free.tokens[r][start + j]
-                if free.tokens[r].index(tok) == start + j:
-                    return r, tok, start + j
-            start += k + 1
-            if start >= len(free.tokens[r]):
-                break
-    return None
-
-
 @pytest.mark.parametrize("window", [3, 8])
-def test_eos_inside_an_accepted_run(tiny, prompts, ar_free, window):
-    free = jacobi.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[], window=window)
-    found = eos_inside_a_run(prompts, free)
+def test_eos_inside_an_accepted_run(tiny, spec_prompts, spec_ar_free, window):
+    free = jacobi.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[], window=window)
+    found = first_accepted_draft(free)
     assert found is not None, "the test needs a row where an accepted guess can be EOS"
     row, eos, pos = found
-    g = jacobi.generate(tiny, prompts, max_new_tokens=N, eos_token_id=eos, window=window)
-    assert g.tokens[row] == ar_free[row][: pos + 1]
-    assert g.tokens == [r[: r.index(eos) + 1] if eos in r else r for r in ar_free]
-    one = jacobi.generate(tiny, [prompts[row]], max_new_tokens=N, eos_token_id=[eos, 10**6], window=window)
-    assert one.tokens[0] == ar_free[row][: pos + 1]
+    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=eos, window=window)
+    assert g.tokens[row] == spec_ar_free[row][: pos + 1]
+    assert g.tokens == [r[: r.index(eos) + 1] if eos in r else r for r in spec_ar_free]
+    one = jacobi.generate(tiny, [spec_prompts[row]], max_new_tokens=N, eos_token_id=[eos, 10**6], window=window)
+    assert one.tokens[0] == spec_ar_free[row][: pos + 1]
 
 
 @pytest.mark.parametrize("window", [0, -1, 2.5, True, "8"])
-def test_bad_window_names_window(tiny, prompts, window):
+def test_bad_window_names_window(tiny, spec_prompts, window):
     with pytest.raises(ValueError, match="window"):
-        jacobi.generate(tiny, prompts[:1], window=window)
+        jacobi.generate(tiny, spec_prompts[:1], window=window)
 
 
 # ---- speculative Jacobi decoding ----------------------------------------------------------
-def test_sjd_top_k_1_equals_greedy_and_is_seeded(tiny, prompts, ar_free):
+def test_sjd_top_k_1_equals_greedy_and_is_seeded(tiny, spec_prompts, spec_ar_free):
     """top_k=1: p and p_old are one-hot, so SJD's accept test and residual must reproduce AR greedy."""
-    g = jacobi.generate(tiny, prompts, max_new_tokens=12, temperature=1.3, top_k=1,
+    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=12, temperature=1.3, top_k=1,
                         generator=torch.Generator().manual_seed(0), eos_token_id=[], window=4)
-    assert g.tokens == [r[:12] for r in ar_free]
+    assert g.tokens == [r[:12] for r in spec_ar_free]
 
     def run(seed):
-        return jacobi.generate(tiny, prompts, max_new_tokens=8, temperature=0.9, top_p=0.95,
+        return jacobi.generate(tiny, spec_prompts, max_new_tokens=8, temperature=0.9, top_p=0.95,
                                generator=torch.Generator().manual_seed(seed), window=3).tokens
 
     a = run(1)

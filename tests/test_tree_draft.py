@@ -6,17 +6,15 @@ Triton attention kernel scores the trees exactly as the default attention does."
 import pytest
 import torch
 
-from refimpl import autoregressive as ar
 from refimpl import models, tree
 from refimpl import speculative as sp
+from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 from test_tree import KeepRejectedToken  # a wrong SpecInfer walk (tests/test_tree.py)
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")
 
-TEXTS = ["And God said, Let there be light: and there was light. And God said, Let there be", "In the beginning",
-         "The LORD is my shepherd; I shall not want. He maketh me", "And"]
-N = 16
+N = 20  # = spec_ar_free's length
 
 
 @pytest.fixture(scope="module")
@@ -24,55 +22,35 @@ def draft():
     return models.load("tiny-draft", device="cpu")
 
 
-@pytest.fixture(scope="module")
-def prompts(tiny):
-    return [tiny.encode(t) for t in TEXTS]
-
-
-@pytest.fixture(scope="module")
-def ar_free(tiny, prompts):
-    return ar.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens
-
-
 @pytest.mark.parametrize("widths", [(1,), (2, 2), (3, 2, 1), (4,), (1, 1, 1, 1)])
-def test_greedy_equals_ar(tiny, draft, prompts, ar_free, widths):
-    g = tree.generate(tiny, draft, prompts, max_new_tokens=N, eos_token_id=[], widths=widths)
-    assert g.tokens == ar_free
+def test_greedy_equals_ar(tiny, draft, spec_prompts, spec_ar_free, widths):
+    g = tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=[], widths=widths)
+    assert g.tokens == spec_ar_free
     assert g.stats.tau > 1.0
-    one = tree.generate(tiny, draft, [prompts[2]], max_new_tokens=N, eos_token_id=[], widths=widths)
-    assert one.tokens[0] == ar_free[2]
+    one = tree.generate(tiny, draft, [spec_prompts[2]], max_new_tokens=N, eos_token_id=[], widths=widths)
+    assert one.tokens[0] == spec_ar_free[2]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_max_new_tokens_inside_a_path(tiny, draft, prompts, ar_free, n):
-    g = tree.generate(tiny, draft, prompts, max_new_tokens=n, eos_token_id=[], widths=(2, 2, 2))
-    assert g.tokens == [t[:n] for t in ar_free]
+def test_max_new_tokens_inside_a_path(tiny, draft, spec_prompts, spec_ar_free, n):
+    g = tree.generate(tiny, draft, spec_prompts, max_new_tokens=n, eos_token_id=[], widths=(2, 2, 2))
+    assert g.tokens == [t[:n] for t in spec_ar_free]
 
 
-def test_eos_inside_an_accepted_path(tiny, draft, prompts, ar_free):
-    free = tree.generate(tiny, draft, prompts, max_new_tokens=N, eos_token_id=[], widths=(2, 2, 2))
-    found = None
-    for r in range(len(prompts)):  # an accepted draft token at its first occurrence in the row
-        start = 0
-        for step in free.stats.accepted:
-            for j in range(step[r]):
-                t = free.tokens[r][start + j]
-                if found is None and free.tokens[r].index(t) == start + j:
-                    found = (r, t, start + j)
-            start += step[r] + 1
-            if start >= N:
-                break
+def test_eos_inside_an_accepted_path(tiny, draft, spec_prompts, spec_ar_free):
+    free = tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=[], widths=(2, 2, 2))
+    found = first_accepted_draft(free, None)
     assert found is not None
     row, eos, pos = found
-    g = tree.generate(tiny, draft, prompts, max_new_tokens=N, eos_token_id=eos, widths=(2, 2, 2))
-    assert g.tokens[row] == ar_free[row][: pos + 1]
-    assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in ar_free]
+    g = tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=eos, widths=(2, 2, 2))
+    assert g.tokens[row] == spec_ar_free[row][: pos + 1]
+    assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in spec_ar_free]
 
 
 @pytest.mark.parametrize("widths", [(), (0,), (2, -1), "22", (1.5,), (True,)])
-def test_bad_widths(tiny, draft, prompts, widths):
+def test_bad_widths(tiny, draft, spec_prompts, widths):
     with pytest.raises(ValueError, match="widths"):
-        tree.generate(tiny, draft, prompts, widths=widths)
+        tree.generate(tiny, draft, spec_prompts, widths=widths)
 
 
 class WrongWalk(tree.DraftTree):
@@ -102,7 +80,7 @@ def test_sampling_is_lossless_and_a_wrong_walk_is_caught(tiny, draft):
     assert pvalue(WrongWalk)[0] < 1e-6
 
 
-def test_triton_attention_scores_trees_like_the_default(tiny, draft, prompts, ar_free, monkeypatch):
+def test_triton_attention_scores_trees_like_the_default(tiny, draft, spec_prompts, spec_ar_free, monkeypatch):
     """The 4-D ancestor masks go through the Triton kernel of kernels.decode_attention (under the
     interpreter here; compiled for sm_80 / sm_90 by tests/test_kernels_aot.py): same tokens, same
     accepted counts as the default attention, and the kernel really ran with tree masks."""
@@ -120,9 +98,9 @@ def test_triton_attention_scores_trees_like_the_default(tiny, draft, prompts, ar
     monkeypatch.setattr(da, "decode_attention_triton", spy)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the module fixture runs the torch references)
     tri = models.load("tiny", device="cpu", attn="triton")
-    a = tree.generate(tri, draft, prompts[:2], max_new_tokens=6, eos_token_id=[], widths=(2, 2))
+    a = tree.generate(tri, draft, spec_prompts[:2], max_new_tokens=6, eos_token_id=[], widths=(2, 2))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    b = tree.generate(tiny, draft, prompts[:2], max_new_tokens=6, eos_token_id=[], widths=(2, 2))
-    assert a.tokens == b.tokens == [t[:6] for t in ar_free[:2]]
+    b = tree.generate(tiny, draft, spec_prompts[:2], max_new_tokens=6, eos_token_id=[], widths=(2, 2))
+    assert a.tokens == b.tokens == [t[:6] for t in spec_ar_free[:2]]
     assert a.stats.accepted == b.stats.accepted
     assert any(m is not None and m[2] > 1 for m in calls), "the kernel must have scored a tree (Q > 1, a mask)"
