@@ -182,8 +182,8 @@ def generate(model, prompts, gen_length: int = 32, block_length: int = 8, steps:
     """Block-diffusion decoding of ``gen_length`` tokens after each prompt (see the module doc).
 
     ``steps`` (default ``gen_length``: one token per step) is split evenly over the blocks;
-    ``threshold`` / ``factor`` switch to Fast-dLLM's parallel commits (then ``steps`` only
-    bounds nothing: a block takes as many steps as it needs). ``cache=False`` recomputes the
+    ``threshold`` / ``factor`` switch to Fast-dLLM's parallel commits (``steps`` is then only
+    validated: a block takes as many calls as it needs). ``cache=False`` recomputes the
     prefix at every call (the reference the exact cache is tested against). ``stats.nfe``:
     forward passes; ``stats.extra["committed"]``: tokens committed per step per row.
     """
