@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
-.PHONY: setup lab test test-fast bench notebooks clean
+.PHONY: setup lab test test-fast test-gpu bench notebooks clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test: setup
 
 test-fast: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests
+
+# on a machine with a CUDA GPU (the self-hosted job of .github/workflows/ci.yml): the native kernels
+# against their references, kernel benchmarks, end-to-end decoding on the GPU (tests/test_gpu.py)
+test-gpu: setup
+	env -u TRITON_INTERPRET COURSE_ANSWERS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests/test_gpu.py
 
 bench: setup
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite latency --model smollm2-135m

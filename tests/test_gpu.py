@@ -1,0 +1,90 @@
+"""The GPU checks (``make test-gpu``, the self-hosted GPU job of .github/workflows/ci.yml): every
+Triton kernel compiled natively and run on CUDA tensors against its torch reference, the kernel
+benchmarks, and end-to-end decoding on the GPU (greedy methods == AR greedy, the exact block cache
+== no cache). Skipped, with the reason, without CUDA or under TRITON_INTERPRET=1 (where the
+kernels would run in the CPU interpreter: the CPU suite already covers that)."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the GPU checks run with `make test-gpu` on a GPU machine", allow_module_level=True)
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("TRITON_INTERPRET=1: the native kernels are not used; run `make test-gpu`", allow_module_level=True)
+
+import kernels  # noqa: E402
+from refimpl import autoregressive, block_diffusion, dllm_draft, models, speculative, tree  # noqa: E402
+
+DEV = "cuda"
+
+
+def test_decode_attention_native():
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for B, Hq, Hkv, Q, K, D in [(1, 4, 2, 1, 37, 64), (3, 6, 2, 5, 130, 40), (2, 8, 1, 9, 1000, 128)]:
+        q, k, v = (torch.randn(B, h, n, D, device=DEV, generator=g) for h, n in ((Hq, Q), (Hkv, K), (Hkv, K)))
+        mask = torch.zeros(B, 1, Q, K, device=DEV)
+        mask[0, :, :, :5] = float("-inf")  # pads
+        for m in (None, mask):
+            torch.testing.assert_close(kernels.decode_attention_triton(q, k, v, m),
+                                       kernels.decode_attention_reference(q, k, v, m), atol=2e-4, rtol=2e-4)
+
+
+def test_verify_greedy_and_rejection_sample_native():
+    g = torch.Generator(device=DEV).manual_seed(1)
+    for B, gamma, V in [(1, 4, 1000), (5, 8, 4099), (4, 0, 37)]:
+        logits = torch.randn(B, gamma + 1, V, device=DEV, generator=g)
+        draft = torch.randint(0, V, (B, gamma), device=DEV, generator=g)
+        draft[:, : gamma // 2] = logits[:, : gamma // 2].argmax(-1)
+        valid = torch.randint(0, gamma + 1, (B,), device=DEV, generator=g)
+        for a, b in zip(kernels.verify_greedy_triton(draft, logits, valid),
+                        kernels.verify_greedy_reference(draft, logits, valid)):
+            assert torch.equal(a, b)
+        p = torch.softmax(logits, -1)
+        q = torch.softmax(torch.randn(B, gamma, V, device=DEV, generator=g), -1)
+        u = torch.rand(B, gamma + 1, device=DEV, generator=g)
+        for a, b in zip(kernels.rejection_sample_triton(draft, p, q, u, valid),
+                        kernels.rejection_sample_reference(draft, p, q, u, valid)):
+            assert torch.equal(a, b)
+
+
+def test_confidence_select_native():
+    g = torch.Generator(device=DEV).manual_seed(2)
+    logits = torch.randn(4, 32, 4096, device=DEV, generator=g)
+    masked = torch.rand(4, 32, device=DEV, generator=g) < 0.7
+    for kw in (dict(k=torch.full((4,), 3, device=DEV)), dict(threshold=0.01)):
+        a, b = kernels.confidence_select_triton(logits, masked, **kw), kernels.confidence_select_reference(logits, masked, **kw)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
+        torch.testing.assert_close(a[1], b[1])
+
+
+def test_kernel_benchmarks_run():
+    import importlib
+
+    for name in kernels.MODULES:
+        r = importlib.import_module(f"kernels.{name}").bench()
+        assert r and all(v > 0 for v in r.values()), name
+
+
+@pytest.fixture(scope="module")
+def gpu_models():
+    return {n: models.load(n, device=DEV) for n in ("tiny", "tiny-draft", "tiny-bdlm")}
+
+
+def test_greedy_methods_equal_ar_on_the_gpu(gpu_models):
+    lm, dr, bd = gpu_models["tiny"], gpu_models["tiny-draft"], gpu_models["tiny-bdlm"]
+    prompts = [lm.encode(t) for t in ("And God said, Let there be light: and there was", "In the beginning", "And")]
+    want = autoregressive.generate(lm, prompts, max_new_tokens=24, eos_token_id=[]).tokens
+    assert speculative.generate(lm, dr, prompts, gamma=4, max_new_tokens=24, eos_token_id=[]).tokens == want
+    assert tree.generate(lm, dr, prompts, max_new_tokens=24, eos_token_id=[], widths=(2, 2)).tokens == want
+    assert dllm_draft.generate(lm, bd, prompts, gamma=4, max_new_tokens=24, eos_token_id=[]).tokens == want
+    tri = models.load("tiny", device=DEV, attn="triton")
+    assert tree.generate(tri, dr, prompts, max_new_tokens=24, eos_token_id=[], widths=(2, 2)).tokens == want
+
+
+def test_block_cache_equals_no_cache_on_the_gpu(gpu_models):
+    bd = gpu_models["tiny-bdlm"]
+    prompts = [bd.encode(t) for t in ("And God said", "Jesus wept.")]
+    a = block_diffusion.generate(bd, prompts, gen_length=16, block_length=8, eos_token_id=[])
+    b = block_diffusion.generate(bd, prompts, gen_length=16, block_length=8, cache=False, eos_token_id=[])
+    assert a.tokens == b.tokens
