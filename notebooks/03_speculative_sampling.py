@@ -387,57 +387,107 @@ assert sum(map(len, last.tokens)) == NEW_TOKENS
 
 # %% [markdown]
 # ## Exercises
-# **1.** Write `residual_dist(p, q)`: the normalised residual `norm(max(0, p - q))` (return `p`
-# when `p == q`).
+# Each exercise is a stub for you to fill in, followed by a check that answers "not attempted yet",
+# "wrong, because ..." or "correct". The reference answers are hidden in `solutions/ch03.py`; set
+# `SHOW_SOLUTIONS = True` in the parameters to print them.
+#
+# **1.** Write the rule yourself, without looking above: `my_one_position(p, q, x, u0, u1)` returns
+# the emitted token for a draft `x ~ q` and two uniforms (accept when `u0 * q(x) < p(x)`, else
+# draw from the residual by inverse CDF with `u1`). The check runs it 20,000 times on random
+# 6-token `p`, `q` and applies the chi-square test of this chapter: your output must be
+# distributed as `p` (and the check's negative control, a rule that forgets the residual, must fail).
 
 # %%
-def residual_dist(p, q):
-    w = (p - q).clamp(min=0)                        # reference answer (CI runs it)
-    return w / w.sum() if w.sum() > 0 else p
+from solutions import answers_on, exercise, check, show
 
 
-def check_residual(fn):
-    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
-    assert torch.allclose(fn(p, q), torch.tensor([1.0, 0.0, 0.0]))
-    assert torch.allclose(fn(p, p), p)
-    assert torch.allclose(emitted(p6, q6) , q6 * torch.minimum(torch.ones_like(p6), p6 / q6) + (1 - torch.minimum(p6, q6).sum()) * fn(p6, q6))
-    return "correct"
+@exercise("03", "my_one_position")
+def my_one_position(p, q, x, u0, u1):
+    # your code here
+    raise NotImplementedError
+
+# %% [markdown]
+# The check:
+
+# %%
+from scipy.stats import chisquare
 
 
-print(check_residual(residual_dist))
+def emitted_counts(rule, p, q, n=20000, seed=3):
+    gg = torch.Generator().manual_seed(seed)
+    xs_ = torch.multinomial(q.float(), n, replacement=True, generator=gg).tolist()
+    us = torch.rand(n, 2, generator=gg, dtype=torch.float64).tolist()
+    out = [rule(p, q, x, u0, u1) for x, (u0, u1) in zip(xs_, us)]
+    return [out.count(t) for t in range(len(p))]
+
+
+def check_one_position():
+    gg = torch.Generator().manual_seed(5)
+    p, q = torch.rand(6, generator=gg, dtype=torch.float64), torch.rand(6, generator=gg, dtype=torch.float64)
+    p, q = p / p.sum(), q / q.sum()
+    assert my_one_position(p, p, 2, 0.99, 0.5) == 2, "when p == q every draft must be accepted"
+    obs = emitted_counts(my_one_position, p, q)
+    pv = chisquare(obs, (p * sum(obs)).tolist()).pvalue
+    assert pv > 1e-3, f"20,000 emitted tokens are not distributed as p (chi-square p-value {pv:.1e}): {obs}"
+    forgetful = lambda p, q, x, u0, u1: x if u0 * q[x] < p[x] else int(torch.multinomial(p.float(), 1))  # WRONG
+    bad = chisquare(emitted_counts(forgetful, p, q), (p * 20000).tolist()).pvalue
+    assert bad < 1e-3, "the check's own negative control should fail"
+
+
+check("Exercise 1", check_one_position)
+if SHOW_SOLUTIONS:
+    show("03", "my_one_position")
 
 # %% [markdown]
 # **2.** The probability that one draft token is accepted is `beta = sum_x min(p(x), q(x))`.
-# Write `acceptance(p, q)` and check it against a simulation of `one_position`.
+# Write `acceptance(p, q)`; the check compares it with a simulation of `one_position`.
 
 # %%
+@exercise("03", "acceptance")
 def acceptance(p, q):
-    return float(torch.minimum(p, q).sum())        # reference answer
+    # your code here
+    raise NotImplementedError
 
 
-def check_acceptance(fn):
+def check_acceptance():
     gg = torch.Generator().manual_seed(1)
     xs_ = torch.multinomial(q6.float(), 20000, replacement=True, generator=gg)
     u0 = torch.rand(20000, generator=gg, dtype=torch.float64)
     sim = (u0 * q6[xs_] < p6[xs_]).double().mean().item()
-    assert abs(fn(p6, q6) - sim) < 0.02 and abs(fn(p6, p6) - 1) < 1e-9
-    return "correct"
+    assert abs(acceptance(p6, p6) - 1) < 1e-9, "p == q: every draft is accepted"
+    assert abs(acceptance(p6, q6) - sim) < 0.02, f"you say {acceptance(p6, q6):.3f}, 20,000 simulated drafts say {sim:.3f}"
 
 
-print(check_acceptance(acceptance))
+check("Exercise 2", check_acceptance)
+if SHOW_SOLUTIONS:
+    show("03", "acceptance")
 
 # %% [markdown]
-# **3.** Write `tau_formula(alpha, gamma)`, the expected tokens per step, and find the smallest
-# `gamma` whose expected tau reaches 90% of the limit `1 / (1 - alpha)` for `alpha = 0.8`.
+# **3.** Write `tau_formula(alpha, gamma)`, the expected tokens per target call with i.i.d.
+# acceptance `alpha` and `gamma` drafts. Then predict: the smallest `gamma` whose expected tau
+# reaches 90% of the limit `1 / (1 - alpha)` for `alpha = 0.8`; put your prediction in `MY_GAMMA`.
 
 # %%
+@exercise("03", "tau_formula")
 def tau_formula(alpha, gamma):
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)           # reference answer
+    # your code here
+    raise NotImplementedError
 
 
-smallest = next(gm for gm in range(1, 100) if tau_formula(0.8, gm) >= 0.9 / (1 - 0.8))
-assert abs(tau_formula(0.8, 4) - speculative.expected_tau(0.8, 4)) < 1e-12 and tau_formula(0.5, 0) == 1
-assert smallest == 10
-print("correct: gamma =", smallest)
+MY_GAMMA = None                                       # your prediction (an int)
+
+
+def check_tau():
+    assert abs(tau_formula(0.8, 4) - speculative.expected_tau(0.8, 4)) < 1e-12, "tau_formula(0.8, 4) is off"
+    assert tau_formula(0.5, 0) == 1, "with no drafts each call emits exactly one token"
+    smallest = next(gm for gm in range(1, 100) if tau_formula(0.8, gm) >= 0.9 / (1 - 0.8))
+    guess = smallest if answers_on() else MY_GAMMA
+    if guess is None:
+        return ...                                    # "not attempted yet": put your prediction in MY_GAMMA
+    assert guess == smallest, f"you predicted gamma = {guess}; tau_formula says {smallest}"
+
+
+check("Exercise 3", check_tau)
 if SHOW_SOLUTIONS:
+    show("03", "tau_formula")
     print("tau / limit = 1 - alpha^(gamma+1) >= 0.9  <=>  gamma + 1 >= log(0.1) / log(0.8) = 10.3, so gamma = 10")
