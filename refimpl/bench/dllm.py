@@ -50,15 +50,23 @@ def methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
     return [(name, dict(kw, gen_length=g, block_length=block_length)) for name, kw in rows]
 
 
-def _timed(model, prompts, kw, repeats):
-    diffusion.generate(model, prompts[:2], **kw)  # warm-up
+def best_of(fn, repeats, warmup=None):
+    """``(seconds, result)`` of the fastest of ``repeats`` calls of ``fn`` after one warm-up call
+    (``warmup``, default ``fn`` itself)."""
+    (warmup or fn)()
     best = None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        g = diffusion.generate(model, prompts, **kw)
+        g = fn()
         dt = time.perf_counter() - t0
         best = (dt, g) if best is None or dt < best[0] else best
     return best
+
+
+def timed(model, prompts, kw, repeats):
+    """Best-of-``repeats`` ``diffusion.generate`` on ``prompts`` (warm-up: the first two prompts)."""
+    return best_of(lambda: diffusion.generate(model, prompts, **kw), repeats,
+                   warmup=lambda: diffusion.generate(model, prompts[:2], **kw))
 
 
 def nfe_per_row(g) -> float:
@@ -77,7 +85,7 @@ def run_rev(fast: bool = False, repeats: int = 2) -> list[dict]:
     want = [tok.encode(synthetic_problem(d)[1]) + [tok.eos_token_id] for d in problems]
     rows = []
     for name, kw in methods(SYNTH_GEN_LENGTH, SYNTH_GEN_LENGTH):
-        dt, g = _timed(model, prompts, kw, 1 if fast else repeats)
+        dt, g = timed(model, prompts, kw, 1 if fast else repeats)
         acc = sum(t == w for t, w in zip(g.tokens, want)) / len(want)
         rows.append(dict(task="rev", method=name, nfe_per_row=nfe_per_row(g), nfe=g.stats.nfe,
                          tokens_per_s=g.stats.new_tokens / dt, seconds=dt, accuracy=acc, perplexity=None))
@@ -119,7 +127,7 @@ def run_kjv(fast: bool = False, repeats: int = 2, gen_length: int = 64, block_le
     prompts = kjv_prompts(model.tokenizer, 2 if fast else 8)
     rows = []
     for name, kw in methods(gen_length, block_length):
-        dt, g = _timed(model, prompts, dict(kw, eos_token_id=[]), 1 if fast else repeats)
+        dt, g = timed(model, prompts, dict(kw, eos_token_id=[]), 1 if fast else repeats)
         rows.append(dict(task="kjv", method=name, nfe_per_row=nfe_per_row(g), nfe=g.stats.nfe,
                          tokens_per_s=g.stats.new_tokens / dt, seconds=dt, accuracy=None,
                          perplexity=None if ar is None else ar_perplexity(ar, prompts, g.tokens)))
@@ -172,17 +180,6 @@ def bdlm_methods(gen_length: int, block_length: int) -> list[tuple[str, dict]]:
             ("k = 2 per step + block cache", dict(steps=g // 2)),
             ("k = 4 per step + block cache", dict(steps=g // 4))]
     return [(name, dict(kw, gen_length=g, block_length=block_length)) for name, kw in rows]
-
-
-def best_of(fn, repeats):
-    fn()  # warm-up
-    best = None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        g = fn()
-        dt = time.perf_counter() - t0
-        best = (dt, g) if best is None or dt < best[0] else best
-    return best
 
 
 def run_bdlm(fast: bool = False, repeats: int = 2, gen_length: int = 32, block_length: int = 8) -> list[dict]:
