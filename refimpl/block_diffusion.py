@@ -33,10 +33,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .diffusion_steps import check_commit_rule, denoise_step, num_transfer_tokens
+from .diffusion_steps import check_commit_rule, check_prompts, denoise_step, num_transfer_tokens
 from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
 from .lm import left_pad
 from .speculative import SlotCache
+from .tree import SIDE, Tree, additive
 
 # ---------------------------------------------------------------------------------------
 # masks
@@ -62,11 +63,6 @@ def training_allow(blk: torch.Tensor) -> torch.Tensor:
     noisy_b = torch.cat([none, same, before], dim=2)
     clean = torch.cat([none, none, causal], dim=2)
     return torch.cat([noisy_a, noisy_b, clean], dim=1)  # (B, 3T, 3T)
-
-
-def additive(allow: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """Bool (B, Q, K) -> additive float mask (B, 1, Q, K): 0 where allowed, -inf elsewhere."""
-    return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill(~allow, float("-inf"))[:, None]
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,27 +116,14 @@ def block_step(sc: SlotCache, pending: torch.Tensor, pmask: torch.Tensor | None,
     Returns ``(pending logits (B, F, V), block logits (B, b, V))``.
     """
     B, Fn = pending.shape
-    b = block.shape[1]
-    dev = block.device
-    fm = torch.ones_like(pending) if pmask is None else pmask
+    b, dev = block.shape[1], block.device
     P = sc.mask.shape[1]
-    pos_f = sc.count[:, None] + (fm.cumsum(-1) - 1).clamp(min=0)  # (B, F)
-    pos_b = (sc.count + fm.sum(-1))[:, None] + torch.arange(b, device=dev)  # (B, b)
-    keys = torch.cat([sc.mask, fm, torch.ones_like(block)], 1).bool()  # (B, P + F + b) real slots
-    q = Fn + b
-    allow = keys[:, None, :].expand(B, q, P + q).clone()
-    causal = torch.ones(Fn, Fn, dtype=torch.bool, device=dev).tril()
-    allow[:, :Fn, P:P + Fn] &= causal  # pending: causal among themselves
-    allow[:, :Fn, P + Fn:] = False  # pending never sees the block
-    eye = torch.eye(q, dtype=torch.bool, device=dev)
-    allow[:, :, P:] |= eye  # every query sees itself (pads too: no empty softmax rows)
-    logits, sc.cache = sc.lm.forward(torch.cat([pending, block], 1), sc.cache,
-                                     position_ids=torch.cat([pos_f, pos_b], 1),
-                                     attention_mask=additive(allow, sc.lm.dtype))
-    sc.lm.crop(sc.cache, P + Fn)
-    sc.mask = torch.cat([sc.mask, fm], 1)
-    sc.count = sc.count + fm.sum(-1)
-    sc.holes = sc.holes or pmask is not None
+    # the block as b side nodes of a refimpl.tree.Tree: positions 1..b after the pending tokens, each
+    # sees all the others (and, as every node does, the cache and the pending tokens)
+    slots = Tree(torch.full((B, b), SIDE, device=dev), torch.arange(1, b + 1, device=dev).expand(B, b),
+                 torch.ones(B, b, b, dtype=torch.bool, device=dev))
+    logits = slots.feed(sc, pending, pmask, block, torch.full((B,), b, device=dev), full=True)  # (B, F + b, V)
+    sc.keep(b, torch.zeros_like(block), P + Fn, new_holes=False)  # drop the block's keys/values
     return logits[:, :Fn], logits[:, Fn:]
 
 
@@ -169,8 +152,7 @@ def check_args(model, prompts, gen_length, block_length, steps, threshold, facto
     mask_id = getattr(model, "mask_token_id", None)
     if not isinstance(mask_id, int) or not callable(getattr(model, "forward", None)):
         raise ValueError("model must be a block-diffusion LM (an LM with a mask_token_id, e.g. models.load('tiny-bdlm'))")
-    if any(mask_id in p for p in prompts):
-        raise ValueError(f"prompts must not contain the MASK token (id {mask_id}): infilling is not supported")
+    check_prompts(prompts, mask_id)
     return nb, steps // nb, mask_id
 
 

@@ -89,11 +89,10 @@ from __future__ import annotations
 import torch
 
 from . import free_draft
-from .diffusion_steps import (CACHE_REFRESH, CACHES, REMASKING, accepts, check_args, denoise_step,  # noqa: F401
-                              gumbel_argmax, num_transfer_tokens, predict, select_factor, select_threshold,
-                              select_topk, selection_kernel, top2_gap)
+from .diffusion_steps import (CACHE_REFRESH, CACHES, REMASKING, accepts, check_args, check_prompts,  # noqa: F401
+                              denoise_step, gumbel_argmax, masked_answer, num_transfer_tokens, predict,
+                              select_factor, select_threshold, select_topk, selection_kernel, top2_gap)
 from .generation import Generation, Stats, Timer, eos_set, normalize_prompts, truncate_at_eos
-from .lm import left_pad
 
 __all__ = ["generate", "CACHES", "CACHE_REFRESH", "REMASKING", "check_args", "denoise_step", "gumbel_argmax",
            "num_transfer_tokens", "predict", "select_factor", "select_threshold", "select_topk", "top2_gap"]
@@ -123,10 +122,7 @@ def generate(model, prompts, gen_length: int = 64, steps: int = 64, block_length
     if draft_steps is not None:
         free_draft.check_draft_args(draft_steps, temperature, remasking, cache, early_commit)
     prompts = normalize_prompts(prompts, getattr(model, "max_length", None), gen_length)
-    for i, p in enumerate(prompts):
-        if mask_id in p:
-            raise ValueError(f"prompts[{i}] contains the mask token id {mask_id}: a prompt must be plain text "
-                             "(the sampler would treat that position as part of the answer's noise)")
+    check_prompts(prompts, mask_id)
     eos = eos_set(eos_token_id, getattr(model, "eos_token_id", None))
     kw = dict(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
               remasking=remasking, threshold=threshold, factor=factor, early_commit=early_commit, cache=cache,
@@ -165,14 +161,8 @@ def _row_by_row(model, prompts, kw) -> Generation:
 def _decode(model, prompts, mask_id, num_blocks, steps_per_block, eos, stats, *, gen_length, steps, block_length,
             temperature, remasking, threshold, factor, early_commit, cache, generator, eos_token_id,
             mask_token_id, use_kernel, cache_refresh):
-    device = getattr(model, "device", None) or torch.device("cpu")
-    B, L = len(prompts), max(len(p) for p in prompts)
-    pad = getattr(model, "pad_token_id", None)
-    pad = pad if isinstance(pad, int) else (next(iter(eos)) if eos else 0)
-    ids, pmask = left_pad(prompts, pad, device)  # (B, L)
-    x = torch.cat([ids, ids.new_full((B, gen_length), mask_id)], 1)  # (B, L + G): the answer starts masked
-    attn = torch.cat([pmask, torch.ones_like(x[:, L:])], 1)
-    ragged = bool((pmask == 0).any())
+    x, attn, L, ragged = masked_answer(model, prompts, gen_length, mask_id, eos)  # (B, L + G) each
+    B, device = x.size(0), x.device
     am = attn if ragged else None  # position ids follow from it (pads not counted)
     committed, schedules = [], []
     stats.extra.update(committed=committed, schedule=schedules, early_commits=0, blocks_decoded=0,

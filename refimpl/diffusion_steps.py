@@ -20,6 +20,7 @@ import inspect
 import torch
 
 from .generation import check_positive_int
+from .lm import left_pad
 
 REMASKING = ("low_confidence", "random")
 CACHES = (None, "prefix", "dual")
@@ -123,6 +124,27 @@ def denoise_step(logits: torch.Tensor, masked: torch.Tensor, mask_id: int, k: to
         else:
             sel = select_topk(conf, k)
     return x0, sel & masked
+
+
+def masked_answer(model, prompts: list[list[int]], gen_length: int, mask_id: int, eos: frozenset):
+    """The sampler's start state: prompts left-padded (with the model's PAD, else an EOS, else 0) and
+    followed by ``gen_length`` MASKs -> ``(x (B, L + G), attention mask (B, L + G), L, ragged)``."""
+    device = getattr(model, "device", None) or torch.device("cpu")
+    B, L = len(prompts), max(len(p) for p in prompts)
+    pad = getattr(model, "pad_token_id", None)
+    pad = pad if isinstance(pad, int) else (next(iter(eos)) if eos else 0)
+    ids, pmask = left_pad(prompts, pad, device)  # (B, L)
+    x = torch.cat([ids, ids.new_full((B, gen_length), mask_id)], 1)  # (B, L + G): the answer starts masked
+    attn = torch.cat([pmask, torch.ones_like(x[:, L:])], 1)
+    return x, attn, L, bool((pmask == 0).any())
+
+
+def check_prompts(prompts: list[list[int]], mask_id: int) -> None:
+    """``ValueError`` naming ``prompts`` when one holds the MASK id (infilling is not supported)."""
+    for i, p in enumerate(prompts):
+        if mask_id in p:
+            raise ValueError(f"prompts[{i}] contains the mask token id {mask_id}: a prompt must be plain text "
+                             "(the sampler would treat that position as part of the answer's noise)")
 
 
 def accepts(fn, name: str) -> bool:

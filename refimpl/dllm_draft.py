@@ -95,10 +95,7 @@ class DiffusionDraft:
 
     def select(self, rows: torch.Tensor) -> None:
         rows = rows.to(self.dlm.device)
-        if self.sc.cache is not None:
-            self.sc.select(rows)
-        else:
-            self.sc.mask, self.sc.count = self.sc.mask[rows], self.sc.count[rows]
+        self.sc.select(rows)
         self.pending = self.pending[rows]
         self.pmask = None if self.pmask is None else self.pmask[rows]
 

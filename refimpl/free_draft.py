@@ -33,8 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from .diffusion_steps import denoise_step, num_transfer_tokens, selection_kernel
-from .lm import left_pad
+from .diffusion_steps import denoise_step, masked_answer, num_transfer_tokens, selection_kernel
 
 
 class Cursor(NamedTuple):
@@ -116,14 +115,8 @@ def check_draft_args(draft_steps, temperature, remasking, cache, early_commit) -
 def decode(model, prompts, mask_id, num_blocks, steps_per_block, eos, stats, *, gen_length, block_length,
            threshold, factor, draft_steps, use_kernel) -> torch.Tensor:
     """Draft-and-verify decoding of ragged ``prompts``; returns x (B, L + G) like the plain sampler."""
-    device = getattr(model, "device", None) or torch.device("cpu")
-    B, L, K = len(prompts), max(len(p) for p in prompts), draft_steps
-    pad = getattr(model, "pad_token_id", None)
-    pad = pad if isinstance(pad, int) else (next(iter(eos)) if eos else 0)
-    ids, pmask = left_pad(prompts, pad, device)  # (B, L)
-    x = torch.cat([ids, ids.new_full((B, gen_length), mask_id)], 1)  # (B, T)
-    attn = torch.cat([pmask, torch.ones_like(x[:, L:])], 1)  # (B, T)
-    ragged = bool((pmask == 0).any())
+    x, attn, L, ragged = masked_answer(model, prompts, gen_length, mask_id, eos)  # (B, T) each
+    B, K, device = x.size(0), draft_steps, x.device
     step = Stepper(L, block_length, num_blocks, steps_per_block, mask_id,
                    torch.tensor(sorted(eos), dtype=torch.long, device=device), threshold, factor,
                    selection_kernel(use_kernel, 0.0, "low_confidence", factor))

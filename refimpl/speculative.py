@@ -168,7 +168,8 @@ class SlotCache:
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows ``rows`` (finished rows leave the batch)."""
-        self.cache.batch_select_indices(rows)
+        if self.cache is not None:  # (nothing fed yet: no cache to select from)
+            self.cache.batch_select_indices(rows)
         self.mask, self.count = self.mask[rows], self.count[rows]
 
 

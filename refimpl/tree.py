@@ -64,6 +64,12 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
     return anc
 
 
+def additive(allow: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """Bool (B, Q, K), True = may attend -> the 4-D additive float mask (B, 1, Q, K) the models take:
+    0 where allowed, -inf elsewhere."""
+    return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill(~allow, float("-inf"))[:, None]
+
+
 @dataclass
 class Tree:
     """The shape of a proposal: ``parents`` (b, m); ``depth`` (b, m) (root's children: 1) and
@@ -113,9 +119,8 @@ class Tree:
         allow &= torch.cat([slots.mask, fm, node_ok], 1).bool()[:, None, :]
         diag = torch.arange(F + m, device=dev)
         allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
-        mask = torch.zeros(allow.shape, dtype=torch.float32, device=dev).masked_fill(~allow, float("-inf"))
         logits, slots.cache = slots.lm.forward(torch.cat([feed, x], 1), slots.cache, position_ids=pos,
-                                               attention_mask=mask[:, None])
+                                               attention_mask=additive(allow))
         slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
         slots.count = slots.mask.sum(-1)
         slots.holes = slots.holes or fmask is not None
