@@ -14,6 +14,7 @@ from .decode_attention import decode_attention, decode_attention_reference, deco
 from .rejection_sample import rejection_sample, rejection_sample_reference, rejection_sample_triton
 from .verify_greedy import verify_greedy, verify_greedy_reference, verify_greedy_triton
 from .confidence_select import confidence_select, confidence_select_reference, confidence_select_triton  # noqa: F401
+from .tree_attention import tree_attention, tree_attention_reference, tree_attention_triton, tree_mask  # noqa: F401
 
 #: kernel modules (for the ahead-of-time compile test and the kernel benchmark)
-MODULES = ["decode_attention", "verify_greedy", "rejection_sample", "confidence_select"]
+MODULES = ["decode_attention", "verify_greedy", "rejection_sample", "confidence_select", "tree_attention"]
