@@ -35,6 +35,9 @@ lookup lives in :mod:`refimpl.retrieval`)::
     accept(verdict: Verdict) -> None                     # n accepted + the next token, per row
     select(rows: LongTensor) -> None                     # finished rows leave the batch
 
+A proposer with ``wants_hidden = True`` (Medusa's heads, :mod:`refimpl.medusa`) also receives the
+target's last hidden states at the root and every draft (``Verdict.hidden``): its features.
+
 Ragged batches (rows accept different counts). The target's cache keeps one *physical* length
 for the whole batch, and a 2-D slot mask (B, slots) marks which slots hold a row's real tokens
 (:class:`SlotCache`). After a verification it is cropped to the longest row; in the other rows
@@ -61,6 +64,7 @@ from . import sampling
 from .generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, eos_set,
                               normalize_prompts, truncate_at_eos)
 from .lm import left_pad
+from .slot_cache import SlotCache  # noqa: F401  (re-exported: ``speculative.SlotCache`` is public)
 
 
 SAME_VOCAB: dict = {}  # (id(target tokenizer), id(draft tokenizer)) pairs already compared
@@ -122,55 +126,7 @@ class Verdict(NamedTuple):
     logits: torch.Tensor | None = None  # (b, g + 1, V) the target's logits after the root and each draft
     path: torch.Tensor | None = None  # (b, max n) accepted node indices of a tree proposal (-1 = none)
     fed: torch.Tensor | None = None  # (b, F - 1, V) logits after the fed tokens before the root (the prompt, at first)
-
-
-# ---------------------------------------------------------------------------------------
-# a KV cache with per-row valid slots
-# ---------------------------------------------------------------------------------------
-class SlotCache:
-    """One model's KV cache plus a (B, slots) mask of valid slots and per-row valid counts."""
-
-    def __init__(self, lm, batch: int, device):
-        self.lm = lm
-        self.cache = None
-        self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)  # (B, P)
-        self.count = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) valid slots
-        self.holes = False  # does any row have a 0 in ``mask``?
-
-    def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None) -> torch.Tensor:
-        """Append ``tokens`` (B, Q) (``fmask`` (B, Q) marks real ones; None = all) -> logits (B, Q, V)."""
-        B, Q = tokens.shape
-        if fmask is None:
-            pos = self.count[:, None] + torch.arange(Q, device=tokens.device)  # (B, Q)
-            fmask = torch.ones_like(tokens)
-        else:
-            pos = self.count[:, None] + (fmask.cumsum(-1) - 1).clamp(min=0)
-            self.holes = True  # callers pass a feed mask only when it has holes (pads)
-        self.mask = torch.cat([self.mask, fmask], dim=1)
-        logits, self.cache = self.lm.forward(tokens, self.cache, position_ids=pos,
-                                             attention_mask=self.mask if self.holes else None)
-        self.count = self.count + fmask.sum(-1)
-        return logits
-
-    def keep(self, block: int, keep: torch.Tensor, length: int, new_holes: bool) -> None:
-        """Of the last ``block`` slots, keep those where ``keep`` (B, block) is 1; crop to ``length`` slots."""
-        P = self.mask.shape[1]
-        self.mask = torch.cat([self.mask[:, : P - block], self.mask[:, P - block:] * keep], dim=1)[:, :length]
-        self.lm.crop(self.cache, length)
-        self.count = self.mask.sum(-1)
-        self.holes = self.holes or new_holes
-
-    def keep_accepted(self, block: int, n: torch.Tensor, n_list: list) -> None:
-        """Of the last ``block`` slots keep each row's first ``n[b]``: the roll-back after a verification."""
-        slot = torch.arange(block, device=n.device)
-        self.keep(block, (slot[None, :] < n[:, None]).long(), self.mask.shape[1] - block + max(n_list),
-                  new_holes=len(set(n_list)) > 1)
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only the batch rows ``rows`` (finished rows leave the batch)."""
-        if self.cache is not None:  # (nothing fed yet: no cache to select from)
-            self.cache.batch_select_indices(rows)
-        self.mask, self.count = self.mask[rows], self.count[rows]
+    hidden: torch.Tensor | None = None  # (b, g + 1, H) the target's last hidden states there (``wants_hidden``)
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,6 +167,7 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
     eos = eos_set(eos_token_id, target.eos_token_id)
     settings = Sampling(temperature, top_k, top_p, generator)
     device, B = target.device, len(prompts)
+    want_h = bool(getattr(proposer, "wants_hidden", False))  # self-drafting heads read the target's features
     stats = Stats(rows=B)
     out: list[list[int]] = [[] for _ in prompts]
     step_gammas, row_lengths = [], []
@@ -233,12 +190,14 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
             F = feed.shape[1]
             if prop.tree is None:
                 fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
-                logits = tgt.feed(torch.cat([feed, x], 1), fm)  # (b, F + g, V)
+                res = tgt.feed(torch.cat([feed, x], 1), fm, hidden=want_h)  # (b, F + g, V) [, (b, F + g, H)]
+                logits, h = res if want_h else (res, None)
                 fed, logits = logits[:, : F - 1], logits[:, F - 1:]  # before the root; (b, g + 1, V)
                 n, nxt = verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
                 path, acc = None, x
             else:  # a token tree (refimpl.tree): ancestor mask, position = depth, walk from the root
-                logits = prop.tree.feed(tgt, feed, fmask, x, valid, full=True)  # (b, F + g, V)
+                res = prop.tree.feed(tgt, feed, fmask, x, valid, full=True, hidden=want_h)  # (b, F + g, V)
+                logits, h = res if want_h else (res, None)
                 fed, logits = logits[:, : F - 1], logits[:, F - 1:]
                 n, nxt, path = prop.tree.verify(x, logits, valid, prop.q, settings, rule)
                 acc = x.gather(1, path.clamp(min=0))  # (b, max n) the accepted path's tokens
@@ -267,7 +226,8 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
                 prop.tree.compact(tgt, g, path, n, n_list)
             elif g:
                 tgt.keep_accepted(g, n, n_list)
-            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted), logits, path, fed))
+            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted), logits, path, fed,
+                                    None if h is None else h[:, F - 1:]))
             feed, fmask = nxt[:, None], None
             if finished:
                 keep = [i for i in range(len(rows)) if i not in finished]
