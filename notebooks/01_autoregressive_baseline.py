@@ -12,13 +12,15 @@
 # # 01 · The autoregressive baseline: sampling and the KV cache
 #
 # The baseline every other chapter must beat *and reproduce*: one forward pass per token.
-# You will build, by hand, then check against `refimpl`:
+# Each idea is built by hand, then checked against `refimpl`. After this notebook you can
 #
-# 1. the sampling rules: greedy, temperature, top-k, top-p, seeded draws (`refimpl.sampling`);
-# 2. decoding without a cache (O(T²) work) and with a KV cache (`refimpl.autoregressive`);
-# 3. cache crop and rollback, which every speculative method needs;
-# 4. ragged batches with left padding;
-# 5. the decode-attention Triton kernel (`kernels.decode_attention`) against torch.
+# 1. turn logits into the distribution a decoder samples from (greedy, temperature, top-k, top-p)
+#    and draw from it reproducibly with a seeded generator, matching `refimpl.sampling`;
+# 2. say what a KV cache holds at every step and count the forward calls and token positions a
+#    decoder spends with and without one (`refimpl.autoregressive`);
+# 3. roll a cache back with `crop` so that rejected tokens leave no trace (every speculative method needs it);
+# 4. batch prompts of different lengths with left padding, a padding mask and position ids;
+# 5. check the decode-attention Triton kernel (`kernels.decode_attention`) against plain torch.
 
 # %% [markdown]
 # ## Parameters
@@ -105,28 +107,28 @@ print("top-p 0.9 keeps", int((probs_top_p(logits, 0.9) > 0).sum()), "of", logits
 
 # %% [markdown]
 # ## See it: temperature and top-p on the distribution
-# The sliders reshape the next-token distribution live (with a running kernel); the static
-# figure shows three settings side by side.
+# The sliders reshape the next-token distribution (the 15 most likely tokens). Lower `T` sharpens
+# it, lower `top_p` cuts its tail. The last lines move the `top_p` slider from code, as a person
+# would, and check that the picture changed.
 
 # %%
 import ipywidgets as widgets
 
-def show(T=1.0, top_p=1.0, n=15):
+def plot_probs(T=1.0, top_p=1.0, n=15):
+    global shown
     q = sampling.probs(logits, T, top_p=top_p)
     v, i = q.topk(n)
+    shown = f"T={T}, top_p={top_p}: {(q > 0).sum().item()} tokens kept, top one {v[0]:.3f}"
     plt.figure(figsize=(6, 2.6)); plt.bar(range(n), v.tolist())
     plt.xticks(range(n), [lm.tokenizer.decode([t]) for t in i.tolist()], rotation=60, fontsize=8)
-    plt.title(f"T={T}, top_p={top_p}: {(q > 0).sum().item()} tokens kept"); plt.tight_layout(); plt.show()
+    plt.title(shown, fontsize=9); plt.tight_layout(); plt.show()
 
-widgets.interact(show, T=widgets.FloatSlider(value=1.0, min=0.1, max=2.0, step=0.1),
-                 top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05), n=widgets.fixed(15));
-
-# %% [markdown]
-# Three fixed settings, drawn even without a live kernel: sharper (T=0.5), plain, and nucleus 0.5.
-
-# %%
-for T, tp in [(0.5, 1.0), (1.0, 1.0), (1.0, 0.5)]:
-    show(T, tp)
+ui = widgets.interact(plot_probs, T=widgets.FloatSlider(value=1.0, min=0.1, max=2.0, step=0.1),
+                      top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05), n=widgets.fixed(15)).widget
+before = shown
+ui.children[1].value = 0.5                        # move the top_p slider
+assert shown != before, "moving a slider must change the picture"
+print(before, "->", shown)
 
 # %% [markdown]
 # ## Seeded sampling
@@ -141,9 +143,30 @@ print([lm.tokenizer.decode([t]) for t in a.tolist()])
 assert torch.equal(a, b)
 
 # %% [markdown]
+# ## The seeded draw, by hand
+# How does one random number generator become a token? `refimpl.sampling` calls
+# `torch.multinomial`, which (for one sample per row) runs an **exponential race**: give token `i`
+# an alarm that rings after `E_i / p_i` seconds, with `E_i ~ Exp(1)` drawn from the generator, and
+# return the first to ring, `argmax_i p_i / E_i`. `E_i / p_i` is exponential with rate `p_i`, and
+# the first of independent exponential alarms is alarm `i` with probability `rate_i / sum(rates)
+# = p_i`. Built by hand with the same generator, it reproduces the library's draws exactly. (The
+# generator lives on the CPU, so the probabilities are copied there, as `refimpl.sampling` does.)
+
+# %%
+def draw_by_hand(pr, gen):                                 # pr (..., V) -> (...)
+    pr = pr.float().cpu()
+    e = torch.empty(pr.shape).exponential_(1.0, generator=gen)   # one Exp(1) per token, from the generator
+    return (pr / e).argmax(-1)
+
+pr9 = sampling.probs(logits, 0.9).expand(10, -1)
+mine = draw_by_hand(pr9, torch.Generator().manual_seed(7))
+assert torch.equal(mine, a.cpu()), "the race must reproduce refimpl's seeded draws"
+print("by hand == refimpl.sampling.sample, draw for draw:", mine.tolist())
+
+# %% [markdown]
 # ## Decoding without a cache, by hand
-# The simplest decoder re-runs the whole sequence every step. Step `t` processes `len(prompt) + t`
-# tokens, so generating `n` tokens costs O(n²) token-forwards.
+# The simplest decoder re-runs the whole sequence every step. Step `t` (from 0) processes
+# `len(prompt) + t` token positions, so generating `n` tokens costs O(n²) position-forwards.
 
 # %%
 def greedy_no_cache(lm, prompt, n):
@@ -158,22 +181,70 @@ print(repr(lm.decode(hand)))
 
 # %% [markdown]
 # ## Decoding with a KV cache, by hand
-# Prefill the prompt once, then feed only the newest token: each step is one token-forward that
-# attends to the cached keys and values.
+# Prefill the prompt once (one call over `L` positions, which already predicts the first new
+# token), then feed only the newest token: each later step is one call over one position that
+# attends to the cached keys and values. The loop stops as soon as it has `n` tokens: the last
+# token is never fed, since nothing needs its logits.
 
 # %%
 def greedy_cache(lm, prompt, n):
-    logits, cache = lm.forward(torch.tensor([prompt], device=lm.device))
+    logits, cache = lm.forward(torch.tensor([prompt], device=lm.device))   # prefill
     out = []
-    for _ in range(n):
+    while True:
         nxt = logits[:, -1].argmax(-1, keepdim=True)     # (1, 1)
         out.append(int(nxt))
-        logits, cache = lm.forward(nxt, cache)
-    return out
+        if len(out) == n:
+            return out
+        logits, cache = lm.forward(nxt, cache)          # decode step
 
 t0 = time.perf_counter(); hand_cache = greedy_cache(lm, prompt, NEW_TOKENS); t_cache = time.perf_counter() - t0
 assert hand_cache == hand
 print(f"no cache {t_nocache:.2f}s, cache {t_cache:.2f}s -> {t_nocache / t_cache:.1f}x")
+
+# %% [markdown]
+# ## What the cache holds at each call
+# Wrap the model in a small recorder that logs, for every forward call, how many positions were
+# already cached and how many were fed, then run both hand-built loops through it.
+
+# %%
+class Recorder:
+    """Forwards to `lm` and logs (cached positions, fed positions) for every call."""
+    def __init__(self, lm):
+        self.lm, self.device, self.log = lm, lm.device, []
+    def forward(self, ids, cache=None):
+        self.log.append((0 if cache is None else self.lm.cache_length(cache), ids.shape[1]))
+        return self.lm.forward(ids, cache)
+    def logits(self, ids):
+        self.log.append((0, ids.shape[1]))
+        return self.lm.logits(ids)
+
+rec_nc, rec_c, n_pic = Recorder(lm), Recorder(lm), 8
+assert greedy_no_cache(rec_nc, prompt, n_pic) == greedy_cache(rec_c, prompt, n_pic) == hand[:n_pic]
+print("no cache:", rec_nc.log, "\nKV cache:", rec_c.log)
+
+# %% [markdown]
+# Drawn: one row per forward call, one column per sequence position. Grey positions are read from
+# the cache, blue ones are computed in this call; the orange dot is the token the call predicts.
+# Without a cache every call recomputes the whole prefix; with one, the prefill computes the
+# prompt once and each decode step computes a single position.
+
+# %%
+import numpy as np
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
+for ax, rec, title in [(axes[0], rec_nc, "no cache"), (axes[1], rec_c, "KV cache")]:
+    grid = np.zeros((len(rec.log), len(prompt) + n_pic))
+    for r, (cached, fed) in enumerate(rec.log):
+        grid[r, :cached], grid[r, cached:cached + fed] = 1, 2
+        ax.plot(cached + fed, r, "o", color="tab:orange", ms=5)
+    ax.imshow(grid, cmap=plt.matplotlib.colors.ListedColormap(["white", "0.8", "tab:blue"]), vmin=0, vmax=2, aspect="auto")
+    work = sum(f for _, f in rec.log)
+    ax.set_title(f"{title}: {len(rec.log)} calls, {work} positions computed", fontsize=9)
+    ax.set_xlabel("sequence position (prompt, then new tokens)")
+from matplotlib.patches import Patch
+fig.legend(handles=[Patch(color="0.8", label="read from the cache"), Patch(color="tab:blue", label="computed in this call"),
+                    plt.Line2D([], [], color="tab:orange", marker="o", ls="", label="token it predicts")], loc="lower center", ncol=3, fontsize=8)
+axes[0].set_ylabel("forward call"); plt.tight_layout(rect=(0, 0.08, 1, 1)); plt.show()
 
 # %% [markdown]
 # ## Compare with `refimpl.autoregressive`
@@ -255,7 +326,7 @@ for r, toks in zip(batch, gb.tokens):
 
 # %%
 torch.manual_seed(0)
-q = torch.randn(1, 4, 1, 64); k = torch.randn(1, 2, 300, 64); v = torch.randn(1, 2, 300, 64)   # GQA: 4 q heads, 2 kv heads
+q, k, v = (torch.randn(1, h, t, 64, device=DEVICE) for h, t in [(4, 1), (2, 300), (2, 300)])   # GQA: 4 q heads, 2 kv heads
 ours = kernels.decode_attention(q, k, v)
 kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
 torch_ref = torch.softmax(q @ kk.transpose(-1, -2) / 64 ** 0.5, -1) @ vv
@@ -269,64 +340,144 @@ assert torch.allclose(ours, torch_ref, atol=1e-5)
 # %%
 lm_tri = models.load(MODEL, device=DEVICE, attn="triton")
 short = prompt[:6]
-assert torch.allclose(lm_tri.logits(torch.tensor([short])), lm.logits(torch.tensor([short])), atol=1e-4)
+x = torch.tensor([short], device=DEVICE)
+assert torch.allclose(lm_tri.logits(x), lm.logits(x), atol=1e-4)
 print("tiny model through the Triton kernel: logits match")
 
 # %% [markdown]
 # ## Exercises
+# Each exercise is a stub for you to fill in, followed by a check that answers "not attempted
+# yet", "wrong, because ..." or "correct". The reference answers are hidden in
+# `solutions/ch01.py`; set `SHOW_SOLUTIONS = True` in the parameters to print them.
+#
 # **1. min-p sampling.** Keep the tokens whose probability is at least `min_p` times the top
-# token's probability, renormalise. Write `probs_min_p(logits, min_p)`.
+# token's probability, renormalise. Write `probs_min_p(logits, min_p)` for logits `(..., V)`.
 
 # %%
-def probs_min_p(logits, min_p):          # your answer here
-    pr = torch.softmax(logits, -1)
-    keep = pr >= min_p * pr.max()
-    return torch.where(keep, pr, torch.zeros_like(pr)) / (pr * keep).sum()
+from solutions import answers_on, exercise, check, show
 
-def check_min_p(fn):
-    for mp in (0.05, 0.2, 0.9):
-        pr = torch.softmax(logits, -1)
-        want = pr * (pr >= mp * pr.max()); want = want / want.sum()
-        assert torch.allclose(fn(logits, mp), want, atol=1e-6), f"min_p={mp}"
-    return "correct"
 
-print(check_min_p(probs_min_p))
+@exercise("01", "probs_min_p")
+def probs_min_p(logits, min_p):
+    ...  # your code
+    raise NotImplementedError
 
 # %% [markdown]
-# **2. Counting work.** Without a cache, how many token-forwards does decoding `n` tokens after a
-# prompt of length `L` take (prefill included)? With a cache? Give both as functions of `L, n`.
+# The check uses two facts that any correct min-p must satisfy, on this chapter's real logits:
+# with `min_p = 0` nothing is cut (plain softmax), and with `min_p` just above the second-largest
+# probability ratio only the argmax survives (greedy); in between it must keep exactly the tokens
+# at or above the cut and keep their relative probabilities.
 
 # %%
-def nocache_work(L, n): return sum(L + t for t in range(n))   # your answer here
-def cache_work(L, n): return L + n - 1                         # your answer here
+def check_min_p():
+    pr = sampling.probs(logits, 1.0)
+    assert torch.allclose(probs_min_p(logits, 0.0), pr, atol=1e-6), "min_p = 0 must be plain softmax"
+    second = (pr.topk(2).values[1] / pr.max()).item()
+    assert torch.allclose(probs_min_p(logits, second + 1e-3), sampling.probs(logits, 0.0), atol=1e-6), "above the runner-up ratio only the argmax may remain"
+    for mp in (0.05, 0.2):
+        out = probs_min_p(logits[None].expand(3, -1), mp)[1]
+        kept = out > 0
+        assert abs(out.sum().item() - 1) < 1e-5, f"min_p={mp}: the kept probabilities must sum to 1"
+        assert torch.equal(kept, pr >= mp * pr.max()), f"min_p={mp}: you keep {int(kept.sum())} tokens, {int((pr >= mp * pr.max()).sum())} reach the cut"
+        assert torch.allclose(out[kept] / out[kept].max(), pr[kept] / pr[kept].max(), atol=1e-5), "kept tokens must keep their ratios"
 
-def check_work(f_nocache, f_cache):
-    for L, n in [(5, 1), (10, 7), (100, 64)]:
-        assert f_nocache(L, n) == n * L + n * (n - 1) // 2, "each step re-reads the whole sequence"
-        assert f_cache(L, n) == L + (n - 1), "prefill L, then one token per later step"
-    return "correct"
 
-print(check_work(nocache_work, cache_work))
+check("Exercise 1", check_min_p)
+if SHOW_SOLUTIONS:
+    show("01", "probs_min_p")
 
 # %% [markdown]
-# **3. Rollback.** Feed three guesses after the prompt, keep only the first, and show the logits
-# after the kept guess equal a fresh run on `prompt + [g0]`.
+# **2. The seeded draw by inverse CDF.** The exponential race above is one way to draw; the
+# classic one is the inverse CDF: draw one uniform `u` per row from the generator and return the
+# first token whose cumulative probability exceeds `u`. Write `my_sample(pr, gen)` for
+# probabilities `pr` of shape `(B, V)`, returning `(B,)` token ids, with every random number taken
+# from `gen` (a CPU `torch.Generator`). It will not reproduce the race's draws one by one, but it
+# must draw from the same distribution and be just as reproducible.
 
 # %%
-def rollback_keep_first(lm, prompt, guesses):   # your answer here
-    _, cache = lm.forward(torch.tensor([prompt], device=lm.device))
-    lg, cache = lm.forward(torch.tensor([guesses], device=lm.device), cache)
-    lm.crop(cache, len(prompt) + 1)
-    return lg[:, :1], cache
+@exercise("01", "my_sample")
+def my_sample(pr, gen):
+    ...  # your code
+    raise NotImplementedError
 
-lg, c = rollback_keep_first(lm, prompt, [11, 12, 13])
-assert lm.cache_length(c) == len(prompt) + 1
-assert torch.allclose(lg, lm.logits(torch.tensor([prompt + [11]]))[:, -1:], atol=1e-4)
-print("correct" if not SHOW_SOLUTIONS else "see rollback_keep_first above")
+# %% [markdown]
+# The check draws from the real model's top-k distribution (8 tokens) and tests the draws with a
+# chi-square against `refimpl.sampling.probs`. First its negative control: an off-by-one inverse
+# CDF must fail the test.
+
+# %%
+from scipy.stats import chisquare
+
+pr8 = sampling.probs(logits, 0.8, top_k=8).cpu()                          # (V,) eight tokens > 0
+keep = pr8.nonzero()[:, 0]
+small = pr8[keep][None].expand(20000, -1).contiguous()                    # (20000, 8)
+
+def pvalue(draws):                                                        # draws: indices into `keep`
+    e = pr8[keep].double()
+    return chisquare(torch.bincount(draws.cpu(), minlength=8).double(), e / e.sum() * len(draws)).pvalue
+
+u = torch.rand(20000, 1, generator=torch.Generator().manual_seed(5))
+off_by_one = ((small.cumsum(-1) <= u).sum(-1) + 1).clamp(max=7)          # WRONG on purpose
+assert pvalue(off_by_one) < 1e-3, "the test must reject a wrong sampler"
+print(f"negative control (off-by-one inverse CDF): p-value {pvalue(off_by_one):.1e}")
+
+# %% [markdown]
+# The check: the same seed gives the same draws, a token of probability 0 is never drawn, and
+# 20,000 draws pass the chi-square test.
+
+# %%
+def check_my_sample():
+    first = my_sample(small[:50], torch.Generator().manual_seed(1))
+    assert torch.equal(first, my_sample(small[:50], torch.Generator().manual_seed(1))), "same seed, same draws"
+    full = my_sample(pr8[None].expand(200, -1), torch.Generator().manual_seed(3)).cpu()
+    assert bool((full[:, None] == keep).any(1).all()), "drew a token of probability 0"
+    pv = pvalue(my_sample(small, torch.Generator().manual_seed(4)))
+    assert pv > 1e-3, f"20,000 draws are not distributed as sampling.probs (chi-square p-value {pv:.1e})"
+
+
+check("Exercise 2", check_my_sample)
+if SHOW_SOLUTIONS:
+    show("01", "my_sample")
+
+# %% [markdown]
+# **3. Counting work.** Write `forward_work(L, n, use_cache)`: for a prompt of `L` tokens and `n`
+# new tokens, the number of forward **calls** and the number of token **positions computed**
+# (summed over calls) that this chapter's hand-built loops spend, `greedy_no_cache` when
+# `use_cache` is False and `greedy_cache` when it is True. Return `(calls, positions)`.
+
+# %%
+@exercise("01", "forward_work")
+def forward_work(L, n, use_cache):
+    ...  # your code
+    raise NotImplementedError
+
+# %% [markdown]
+# The check runs both loops through the `Recorder` above for a few prompt and output lengths and
+# counts; it also asks `refimpl.autoregressive` how many target calls it made.
+
+# %%
+def check_forward_work():
+    for L, n in [(3, 1), (5, 4), (len(prompt), 6)]:
+        for use_cache, loop in [(False, greedy_no_cache), (True, greedy_cache)]:
+            rec = Recorder(lm)
+            loop(rec, prompt[:L], n)
+            truth = (len(rec.log), sum(f for _, f in rec.log))
+            got = tuple(forward_work(L, n, use_cache))
+            assert got == truth, f"L={L}, n={n}, use_cache={use_cache}: you say (calls, positions) = {got}, the loop spent {truth}"
+        calls = autoregressive.generate(lm, prompt[:L], max_new_tokens=n, eos_token_id=[]).stats.target_calls
+        assert forward_work(L, n, True)[0] == calls, f"refimpl made {calls} calls for n={n}"
+
+
+check("Exercise 3", check_forward_work)
+if SHOW_SOLUTIONS:
+    show("01", "forward_work")
 
 # %% [markdown]
 # ## Summary
-# - Sampling = warp the logits (temperature, top-k, top-p), then draw with a seeded generator.
-# - The KV cache turns O(n²) decoding into O(n); `crop` undoes tokens, which speculative methods rely on.
+# - Sampling = warp the logits (temperature, top-k, top-p, min-p), then draw with a seeded
+#   generator (an exponential race in `torch.multinomial`, or an inverse CDF: same distribution).
+# - Without a cache, `n` tokens cost `n` calls over `nL + n(n−1)/2` positions; with a KV cache,
+#   `n` calls over `L + n − 1` positions: one prefill over the prompt, then one position per token.
+# - `crop` undoes tokens in the cache, which speculative methods rely on.
 # - Ragged batches use left padding, a padding mask and real-token position ids.
 # - Every later chapter must reproduce `autoregressive.generate`'s greedy tokens exactly.
