@@ -265,7 +265,7 @@ def masked_token_eval(model, x0: torch.Tensor, ratios=(0.15, 0.5, 0.85), seed: i
     ``nelbo_per_token`` averages the 1/t-weighted loss over t on a grid (Monte Carlo of Eq. 3),
     an upper bound on the per-token NLL; ``ppl_bound = exp(nelbo_per_token)``.
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=x0.device).manual_seed(seed)  # the masks are drawn where x0 lives
     out = {}
     for r in ratios:
         tot, n = 0.0, 0
