@@ -21,12 +21,15 @@
 # (arXiv 1811.03115); Leviathan et al., *Fast Inference from Transformers via Speculative
 # Decoding* (arXiv 2211.17192), greedy case.
 #
-# You will build, by hand, then check against `refimpl.speculative`:
-# 1. drafting `gamma` tokens with the draft's KV cache;
-# 2. verifying them with one target pass (longest agreeing prefix + correction/bonus token);
-# 3. rolling both caches back after a rejection;
-# 4. tau (tokens per target call) as a function of `gamma`;
-# 5. the `kernels.verify_greedy` Triton kernel.
+# Each piece is built by hand, then checked against `refimpl.speculative`. After this notebook you can
+# 1. draft `gamma` tokens with the draft's KV cache and verify them with **one** target pass
+#    (longest prefix equal to the target's argmaxes + the target's own next token);
+# 2. say which cache entries each step keeps and which it rolls back, and read a draft / verify /
+#    roll-back timeline of a real run;
+# 3. explain why the output is identical to greedy decoding of the target, for any draft;
+# 4. measure tau (tokens per target call) against `gamma`, and tell the per-token acceptance
+#    probability `alpha` (chapter 00) from the acceptance rate `accepted / proposed`;
+# 5. check the `kernels.verify_greedy` Triton kernel against a verification you write yourself.
 
 # %% [markdown]
 # ## Parameters
@@ -41,7 +44,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEW_TOKENS = 32 if FAST else 128
 GAMMAS = [1, 2, 3, 4, 6, 8] if FAST else list(range(1, 13))
 PROMPT = "And it came to pass, when the king heard"
-SHOW_SOLUTIONS = False
+SHOW_SOLUTIONS = False            # True prints the reference answers of the exercises
 
 # %% [markdown]
 # ## The target and the draft
@@ -49,6 +52,10 @@ SHOW_SOLUTIONS = False
 # from `tiny` (chapter 04). If it is not there, we fall back to an **early-exit** draft: the
 # target's first two layers, its final norm and its LM head (a "self-speculative" draft, also in
 # chapter 04). Everything below works with either.
+#
+# `encode_prompt(lm, text)` turns the prompt text into token ids: for a chat model (one whose
+# tokenizer has a chat template, like an instruct SmolLM2) it wraps the text as a user turn, so
+# the model answers it; for `tiny` it is plain `lm.encode(text)`.
 
 # %%
 import copy
@@ -153,68 +160,100 @@ def rollback(t_cache, d_cache, committed):
 
 # %% [markdown]
 # ## The whole loop
-# Near the end we draft fewer tokens: never more than the number still needed minus one.
+# Near the end we draft fewer tokens: never more than the number still needed minus one (the
+# target adds one itself). There is no separate prefill: the first target call processes the
+# prompt *and* the first drafts, so it is already a verification step. The loop keeps a log of
+# every step (where it started, the drafts, how many were accepted, the target's token) for the
+# picture below.
 
 # %%
 def blockwise_greedy(target, draft, prompt, gamma, max_new):
-    out, t_cache, d_cache, t_feed, d_feed, calls = [], None, None, list(prompt), list(prompt), 0
+    out, t_cache, d_cache, t_feed, d_feed, log = [], None, None, list(prompt), list(prompt), []
     while len(out) < max_new:
         g = min(gamma, max_new - len(out) - 1)
         xs, d_cache = draft_tokens(draft, d_cache, d_feed, g) if g else ([], d_cache)
         n, nxt, t_cache = verify(target, t_cache, t_feed, xs)
-        calls += 1
+        log.append((len(out), xs, n, nxt))
         out += xs[:n] + [nxt]
         t_feed, d_feed = rollback(t_cache, d_cache, prompt + out)
-    return out[:max_new], calls
+    return out[:max_new], log
 
 
-mine, calls = blockwise_greedy(target, draft, prompt, 4, NEW_TOKENS)
+mine, log = blockwise_greedy(target, draft, prompt, 4, NEW_TOKENS)
+calls = len(log)                                  # one target call per step
 assert mine == ref_tokens, "blockwise greedy must equal AR greedy"
 print(f"identical to AR greedy, with {calls} target calls instead of {ref.stats.target_calls}")
+
+# %% [markdown]
+# ## The timeline of a real run
+# One row per step: on top, what the draft proposed; below, what the target's single pass
+# committed. Green drafts were accepted; red, hatched drafts were rejected and rolled back out of
+# both caches (the red bar marks the cut). The target's own token is orange where it corrects the
+# first rejected draft and blue where every draft was accepted (a bonus).
+
+# %%
+from matplotlib.patches import Patch, Rectangle
+import matplotlib.pyplot as plt
+
+GREEN, RED, ORANGE, BLUE = "#b7e4c7", "#f4a6a6", "#ffd6a5", "#a0c4ff"
+
+
+def box(ax, x, y, text, colour, hatch=None):
+    ax.add_patch(Rectangle((x - 0.48, y - 0.2), 0.96, 0.4, fc=colour, ec="0.5", hatch=hatch))
+    ax.text(x, y, text.strip()[:6] or "␣", ha="center", va="center", fontsize=7)
+
+# %% [markdown]
+# Draw the steps of the run above (`gamma = 4`; at most the first 14).
+
+# %%
+def plot_timeline(lm, log, steps=14):
+    S = min(steps, len(log))
+    fig, ax = plt.subplots(figsize=(12, 0.6 * S + 1))
+    for s, (start, xs, n, nxt) in enumerate(log[:S]):
+        for i, x in enumerate(xs):                                    # the draft's proposal
+            box(ax, start + i, -s + 0.22, lm.decode([x]), GREEN if i < n else RED, None if i < n else "///")
+        for i, t in enumerate(xs[:n] + [nxt]):                        # what the target commits
+            box(ax, start + i, -s - 0.22, lm.decode([t]), GREEN if i < n else (BLUE if n == len(xs) else ORANGE))
+        if n < len(xs):                                               # roll back both caches here
+            ax.plot([start + n - 0.5] * 2, [-s - 0.45, -s + 0.45], color="red", lw=2)
+    ax.set_xlim(-0.6, log[S - 1][0] + len(log[S - 1][1]) + 0.6); ax.set_ylim(-S + 0.4, 0.6)
+    ax.set_yticks(range(0, -S, -1), [f"step {s + 1}: draft / target" for s in range(S)]); ax.set_xlabel("position in the output")
+    kinds = [(GREEN, None, "accepted draft"), (RED, "///", "rejected, rolled back"), (ORANGE, None, "correction"), (BLUE, None, "bonus")]
+    ax.legend(handles=[Patch(fc=c, ec="0.5", hatch=h, label=l) for c, h, l in kinds], loc="upper right", fontsize=7, ncol=2)
+    plt.tight_layout(); plt.show()
+
+
+plot_timeline(target, log)
 
 # %% [markdown]
 # ## The same with `refimpl.speculative`
 # `speculative.generate(target, draft, prompts, gamma, ...)` is the tested version: batches,
 # EOS, sampling (chapter 03) and counters. It must agree with our loop, token for token and in
-# the number of target calls.
+# the number of target calls. Its stats record, per step, the accepted drafts of each row
+# (`stats.accepted`) and the draft length it used (`stats.extra["gammas"]`: `gamma`, or fewer near
+# the end, as in our loop). `stats.alpha` is the **acceptance rate**, accepted drafts / proposed
+# drafts; it is not the `alpha` of the tau formula (see below).
 
 # %%
 g = speculative.generate(target, draft, prompt, gamma=4, max_new_tokens=NEW_TOKENS, eos_token_id=[])
 assert g.tokens[0] == mine == ref_tokens
 assert g.stats.target_calls == calls
+assert [a[0] for a in g.stats.accepted] == [n for _, _, n, _ in log]
+assert g.stats.extra["gammas"] == [len(xs) for _, xs, _, _ in log]
 s = g.stats
-print(f"target calls {s.target_calls}, draft calls {s.draft_calls}, alpha {s.alpha:.2f}, tau {s.tau:.2f}")
-print("accepted per step:", [a[0] for a in s.accepted])
-
-# %% [markdown]
-# ## Seeing the blocks
-# Green: accepted draft tokens; orange: the target's correction; blue: a bonus token (all drafts
-# accepted). Each coloured run is one target forward pass.
-
-# %%
-from IPython.display import HTML, display
-
-
-def colour_blocks(lm, tokens, accepted, gammas):
-    html, i = [], 0
-    for n, g in zip(accepted, gammas):
-        for k in range(n + 1):
-            if i >= len(tokens):
-                break
-            colour = "#b7e4c7" if k < n else ("#a0c4ff" if n == g else "#ffd6a5")
-            html.append(f'<span style="background:{colour}">{lm.decode([tokens[i]])}</span>')
-            i += 1
-    return "<div style='font-family:monospace;line-height:1.8'>" + "".join(html) + "</div>"
-
-
-display(HTML(colour_blocks(target, g.tokens[0], [a[0] for a in s.accepted], s.extra["gammas"])))
+print(f"target calls {s.target_calls}, draft calls {s.draft_calls}, tau {s.tau:.2f}, acceptance rate {s.alpha:.2f}")
+print("accepted per step:", [a[0] for a in s.accepted], "| drafts per step:", s.extra["gammas"])
 
 # %% [markdown]
 # ## tau versus gamma
 # `tau` = tokens emitted per target call. A longer draft can only help tau, but each extra draft
-# token costs a draft forward and is less likely to be accepted. For each `gamma` we measure tau,
-# the draft calls spent, and the per-token acceptance rate `alpha`, estimated as accepted drafts
-# over drafts actually *tested* (a step stops testing at the first mismatch).
+# token costs a draft forward and is less likely to be accepted. The tau formula of chapter 00
+# takes `alpha`, the probability that a draft is accepted *given that the ones before it were*.
+# The acceptance rate `stats.alpha` = accepted / proposed is smaller: a step stops testing at its
+# first rejection, so the drafts after it count as proposed though they were never tested. To
+# estimate `alpha`, divide the accepted drafts by the drafts actually **tested**: in a step that
+# accepted `n` of `g`, that is `n + 1` (the accepted ones and the first rejected one), or `g`
+# when all were accepted.
 
 # %%
 def alpha_tested(stats):
@@ -226,27 +265,30 @@ rows = []
 for gm in GAMMAS:
     r = speculative.generate(target, draft, prompt, gamma=gm, max_new_tokens=NEW_TOKENS, eos_token_id=[])
     assert r.tokens[0] == ref_tokens
-    rows.append((gm, r.stats.tau, alpha_tested(r.stats), r.stats.draft_calls, r.stats.target_calls))
-    print("gamma %2d  tau %.2f  alpha %.2f  draft calls %3d  target calls %3d" % rows[-1])
+    rows.append((gm, r.stats.tau, alpha_tested(r.stats), r.stats.alpha, r.stats.target_calls))
+    print("gamma %2d  tau %.2f  alpha (accepted/tested) %.2f  acceptance rate (accepted/proposed) %.2f  target calls %3d" % rows[-1])
 
 # %% [markdown]
 # Plot tau and, for comparison, the i.i.d. model of Leviathan et al.,
-# `E[tau] = (1 - alpha^(gamma+1)) / (1 - alpha)` with the measured alpha (chapter 03 derives it).
+# `E[tau] = (1 - alpha^(gamma+1)) / (1 - alpha)` with the estimated `alpha` (chapter 03 derives
+# it), and the same formula fed the acceptance rate instead, to see what the mix-up costs.
 
 # %%
-import matplotlib.pyplot as plt
-
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot(GAMMAS, [r[1] for r in rows], "o-", label="measured tau")
-ax.plot(GAMMAS, [speculative.expected_tau(r[2], r[0]) for r in rows], "s--", label="(1-a^(g+1))/(1-a), measured a")
+ax.plot(GAMMAS, [speculative.expected_tau(r[2], r[0]) for r in rows], "s--", label="formula, alpha = accepted / tested")
+ax.plot(GAMMAS, [speculative.expected_tau(r[3], r[0]) for r in rows], "x:", label="formula fed the acceptance rate (wrong input)")
 ax.plot(GAMMAS, [r[0] + 1 for r in rows], ":", color="gray", label="gamma + 1 (every draft accepted)")
-ax.set_xlabel("gamma"); ax.set_ylabel("tokens per target call"); ax.legend(); ax.grid(alpha=0.3)
+ax.set_xlabel("gamma"); ax.set_ylabel("tokens per target call"); ax.legend(fontsize=8); ax.grid(alpha=0.3)
 plt.show()
 
 # %% [markdown]
-# Measured tau counts the prefill call and the truncated last block, so it sits a little below
-# the model. Note how quickly the curve flattens: with acceptance `alpha` it can never exceed
-# `1 / (1 - alpha)`.
+# Every target call is a verification step (the prompt rides along in the first one), so measured
+# tau = tokens / steps, the quantity the formula predicts. Where the two differ, it is because the
+# last step drafts fewer tokens (it stops at `NEW_TOKENS`) and because acceptances in real text are
+# not independent (easy stretches accept whole blocks, hard ones reject early), which the formula
+# ignores. Fed the acceptance rate, the formula underestimates tau more and more as `gamma` grows.
+# Note how quickly the curve flattens: with acceptance `alpha` it can never exceed `1 / (1 - alpha)`.
 
 # %% [markdown]
 # ## Wall-clock
@@ -254,8 +296,9 @@ plt.show()
 # `tau / (gamma * c + 1)` with `c` = draft cost / target cost (chapter 00). On a tiny CPU model the
 # per-call Python overhead is a large, fixed part of every forward, so `c` is far from small (the
 # early-exit fallback still has half the layers and the whole LM head) and this can even be a
-# slowdown; chapter 15 measures a real model and its distilled draft on a GPU. Time both
-# (median of three runs).
+# slowdown; the README's benchmark section (`python -m refimpl.bench`) measures SmolLM2-135M with
+# its distilled draft. Under `TRITON_INTERPRET=1` (as in CI) the verification kernel also runs in
+# Triton's slow interpreter. Time both (median of three runs).
 
 # %%
 import statistics, time
@@ -274,9 +317,12 @@ print(f"AR {NEW_TOKENS / t_ar:.0f} tok/s, speculative (gamma=4) {NEW_TOKENS / t_
 
 # %% [markdown]
 # ## Batches with ragged acceptance
-# In a batch each row accepts its own number of drafts. `refimpl.speculative` keeps one cache
-# length per batch: rejected slots of a row become *holes* that a 2-D attention mask hides, and
-# position ids count only real tokens. The result must equal running each row alone.
+# In a batch each row accepts its own number of drafts, but the target's KV cache is one tensor
+# with one length for all rows. `refimpl.speculative` therefore crops the cache to the longest
+# row; in a row that accepted fewer drafts, the slots of its rejected drafts stay in the tensor as
+# **holes**: a 2-D attention mask marks them 0 so no later token attends to them, and position ids
+# count only a row's real tokens. (At batch 1 there are never holes.) The result must equal
+# running each row alone.
 
 # %%
 texts = [PROMPT, "Blessed are the meek", "In the beginning God", "And Jesus answered"]
@@ -284,7 +330,7 @@ batch = [encode_prompt(target, t) for t in texts]
 gb = speculative.generate(target, draft, batch, gamma=4, max_new_tokens=16, eos_token_id=[])
 for p, toks in zip(batch, gb.tokens):
     assert toks == autoregressive.generate(target, p, max_new_tokens=16, eos_token_id=[]).tokens[0]
-print("accepted per step (rows):", gb.stats.accepted[:4], "...")
+print("accepted per step (one entry per row):", gb.stats.accepted[:4], "...")
 
 # %% [markdown]
 # ## The verification kernel
@@ -302,58 +348,162 @@ assert (n_k.item(), nxt_k.item()) == (n_h, nxt_h)
 print("kernel:", n_k.item(), nxt_k.item(), "| by hand:", n_h, nxt_h)
 
 # %% [markdown]
+# ## Play: gamma
+# The generated text, coloured by what produced each token: green accepted drafts, orange the
+# target's corrections, blue bonus tokens. Each run of colour ending in orange or blue is one
+# target call. The last lines move the slider from code, as a person would, and check that the
+# output changed.
+
+# %%
+import ipywidgets as widgets
+from html import escape
+from IPython.display import HTML, display
+
+LEGEND = " ".join(f'<span style="background:{c}">{t}</span>' for c, t in
+                  [(GREEN, "accepted draft"), (ORANGE, "target's correction"), (BLUE, "bonus token")])
+
+
+def play(gamma=4):
+    global shown
+    r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    spans, i, toks = [], 0, r.tokens[0]
+    for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):
+        for k in range(min(n + 1, len(toks) - i)):
+            c = GREEN if k < n else (BLUE if n == g_ else ORANGE)
+            spans.append(f'<span style="background:{c}">{escape(target.decode([toks[i]]))}</span>'); i += 1
+    shown = f"<b>gamma {gamma}: {r.stats.target_calls} target calls, tau {r.stats.tau:.2f}</b>"
+    display(HTML(f"{shown} &nbsp; {LEGEND}<br><span style='font-family:monospace'>{''.join(spans)}</span>"))
+
+# %% [markdown]
+# The widget (move `gamma` from 4 to 1: every call then emits at most two tokens):
+
+# %%
+ui = widgets.interact(play, gamma=widgets.IntSlider(value=4, min=1, max=10)).widget
+before = shown
+ui.children[0].value = 1                          # move the gamma slider
+assert shown != before, "moving the slider must change the output"
+print(before, "->", shown)
+
+# %% [markdown]
 # ## Exercises
-# **1.** Write `accepted_prefix(xs, top)`: the number of leading drafts equal to the target's
-# argmaxes `top` (length `len(xs) + 1`) and the token the target adds.
+# Each exercise is a stub for you to fill in, followed by a check that answers "not attempted
+# yet", "wrong, because ..." or "correct". The reference answers are hidden in
+# `solutions/ch02.py`; set `SHOW_SOLUTIONS = True` in the parameters to print them.
+#
+# **1. Greedy verification for a batch, without Python loops.** Write
+# `my_verify_greedy(draft, logits)`: `draft` (B, gamma) token ids, `logits` (B, gamma + 1, V);
+# return `(n, nxt)`, both (B,) int64: per row the length of the longest prefix of drafts equal to
+# the target's argmaxes, and the target's argmax right after that prefix (its correction, or the
+# bonus token when `n == gamma`). Hint: a match that comes after a mismatch must not count.
 
 # %%
-def accepted_prefix(xs, top):
-    n = 0                                      # reference answer (CI runs it)
-    while n < len(xs) and xs[n] == top[n]:
-        n += 1
-    return n, top[n]
+from solutions import answers_on, exercise, check, show
 
 
-def check_accepted_prefix(fn):
-    assert fn([5, 6, 7], [5, 6, 7, 8]) == (3, 8)       # bonus
-    assert fn([5, 9, 7], [5, 6, 7, 8]) == (1, 6)       # correction after one
-    assert fn([], [4]) == (0, 4)                       # nothing drafted
-    assert fn([1, 2], [3, 2, 1]) == (0, 3)             # later matches do not count
-    return "correct"
-
-
-print(check_accepted_prefix(accepted_prefix))
+@exercise("02", "my_verify_greedy")
+def my_verify_greedy(draft, logits):
+    ...  # your code
+    raise NotImplementedError
 
 # %% [markdown]
-# **2.** A generation of `N` tokens with greedy blockwise decoding accepted `a_1, ..., a_s` drafts
-# at its `s` steps. How many target calls did it make and how many tokens did it emit, ignoring
-# truncation at the end? Write `calls_and_tokens(accepted)`.
+# The check compares with `kernels.verify_greedy` on 200 random rows whose drafts agree with the
+# argmaxes for a random number of positions, then disagree once, then sometimes agree again; on
+# `gamma = 0`; and on the real target's logits for the drafts above. First the random rows:
 
 # %%
-def calls_and_tokens(accepted):
-    return len(accepted), sum(a + 1 for a in accepted)   # reference answer
-
-
-def check_calls_and_tokens(fn):
-    assert fn([0, 0, 0]) == (3, 3)
-    assert fn([4, 2]) == (2, 8)
-    acc = [a[0] for a in g.stats.accepted]
-    calls, toks = fn(acc)
-    assert calls == g.stats.target_calls and toks >= NEW_TOKENS
-    return "correct"
-
-
-print(check_calls_and_tokens(calls_and_tokens))
+def planted(B=200, gamma=5, V=50, seed=0):
+    gg = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, gamma + 1, V, generator=gg)
+    top = logits.argmax(-1)[:, :gamma]
+    m = torch.randint(0, gamma + 1, (B, 1), generator=gg)              # planted prefix length
+    pos = torch.arange(gamma)[None]
+    wrong = (top + torch.randint(1, V, top.shape, generator=gg)) % V   # never the argmax
+    later = torch.rand(B, gamma, generator=gg) < 0.5                   # agree again after the mismatch?
+    draft = torch.where((pos < m) | ((pos > m) & later), top, wrong)
+    return draft.to(DEVICE), logits.to(DEVICE)
 
 # %% [markdown]
-# **3.** With a draft that always agrees (use the target itself as its own draft), how many target
-# calls does `speculative.generate` need for `NEW_TOKENS` tokens at `gamma = 4`? Predict, then
-# check by running it. (Hint: each call emits `gamma + 1` tokens, the first one included.)
+# The check:
 
 # %%
-predicted = -(-NEW_TOKENS // 5)                              # reference answer: ceil(N / 5)
-selfdraft = speculative.generate(target, target, prompt, gamma=4, max_new_tokens=NEW_TOKENS, eos_token_id=[])
-assert selfdraft.stats.target_calls == predicted and selfdraft.stats.alpha == 1.0
-print("correct:", predicted, "target calls")
+def check_verify_greedy():
+    cases = [planted(), planted(B=3, gamma=0, seed=1), (torch.tensor([xs], device=DEVICE), block)]
+    for k, (d, lg) in enumerate(cases):
+        n, nxt = my_verify_greedy(d, lg)
+        kn, knxt = kernels.verify_greedy(d, lg)
+        assert n.shape == kn.shape and torch.equal(n.long().cpu(), kn.cpu()), f"case {k}: accepted lengths differ from the kernel's, e.g. rows {(n.long().cpu() != kn.cpu()).nonzero()[:3, 0].tolist()}"
+        assert torch.equal(nxt.long().cpu(), knxt.cpu()), f"case {k}: the accepted lengths match but the next tokens do not"
+
+
+check("Exercise 1", check_verify_greedy)
 if SHOW_SOLUTIONS:
-    print("Each call verifies 4 drafts that are all accepted, plus 1 bonus token: 5 tokens per call.")
+    show("02", "my_verify_greedy")
+
+# %% [markdown]
+# **2. A prediction.** Use the target as its own draft: every draft is then accepted. Write
+# `self_draft_calls(new_tokens, gamma)` returning `(target_calls, draft_calls)` that
+# `speculative.generate(target, target, ...)` makes for `new_tokens` tokens. Reason it out: how
+# many tokens does one step emit, what happens in the last step, and how many draft forwards does a
+# step with `g` drafts cost? The check runs it.
+
+# %%
+@exercise("02", "self_draft_calls")
+def self_draft_calls(new_tokens, gamma):
+    ...  # your code
+    raise NotImplementedError
+
+# %% [markdown]
+# The check:
+
+# %%
+def check_self_draft():
+    for N, gm in [(NEW_TOKENS, 4), (10, 3), (7, 6), (5, 1), (1, 4)]:
+        r = speculative.generate(target, target, prompt, gamma=gm, max_new_tokens=N, eos_token_id=[])
+        got, truth = tuple(self_draft_calls(N, gm)), (r.stats.target_calls, r.stats.draft_calls)
+        assert got == truth, f"{N} tokens at gamma={gm}: you predict (target, draft) calls = {got}, the run made {truth}"
+
+
+check("Exercise 2", check_self_draft)
+if SHOW_SOLUTIONS:
+    show("02", "self_draft_calls")
+
+# %% [markdown]
+# **3. tau from alpha and gamma, by simulation.** Under the i.i.d. model each draft of a step is
+# accepted with probability `alpha`, left to right, until the first rejection; the step emits the
+# accepted drafts plus the target's own token. Write `simulate_tau(alpha, gamma, steps, gen)`:
+# simulate `steps` steps with random numbers from `gen` (a `torch.Generator`) and return the mean
+# tokens per step. The check compares with the closed form `speculative.expected_tau`.
+
+# %%
+@exercise("02", "simulate_tau")
+def simulate_tau(alpha, gamma, steps, gen):
+    ...  # your code
+    raise NotImplementedError
+
+# %% [markdown]
+# The check allows four standard errors of the simulation (each step emits between 1 and
+# `gamma + 1` tokens).
+
+# %%
+def check_simulate_tau():
+    for alpha, gm in [(0.8, 4), (0.5, 2), (0.95, 8), (0.3, 1), (0.0, 3)]:
+        sim = float(simulate_tau(alpha, gm, 20000, torch.Generator().manual_seed(gm)))
+        want = speculative.expected_tau(alpha, gm)
+        tol = 4 * gm / 2 / 20000 ** 0.5 + 1e-9
+        assert abs(sim - want) <= tol, f"alpha={alpha}, gamma={gm}: your simulation gives {sim:.3f}, the formula {want:.3f}"
+
+
+check("Exercise 3", check_simulate_tau)
+if SHOW_SOLUTIONS:
+    show("02", "simulate_tau")
+
+# %% [markdown]
+# ## Summary
+# - A draft proposes `gamma` tokens; **one** target pass scores them all and keeps the longest
+#   prefix equal to its own argmaxes plus one token of its own (a correction or a bonus). The
+#   output is exactly the target's greedy output, whatever the draft.
+# - After a rejection both caches are cropped back to the committed tokens; in a batch the
+#   rejected slots stay behind as masked holes.
+# - tau grows with `gamma` but saturates at `1 / (1 - alpha)`; `alpha` (accepted / tested) is what
+#   the formula takes, the acceptance rate (accepted / proposed) is smaller.
+# - Whether fewer target calls mean less time depends on the draft's cost `c` (chapter 04).
