@@ -1,0 +1,308 @@
+"""A learner's path through a chapter in a real browser: JupyterLab runs headless on a free local
+port (with a token), Chromium opens a notebook through Playwright, runs every cell, and we check
+that no cell failed, then move the first slider and check that the widget's output changed.
+
+Playwright drives the system Chromium (Debian's ``chromium``; ``.ci/run`` installs it) and never
+downloads a browser. Without a Chromium or the ``playwright`` package the tests skip and say what
+is missing.
+
+The server runs on a temporary copy of ``notebooks/`` with its own settings, so nothing it does
+(checkpoints, outputs, workspaces) touches the repository. A second notebook, written here, has a
+slider whose output never changes: the same check must report "unchanged" there, so it cannot
+pass just because the slider's own readout moved."""
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+# the system Chromium: $CHROMIUM if set, else Debian's /usr/bin/chromium (or one on PATH), else
+# Google Chrome (preinstalled on GitHub's Ubuntu runners, where Debian's package does not exist)
+CANDIDATES = ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("google-chrome"))
+CHROMIUM = os.environ.get("CHROMIUM") or next(
+    (p for p in CANDIDATES if p and os.access(p, os.X_OK)), "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# a chapter that runs quickly and whose widget redraws fast (03's chi-square cell alone takes minutes
+# under the interpreter on a busy 2-core machine)
+NOTEBOOK = "05_token_trees.ipynb"
+RUN_ALL_TIMEOUT_S = 240   # generous: this machine is shared; CI takes far less
+
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(f"no Chromium (tried $CHROMIUM, /usr/bin/chromium, chromium and google-chrome on PATH): "
+                "install Debian's package (`apt-get install -y chromium`, as .ci/run does) or set "
+                "CHROMIUM=/path/to/chrome to run the browser tests", allow_module_level=True)
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="the `playwright` package is missing: pip install -e '.[test]'")
+pytest.importorskip("jupyterlab", reason="JupyterLab is missing: pip install -e '.[lab]'")
+
+pytestmark = pytest.mark.slow
+
+# JupyterLab settings for the test: every cell attached to the page (so the DOM holds every
+# output), no autosave, no news or update checks (no network here)
+SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
+        '{"windowingMode": "none", "recordTiming": true}',
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": '{"autosave": false}',
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+        '{"fetchNews": "false", "checkForUpdates": false}',
+}
+
+# a notebook whose slider changes nothing: the negative control of the "output changed" check
+CONSTANT_WIDGET = """\
+import ipywidgets as widgets
+from IPython.display import HTML, display
+
+def same(k=3):
+    display(HTML("<b>this never depends on k</b>"))
+
+widgets.interact(same, k=widgets.IntSlider(value=3, min=0, max=10));
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def api(base, token, path, method="GET"):
+    req = urllib.request.Request(f"{base}{path}", method=method, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.status
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on a free local port, serving a temporary copy of notebooks/; stopped afterwards
+    (the server shuts its kernels down, then its process group is killed if it lingers)."""
+    import nbformat
+
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "notebooks"
+    shutil.copytree(os.path.join(ROOT, "notebooks"), root,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CONSTANT_WIDGET)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / "constant_widget.ipynb")
+    for name, text in SETTINGS.items():
+        (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
+        (tmp / "settings" / name).write_text(text)
+    env = dict(os.environ, TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+               JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
+               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
+    env.pop("JUPYTER_PATH", None)
+    token, port = secrets.token_hex(16), free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),   # CI containers run as root
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert server.poll() is None, f"JupyterLab exited early:\n{(tmp / 'server.log').read_text()}"
+            try:
+                if api(base, token, "/api/status") == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"JupyterLab silent:\n{(tmp / 'server.log').read_text()}"
+            time.sleep(0.5)
+        yield {"base": base, "token": token, "dir": tmp}
+    finally:
+        try:
+            api(base, token, "/api/shutdown", method="POST")   # also shuts its kernels down
+            server.wait(timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+# JavaScript run in the page: the NotebookPanel of a file, found through the app JupyterLab exposes
+PANEL = """(name) => {
+    const app = window.jupyterapp;
+    if (!app) return null;
+    for (const w of app.shell.widgets('main'))
+        if (w.context && w.sessionContext && w.context.path.endsWith(name)) return w;
+    return null;
+}"""
+
+KERNEL_READY = f"""(name) => {{
+    const panel = ({PANEL})(name);
+    const kernel = panel && panel.context.isReady && panel.sessionContext.session
+        && panel.sessionContext.session.kernel;
+    return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+}}"""
+
+# every code cell ran (or one failed, which stops "run all"), and the kernel is idle again
+RUN_FINISHED = f"""(name) => {{
+    const panel = ({PANEL})(name);
+    const cells = panel.content.widgets.filter(c => c.model.type === 'code');
+    const failed = cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+    const running = cells.some(c => c.model.executionState === 'running');
+    const done = cells.every(c => c.model.executionCount !== null);
+    return !running && (done || failed) && panel.sessionContext.session.kernel.status === 'idle';
+}}"""
+
+# what went wrong: error outputs in the cell models, cells that never ran, tracebacks shown in any
+# output on the page (a widget's Output area keeps its errors out of the cell model)
+PROBLEMS = f"""(name) => {{
+    const panel = ({PANEL})(name);
+    const problems = [];
+    panel.content.widgets.forEach((c, i) => {{
+        if (c.model.type !== 'code') return;
+        for (const o of c.model.outputs.toJSON())
+            if (o.output_type === 'error') problems.push(`cell ${{i}}: ${{o.ename}}: ${{o.evalue}}`);
+        if (c.model.executionCount === null) problems.push(`cell ${{i}} did not run`);
+    }});
+    for (const el of panel.node.querySelectorAll('.jp-OutputArea-output'))
+        if (el.innerText.includes('Traceback (most recent call last)'))
+            problems.push('a traceback on the page:\\n' + el.innerText.slice(-2000));
+    return problems;
+}}"""
+
+# what the widget of a cell shows, without its controls (a slider's readout moves with the slider)
+CONTROLS = ('.widget-slider, .widget-hslider, .widget-vslider, .widget-readout, .widget-label, '
+            '.widget-dropdown, .widget-text, .widget-checkbox, .widget-toggle-buttons, .widget-button, '
+            '.widget-radio, .widget-play')
+SHOWN = f"""(cell) => {{
+    const out = cell.querySelector('.jp-Cell-outputArea').cloneNode(true);
+    out.querySelectorAll({CONTROLS!r}).forEach(e => e.remove());
+    const images = [...out.querySelectorAll('img')].map(i => i.src);
+    const svgs = [...out.querySelectorAll('svg')].map(s => s.outerHTML);
+    return [out.innerText, ...images, ...svgs].join('\\n');
+}}"""
+
+
+# (cell index, seconds in the kernel) from JupyterLab's recordTiming metadata: printed, and shown
+# when "run all" times out, to tell a slow cell from a slow browser
+TIMINGS = f"""(name) => ({PANEL})(name).content.widgets.map((c, i) => {{
+    const t = c.model.type === 'code' && c.model.getMetadata('execution');
+    return t && t['shell.execute_reply'] ? [i, (Date.parse(t['shell.execute_reply'])
+        - Date.parse(t['iopub.execute_input'])) / 1000] : null;
+}}).filter(x => x)"""
+
+
+@contextlib.contextmanager
+def notebook_page(browser, lab, name):
+    """A page with ``name`` open in JupyterLab and its kernel ready; closed afterwards."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab['base']}/lab/tree/{name}?token={lab['token']}")
+        page.wait_for_function(KERNEL_READY, arg=name, timeout=90_000, polling=250)
+        yield page
+    finally:
+        page.close()
+
+
+def run_all(page, name, shot):
+    """Run all cells (JupyterLab's own command, as Run > Run All Cells does); return the problems."""
+    page.evaluate(f"""(name) => {{
+        const panel = ({PANEL})(name);
+        window.jupyterapp.shell.activateById(panel.id);
+        window.jupyterapp.commands.execute('notebook:run-all-cells');   // not awaited: we poll
+    }}""", name)
+    start = time.monotonic()
+    try:
+        page.wait_for_function(RUN_FINISHED, arg=name, timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
+    except sync_api.TimeoutError:
+        page.screenshot(path=str(shot))
+        pytest.fail(f"{name} did not finish in {RUN_ALL_TIMEOUT_S} s; cells that finished, slowest "
+                    f"first (index, s): {timings(page, name)[:5]}; screenshot {shot}")
+    print(f"{name}: all cells ran in {time.monotonic() - start:.0f} s; "
+          f"slowest (cell, s): {timings(page, name)[:5]}")
+    page.screenshot(path=str(shot))
+    return page.evaluate(PROBLEMS, name)
+
+
+def timings(page, name):
+    return sorted(page.evaluate(TIMINGS, name), key=lambda t: -t[1])
+
+
+def settled(cell, wait_s=15):
+    """What ``cell`` shows once its widget has rendered something and it stops changing."""
+    last, deadline = None, time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        now = cell.evaluate(SHOWN)
+        if now.strip() and now == last:
+            break
+        last = now
+        cell.page.wait_for_timeout(300)
+    return last
+
+
+def move_first_slider(page, name, wait_s):
+    """Press an arrow key on the first slider of the notebook (whichever it is); return (shown
+    before, shown after, value before, value after). Waits until the kernel has handled the change
+    (busy, then idle) and, up to ``wait_s`` seconds more, for what the cell shows to change."""
+    handle = page.locator(".jp-Notebook .widget-slider .noUi-handle").first
+    handle.wait_for(state="attached", timeout=60_000)
+    handle.scroll_into_view_if_needed()
+    cell = handle.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]")
+    before, value = settled(cell), float(handle.get_attribute("aria-valuenow"))
+    page.evaluate(f"""(name) => {{
+        const kernel = ({PANEL})(name).sessionContext.session.kernel;
+        window.sawBusy = false;
+        kernel.statusChanged.connect((k, s) => {{ if (s === 'busy') window.sawBusy = true; }});
+    }}""", name)
+    at_max = value >= float(handle.get_attribute("aria-valuemax"))
+    handle.focus()
+    handle.press("ArrowLeft" if at_max else "ArrowRight")
+    page.wait_for_function(f"""(name) => window.sawBusy
+        && ({PANEL})(name).sessionContext.session.kernel.status === 'idle'""", arg=name, timeout=60_000)
+    deadline = time.monotonic() + wait_s
+    while cell.evaluate(SHOWN) == before and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    return before, settled(cell), value, float(handle.get_attribute("aria-valuenow"))
+
+
+def test_a_chapter_runs_in_the_browser_and_its_slider_redraws_the_widget(browser, lab):
+    shot = lab["dir"] / "chapter.png"
+    with notebook_page(browser, lab, NOTEBOOK) as page:
+        problems = run_all(page, NOTEBOOK, shot)
+        assert not problems, f"{NOTEBOOK} in JupyterLab: {problems} (screenshot {shot})"
+        before, after, v0, v1 = move_first_slider(page, NOTEBOOK, wait_s=30)
+        page.screenshot(path=str(shot))
+        assert v1 != v0, f"the slider did not move (value {v0}; screenshot {shot})"
+        assert after != before, f"moving the first slider ({v0} -> {v1}) left its output unchanged ({shot})"
+        assert not page.evaluate(PROBLEMS, NOTEBOOK), f"the widget's redraw raised an error ({shot})"
+
+
+def test_a_slider_that_changes_nothing_is_caught(browser, lab):
+    """Negative control: the same check, on a widget whose output never depends on its slider."""
+    with notebook_page(browser, lab, "constant_widget.ipynb") as page:
+        assert not run_all(page, "constant_widget.ipynb", lab["dir"] / "constant.png")
+        before, after, v0, v1 = move_first_slider(page, "constant_widget.ipynb", wait_s=2)
+        assert v1 != v0, "the slider did not move"
+        assert "never depends on k" in before
+        assert after == before, "a slider's own readout counted as a change of the widget's output"
