@@ -19,7 +19,8 @@ masked after the prompt and is split into ``gen_length / block_length`` blocks d
 right. Each block gets ``steps * block_length / gen_length`` steps. At each step the denoiser
 predicts every masked position at once; ``x0_i = argmax p_i`` (or a Gumbel-max sample at
 ``temperature > 0``, noise in float64 from ``generator``; the MASK token itself is excluded, so a
-poorly trained model cannot stall by predicting MASK) and the confidence is
+poorly trained model cannot stall by predicting MASK: our choice, LLaDA's ``generate.py`` takes the
+argmax over the whole vocabulary) and the confidence is
 ``c_i = p_i(x0_i)``, the softmax probability of the predicted token (``remasking="random"``
 uses a uniform random number instead). The ``k`` most confident masked positions of the
 current block are committed; ``k`` follows the linear schedule: the block's masked count split
