@@ -149,6 +149,10 @@ def factor_vs_joint(f, trials=1000, n=3, V=3, seed=0):
         multi, differ = multi + (len(keep) > 1), differ + (best != guess[keep].tolist())
     return multi, differ
 
+# %% [markdown]
+# The counts, for `f = 1` and two larger factors:
+
+# %%
 results = {f: factor_vs_joint(f) for f in (1.0, 1.5, 3.0)}
 for f, (multi, differ) in results.items():
     print(f"f = {f}: committed 2+ positions in {multi} of 1000 cases; guesses != joint argmax in {differ}")
