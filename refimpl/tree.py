@@ -148,12 +148,16 @@ class Tree:
             p = settings.probs(logits)  # (b, 1 + m, V)
             walks = [self.sample_walk(parents[r], vs[r], xs[r], p[r], None if q is None else q[r].to(p.device),
                                       settings) for r in range(b)]
+        return self.outcome(walks, logits.device)
+
+    @staticmethod
+    def outcome(walks, device):
+        """Per-row walks ``(path, token)`` -> ``(n (b,), next (b,), path (b, max n))``, -1 past a row's n."""
         n = [len(w[0]) for w in walks]
-        path = torch.full((b, max(n)), -1, dtype=torch.long)
+        path = torch.full((len(walks), max(n)), -1, dtype=torch.long)
         for r, (w, _) in enumerate(walks):
             path[r, : len(w)] = torch.tensor(w, dtype=torch.long)
-        dev = logits.device
-        return (torch.tensor(n, device=dev), torch.tensor([w[1] for w in walks], device=dev), path.to(dev))
+        return torch.tensor(n, device=device), torch.tensor([w[1] for w in walks], device=device), path.to(device)
 
     @staticmethod
     def walk(parents: list, valid: int, choose, final):

@@ -24,7 +24,7 @@ from ..models import cpu_linear
 from ..prompts import encode_prompt, prompt_set
 from . import dllm
 from .decode import DECODE_COLS, Context, category_table, hardware, latency_curve, markdown_table, run_decode
-from .rows import DLLM_FOR, DRAFT_FOR, decode_rows, lookahead_sweep_rows
+from .rows import DLLM_FOR, DRAFT_FOR, decode_rows, has_heads, lookahead_sweep_rows
 
 INTERPRETER_REFUSAL = ("TRITON_INTERPRET=1 is set: Triton kernels would run in the CPU interpreter and the "
                        "timings would be the interpreter's. Unset it (env -u TRITON_INTERPRET ...) to benchmark.")
@@ -88,6 +88,7 @@ def main(argv=None):
             want = [w.strip() for w in args.methods.split(",")]
             methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
         methods = [m for m in methods if "dlm" not in m.needs or args.model in DLLM_FOR]
+        methods = [m for m in methods if "medusa" not in m.needs or has_heads(args.model)]
         ctx = Context(target=lm, model_name=args.model)
         if any("draft" in m.needs for m in methods):
             try:  # (drafts score 1-2 rows a call, where MKL beats the prepacked path: not packed)

@@ -8,7 +8,10 @@ adds its rows to :func:`decode_rows`.
 """
 from __future__ import annotations
 
-from .. import adaptive, autoregressive, dllm_draft, drafts, jacobi, lookahead, models, retrieval, speculative, tree
+import os
+
+from .. import (adaptive, autoregressive, dllm_draft, drafts, jacobi, lookahead, medusa, models, retrieval, speculative,
+               tree)
 from ..copy_prior import ContextCopyLM
 from .decode import Context, Method, hf_assisted, hf_generate
 
@@ -59,6 +62,23 @@ def dllm_row(gamma: int, draft_steps: int = 1):
     return run
 
 
+def has_heads(model_name: str) -> bool:
+    """Are Medusa heads trained for this target (``models/medusa-<name>``)?"""
+    return os.path.exists(os.path.join(medusa.HEADS_DIR, f"medusa-{model_name}", "medusa.safetensors"))
+
+
+def medusa_row(tree_size: int, acceptance: str = "lossless", temperature: float = 0.0):
+    """Medusa decoding with the zoo's heads for the target (loaded once per run), the tree of
+    ``tree_size`` nodes chosen from the heads' measured accuracies."""
+    def run(ctx: Context, ids, n):
+        key = ("medusa", id(ctx.target))
+        if key not in ctx.memo:
+            ctx.memo[key] = medusa.load_heads(ctx.target)
+        return medusa.generate(ctx.target, [ids], heads=ctx.memo[key], tree_size=tree_size, acceptance=acceptance,
+                               max_new_tokens=n, temperature=temperature, generator=ctx.generator)
+    return run
+
+
 def decode_rows() -> list[Method]:
     """Every row, in table order (``--methods`` picks by substring)."""
     T, D = ("target",), ("target", "draft")
@@ -78,6 +98,11 @@ def decode_rows() -> list[Method]:
                lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(2, 2)), needs=D),
         Method("tree speculative (draft top-k tree, widths 3x2x1)",
                lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(3, 2, 1)), needs=D),
+        Method("medusa (lossless, 8-node tree)", medusa_row(8), needs=("target", "medusa")),
+        Method("medusa (lossless, 16-node tree)", medusa_row(16), needs=("target", "medusa")),
+        Method("medusa (lossless, 32-node tree)", medusa_row(32), needs=("target", "medusa")),
+        Method("medusa typical acceptance T=0.7 (LOSSY, 16-node tree)", medusa_row(16, "typical", 0.7),
+               needs=("target", "medusa"), exact=False),
         Method("self-spec (early exit, gamma 4)", self_spec, needs=T),
         Method("adaptive gamma (confidence < 0.3 stops, max 8)", adaptive_row("threshold", 0.3), needs=D),
         Method("adaptive gamma (cumulative < 0.05 stops, max 8)", adaptive_row("cumulative", 0.05), needs=D),
