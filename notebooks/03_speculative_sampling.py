@@ -23,9 +23,13 @@
 # - at the first rejection, sample from the **residual** `norm(max(0, p - q))` and stop;
 # - if every draft was accepted, sample a **bonus** token from the target's next `p`.
 #
-# You will: build the rule by hand, prove it is lossless, check it exactly on a small vocabulary
-# and statistically on a real model, compare the expected tokens per step with measurements,
-# and meet the `kernels.rejection_sample` kernel.
+# After this notebook you can
+# 1. apply the rule at one position by hand (accept, or draw from the residual) and write it yourself;
+# 2. prove that the emitted tokens are distributed exactly as `p`, and test it: exactly on a small
+#    vocabulary, statistically (chi-square, with a negative control that must fail) on a real model;
+# 3. reproduce `refimpl.speculative`'s sampled tokens draw for draw with a hand-built loop;
+# 4. predict tokens per step from `alpha = E[sum min(p, q)]` and `gamma`, and compare with a measurement;
+# 5. check the `kernels.rejection_sample` kernel against its torch reference.
 
 # %% [markdown]
 # ## Parameters
@@ -42,7 +46,7 @@ GAMMA = 4
 NEW_TOKENS = 40 if FAST else 128
 SAMPLES = 1000 if FAST else 20000  # for the statistical test
 SEED = 0
-SHOW_SOLUTIONS = False
+SHOW_SOLUTIONS = False            # True prints the reference answers of the exercises
 
 # %% [markdown]
 # ## Models
@@ -82,9 +86,11 @@ print("target", target.name, "| draft", draft.name, "| prompt", len(prompt), "to
 # %% [markdown]
 # ## The rule at one position
 # Given `p`, `q` (vectors over the vocabulary), a draft token `x ~ q` and two uniforms: accept
-# iff `u0 * q(x) < p(x)` (probability `min(1, p(x)/q(x))`); otherwise draw from the residual by
-# inverse CDF with `u1`. `inverse_cdf(w, u)` returns the first token whose cumulative weight
-# exceeds `u * sum(w)` (the kernel does exactly this, tile by tile).
+# iff `u0 * q(x) < p(x)` (probability `min(1, p(x)/q(x))`); otherwise draw from the residual
+# `norm(max(0, p - q))` by inverse CDF with `u1`. Two helpers: `inverse_cdf(w, u)` returns the
+# first token whose cumulative weight exceeds `u * sum(w)` (the kernel does exactly this, tile by
+# tile), and `residual(p, q)` is the normalised residual. You will write the rule itself in
+# exercise 1, after the proof.
 
 # %%
 def inverse_cdf(w, u):
@@ -96,13 +102,6 @@ def inverse_cdf(w, u):
 def residual(p, q):
     w = (p - q).clamp(min=0)
     return w / w.sum() if w.sum() > 0 else p   # p == q: a rejection never happens
-
-
-def one_position(p, q, x, u0, u1):
-    """-> (accepted?, emitted token)"""
-    if u0 * q[x] < p[x]:
-        return True, x
-    return False, inverse_cdf((p - q).clamp(min=0), u1)
 
 # %% [markdown]
 # ## Why the output is distributed as `p`
@@ -143,7 +142,67 @@ for rule in ("correct", "accept-all", "resample-from-p"):
 assert (emitted(p6, q6) - p6).abs().max() < 1e-12
 
 # %% [markdown]
-# The formula is right; now check the **implementation**. Run the rejection sampler (one draft
+# ## Exercise 1: the rule, yourself
+# Each exercise is a stub for you to fill in, followed by a check that answers "not attempted yet",
+# "wrong, because ..." or "correct". The reference answers are hidden in `solutions/ch03.py`; set
+# `SHOW_SOLUTIONS = True` in the parameters to print them.
+#
+# Write `my_one_position(p, q, x, u0, u1)`: the token emitted for a draft `x ~ q` and two uniforms
+# (accept when `u0 * q(x) < p(x)`, else draw from the residual with `inverse_cdf` and `u1`). The
+# check runs it 20,000 times on random 6-token `p`, `q` and applies a chi-square test: your output
+# must be distributed as `p`. The proof above says why it will be.
+
+# %%
+from solutions import answers_on, exercise, check, show
+
+
+@exercise("03", "my_one_position")
+def my_one_position(p, q, x, u0, u1):
+    ...  # your code
+    raise NotImplementedError
+
+# %% [markdown]
+# The check's tools, and its negative control: a rule that, after a rejection, draws from `p`
+# instead of the residual must fail the same test.
+
+# %%
+from scipy.stats import chisquare
+
+gg = torch.Generator().manual_seed(5)
+p_ex, q_ex = torch.rand(6, generator=gg, dtype=torch.float64), torch.rand(6, generator=gg, dtype=torch.float64)
+p_ex, q_ex = p_ex / p_ex.sum(), q_ex / q_ex.sum()
+
+
+def emitted_pvalue(rule, n=20000, seed=3):
+    g_ = torch.Generator().manual_seed(seed)
+    xs_ = torch.multinomial(q_ex.float(), n, replacement=True, generator=g_).tolist()
+    us = torch.rand(n, 2, generator=g_, dtype=torch.float64).tolist()
+    out = [rule(p_ex, q_ex, x, u0, u1) for x, (u0, u1) in zip(xs_, us)]
+    return chisquare([out.count(t) for t in range(6)], (p_ex * n).tolist()).pvalue
+
+
+forgetful = lambda p, q, x, u0, u1: x if u0 * q[x] < p[x] else inverse_cdf(p, u1)   # WRONG on purpose
+pv_forgetful = emitted_pvalue(forgetful)
+assert pv_forgetful < 1e-3, "the negative control must fail"
+print(f"negative control (resample from p): p-value {pv_forgetful:.1e}")
+
+# %% [markdown]
+# The check:
+
+# %%
+def check_one_position():
+    assert my_one_position(p_ex, p_ex, 2, 0.99, 0.5) == 2, "when p == q every draft must be accepted"
+    pv = emitted_pvalue(my_one_position)
+    assert pv > 1e-3, f"20,000 emitted tokens are not distributed as p (chi-square p-value {pv:.1e})"
+
+
+check("Exercise 1", check_one_position)
+if SHOW_SOLUTIONS:
+    show("03", "my_one_position")
+
+# %% [markdown]
+# The formula is right (and, if exercise 1 passed, so is your rule); now check the library's
+# **implementation**. Run the rejection sampler (one draft
 # position, `gamma = 1`) on many independent rows with fresh uniforms and compare the first
 # emitted token's frequencies with `p`. On a GPU this is the Triton kernel; on CPU we use its
 # torch reference (the next cell shows both make identical draws from identical uniforms; the
@@ -272,8 +331,6 @@ print(repr(target.decode(mine)))
 # wrong "accept every draft" rule through the verification core's `rule` argument; it must fail.
 
 # %%
-from scipy.stats import chisquare
-
 K, stat_prompt = 8, encode_prompt(target, "Blessed are the")
 p_first = sampling.probs(target.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
 q_first = sampling.probs(draft.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
@@ -335,7 +392,11 @@ plt.show()
 # variation distance between `p` and `q`). Estimate `alpha` from the recorded `beta`s and compare
 # the formula with the measured tokens per step (complete steps only, i.e. `g == GAMMA`). With one
 # prompt and a few dozen tokens the measurement is noisy (set `FAST = False` for more); the formula
-# also assumes acceptances are independent, which real text is not.
+# also assumes acceptances are independent, which real text is not. Measured above the formula is
+# the usual direction: `1 + a + ... + a^gamma` is convex in `a`, so stretches of easy text (high
+# `beta`, whole blocks accepted) gain more than hard stretches lose. (The `alpha` printed here is
+# the formula's `alpha`, the mean `beta` over tested positions; the widget below prints the
+# acceptance rate, a different number.)
 
 # %%
 gammas, measured, predicted = [1, 2, 4, 6] if FAST else list(range(1, 11)), [], []
@@ -354,93 +415,52 @@ plt.show()
 
 # %% [markdown]
 # ## Play: gamma and temperature
-# Green tokens are accepted drafts, orange tokens come from the residual after a rejection, blue
-# tokens are bonus tokens from `p`. Lower temperatures make `p` and `q` peakier: they agree more
-# often when they share the argmax, and less when they do not.
+# Each token of a real run is coloured by how it was emitted (the legend is above the text).
+# Lower temperatures make `p` and `q` peakier: they agree more often when they share the argmax,
+# and less when they do not. The header prints tau and the acceptance rate (accepted / proposed,
+# `stats.alpha`), which is not the `alpha` of the formula (chapter 02).
 
 # %%
 import ipywidgets as widgets
+from html import escape
 from IPython.display import HTML, display
 
+COLOURS = {"accepted draft": "#b7e4c7", "residual draw after a rejection": "#ffd6a5", "bonus token from p": "#a0c4ff"}
+LEGEND = " ".join(f'<span style="background:{c}">{k}</span>' for k, c in COLOURS.items())
 
-def show(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
-    global last
-    last = r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
+
+def play(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
+    global shown
+    r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
                              generator=torch.Generator().manual_seed(seed), eos_token_id=[])
     spans, i, toks = [], 0, r.tokens[0]
     for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):
         for k in range(min(n + 1, len(toks) - i)):
-            c = "#b7e4c7" if k < n else ("#a0c4ff" if n == g_ else "#ffd6a5")
-            spans.append(f'<span style="background:{c}">{target.decode([toks[i]])}</span>'); i += 1
-    head = f"<b>alpha {r.stats.alpha:.2f}, tau {r.stats.tau:.2f}, target calls {r.stats.target_calls}</b><br>"
-    display(HTML(head + "<span style='font-family:monospace'>" + "".join(spans) + "</span>"))
+            c = list(COLOURS.values())[0 if k < n else (2 if n == g_ else 1)]
+            spans.append(f'<span style="background:{c}">{escape(target.decode([toks[i]]))}</span>'); i += 1
+    shown = f"<b>tau {r.stats.tau:.2f}, acceptance rate {r.stats.alpha:.2f}, target calls {r.stats.target_calls}</b>"
+    display(HTML(f"{shown} &nbsp; {LEGEND}<br><span style='font-family:monospace'>{''.join(spans)}</span>"))
 
 # %% [markdown]
-# Move the sliders (in a live notebook); the call below the widget renders the default setting.
+# The widget renders once, below the sliders. The last lines move the temperature slider from
+# code, as a person would, and check that the output changed.
 
 # %%
-widgets.interact(show, gamma=widgets.IntSlider(value=GAMMA, min=1, max=10),
-                 temperature=widgets.FloatSlider(value=TEMPERATURE, min=0.0, max=2.0, step=0.1),
-                 seed=widgets.IntSlider(value=SEED, min=0, max=20))
-show()
-assert sum(map(len, last.tokens)) == NEW_TOKENS
+ui = widgets.interact(play, gamma=widgets.IntSlider(value=GAMMA, min=1, max=10),
+                      temperature=widgets.FloatSlider(value=TEMPERATURE, min=0.0, max=2.0, step=0.1),
+                      seed=widgets.IntSlider(value=SEED, min=0, max=20)).widget
+before = shown
+ui.children[1].value = 0.0                          # greedy: p and q become one-hot
+assert shown != before, "moving a slider must change the output"
+print(before, "->", shown)
 
 # %% [markdown]
 # ## Exercises
-# Each exercise is a stub for you to fill in, followed by a check that answers "not attempted yet",
-# "wrong, because ..." or "correct". The reference answers are hidden in `solutions/ch03.py`; set
-# `SHOW_SOLUTIONS = True` in the parameters to print them.
+# Exercise 1 came with the proof above; two more, in the same format (set `SHOW_SOLUTIONS = True`
+# to print the reference answers).
 #
-# **1.** Write the rule yourself, without looking above: `my_one_position(p, q, x, u0, u1)` returns
-# the emitted token for a draft `x ~ q` and two uniforms (accept when `u0 * q(x) < p(x)`, else
-# draw from the residual by inverse CDF with `u1`). The check runs it 20,000 times on random
-# 6-token `p`, `q` and applies the chi-square test of this chapter: your output must be
-# distributed as `p` (and the check's negative control, a rule that forgets the residual, must fail).
-
-# %%
-from solutions import answers_on, exercise, check, show
-
-
-@exercise("03", "my_one_position")
-def my_one_position(p, q, x, u0, u1):
-    # your code here
-    raise NotImplementedError
-
-# %% [markdown]
-# The check:
-
-# %%
-from scipy.stats import chisquare
-
-
-def emitted_counts(rule, p, q, n=20000, seed=3):
-    gg = torch.Generator().manual_seed(seed)
-    xs_ = torch.multinomial(q.float(), n, replacement=True, generator=gg).tolist()
-    us = torch.rand(n, 2, generator=gg, dtype=torch.float64).tolist()
-    out = [rule(p, q, x, u0, u1) for x, (u0, u1) in zip(xs_, us)]
-    return [out.count(t) for t in range(len(p))]
-
-
-def check_one_position():
-    gg = torch.Generator().manual_seed(5)
-    p, q = torch.rand(6, generator=gg, dtype=torch.float64), torch.rand(6, generator=gg, dtype=torch.float64)
-    p, q = p / p.sum(), q / q.sum()
-    assert my_one_position(p, p, 2, 0.99, 0.5) == 2, "when p == q every draft must be accepted"
-    obs = emitted_counts(my_one_position, p, q)
-    pv = chisquare(obs, (p * sum(obs)).tolist()).pvalue
-    assert pv > 1e-3, f"20,000 emitted tokens are not distributed as p (chi-square p-value {pv:.1e}): {obs}"
-    forgetful = lambda p, q, x, u0, u1: x if u0 * q[x] < p[x] else int(torch.multinomial(p.float(), 1))  # WRONG
-    bad = chisquare(emitted_counts(forgetful, p, q), (p * 20000).tolist()).pvalue
-    assert bad < 1e-3, "the check's own negative control should fail"
-
-
-check("Exercise 1", check_one_position)
-if SHOW_SOLUTIONS:
-    show("03", "my_one_position")
-
-# %% [markdown]
 # **2.** The probability that one draft token is accepted is `beta = sum_x min(p(x), q(x))`.
-# Write `acceptance(p, q)`; the check compares it with a simulation of `one_position`.
+# Write `acceptance(p, q)`; the check compares it with a simulation of the accept test.
 
 # %%
 @exercise("03", "acceptance")
