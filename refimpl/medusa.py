@@ -11,8 +11,8 @@ Heads", arXiv 2401.10774.
   *sparse* tree of the paths most likely to be accepted. A path is written as a tuple of ranks
   ``(i, j, ...)``: rank i in head 1's top-k at depth 1, rank j in head 2's at depth 2 (Medusa's
   public ``medusa_choices`` format). :func:`choose_tree` builds the tree from measured per-head,
-  per-rank accuracies exactly as the paper's appendix does (greedily add the node whose path is
-  most likely correct, estimating it as the product of its ranks' accuracies).
+  per-rank accuracies as §2.3.3 ("searching for the optimized tree construction") does: greedily
+  add the node whose path is most likely correct, estimated as the product of its ranks' accuracies.
 - §2.3.1, typical acceptance (lossy): accept a candidate x if
   ``p(x) > min(eps, delta * exp(-H(p)))`` (defaults eps = 0.09, delta = 0.3); the token after the
   accepted path is sampled from p. It trades exactness for longer accepted paths; labelled lossy.

@@ -50,14 +50,14 @@ def rank_accuracy(heads: MedusaHeads, H: torch.Tensor, tokens: torch.Tensor, row
     acc = []
     for k in range(heads.num_heads):
         pr = pairs(rows, k + 1)
-        hits = torch.zeros(ranks)
+        hits = torch.zeros(ranks, device=H.device)
         for j in range(0, len(pr), 4096):
             src, dst = pr[j:j + 4096, 0], pr[j:j + 4096, 1]
             logits = heads.forward(H[src].float())[k]  # (n, V')
             top = logits.topk(ranks, -1).indices
             top = top if heads.kept is None else heads.kept[top]
-            hits += (top == tokens[dst][:, None]).float().sum(0)
-        acc.append((hits / max(len(pr), 1)).tolist())
+            hits += (top == tokens.to(H.device)[dst][:, None]).float().sum(0)
+        acc.append((hits / max(len(pr), 1)).cpu().tolist())
     return acc
 
 
@@ -128,7 +128,7 @@ def tiny_rows(target, n_kjv: int = 1200, n_pool: int = 600, max_new_tokens: int 
     return generate_answers(target, texts, max_new_tokens, batch=64, progress=progress, min_answer=8)
 
 
-def train_medusa_tiny(out_dir: str, steps: int = 800, progress: bool = True) -> dict:
+def train_medusa_tiny(out_dir: str, steps: int = 400, progress: bool = True) -> dict:
     from ..models import load
 
     target = load("tiny", device="cpu")
@@ -142,8 +142,8 @@ def train_medusa_tiny(out_dir: str, steps: int = 800, progress: bool = True) -> 
     return write_report(out_dir, report)
 
 
-def train_medusa_smollm2(out_dir: str, steps: int = 600, vocab_keep: int = 8192, gen_seconds: float = 0.0,
-                         progress: bool = True) -> dict:
+def train_medusa_smollm2(out_dir: str, steps: int = 1500, lr: float = 2e-3, vocab_keep: int = 8192,
+                         gen_seconds: float = 0.0, progress: bool = True) -> dict:
     """On the cached distillation rows (``gen_seconds > 0`` generates more first, see distill_data.build)."""
     from ..drafts import top_tokens
     from ..models import load
@@ -156,9 +156,9 @@ def train_medusa_smollm2(out_dir: str, steps: int = 600, vocab_keep: int = 8192,
     target = load("smollm2-135m", device="cpu", prepack=False)
     tok = target.tokenizer
     always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
-    kept = top_tokens([r[0][r[1]:] for r in rows], vocab_keep, always)
+    kept = top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)  # answer tokens only
     W = target.model.get_output_embeddings().weight.detach()[kept]
-    heads, report = train_heads(rows, W, kept, steps=steps, progress=progress)
-    report.update(data_rows=len(rows), threads=torch.get_num_threads(), vocab_keep=vocab_keep)
+    heads, report = train_heads(rows, W, kept, steps=steps, lr=lr, progress=progress)
+    report.update(data_rows=len(rows), threads=torch.get_num_threads(), vocab_keep=vocab_keep, lr=lr)
     save_heads(heads, out_dir, "smollm2-135m", report)
     return write_report(out_dir, report)
