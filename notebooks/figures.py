@@ -33,3 +33,31 @@ def draw_tree(labels, parents, ax, root="root", green=(), fontsize: int = 9) -> 
                 bbox=dict(boxstyle="round,pad=0.25", fc=fc, ec="0.4"))
     ax.set_xlim(-0.5, max(x for x, _ in xy.values()) + 0.5)
     ax.axis("off")
+
+
+def draw_rounds(ax, steps, title: str = "", ymax: int | None = None) -> None:
+    """One bar per target call of a speculative run (``steps`` = [(accepted n, drafted g)]): the
+    accepted drafts (green), the rejected drafts (red: draft work thrown away) and the target's own
+    token on top (blue: a bonus after a full accept, orange: the correction after a rejection)."""
+    for i, (n, g) in enumerate(steps):
+        ax.bar(i, n, color="#52b788", width=0.8)
+        ax.bar(i, g - n, bottom=n, color="#e76f51", width=0.8, alpha=0.55)
+        ax.bar(i, 1, bottom=g, color="#4895ef" if n == g else "#f4a261", width=0.8)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("target call (verification step)")
+    ax.set_ylabel("tokens")
+    ax.set_ylim(0, (ymax if ymax is not None else max(g for _, g in steps) + 1) + 0.5)
+    ax.set_title(f"{title}  ({len(steps)} target calls)" if title else f"{len(steps)} target calls", fontsize=9)
+
+
+def rounds_legend(ax) -> None:
+    """The legend of :func:`draw_rounds`, to the right of ``ax``."""
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="#52b788", label="accepted draft"),
+                       Patch(color="#e76f51", alpha=0.55, label="rejected draft"),
+                       Patch(color="#f4a261", label="target's correction"),
+                       Patch(color="#4895ef", label="target's bonus token")], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
