@@ -538,22 +538,13 @@ print(f"head 1 guessed {[lm.decode([x]) for x in depth1]} | TV(typical, exact) =
 #
 # A practical note: under `TRITON_INTERPRET=1` (as CI runs the notebooks) the prefill's sampling
 # kernel runs in Triton's Python interpreter, about 0.3 s per batch row. The kernels' dispatchers
-# read the variable at every call, so `kernel_references()` sets it to `"0"` for a cell: on a CPU
+# read the variable at every call, so `kernels.references()` sets it to `"0"` for a cell: on a CPU
 # they then take their torch reference (chapter 03 checked kernel == reference); on CUDA the
 # native kernel runs either way.
 
 # %%
-import contextlib
+import kernels
 from scipy.stats import chisquare
-
-
-@contextlib.contextmanager
-def kernel_references():
-    old = os.environ.get("TRITON_INTERPRET"); os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        yield
-    finally:
-        os.environ.pop("TRITON_INTERPRET") if old is None else os.environ.update(TRITON_INTERPRET=old)
 
 
 def joint(run):                                                # empirical P(t1, t2)
@@ -574,7 +565,7 @@ def pvalue(emp, ref):                                          # chi-square, cel
 
 # %%
 kw = dict(max_new_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, eos_token_id=[])
-with kernel_references():
+with kernels.references():
     runs = {"AR sampling": autoregressive.generate(lm, [sp] * SAMPLES, generator=torch.Generator(DEVICE).manual_seed(SEED), **kw)}
     for rule in ("lossless", "typical"):
         runs[rule] = medusa.generate(lm, [sp] * SAMPLES, heads=zoo, choices=tree_ch, acceptance=rule,
@@ -614,7 +605,7 @@ plt.tight_layout(); plt.show()
 # sampling (temperature `TEMPERATURE`, top-`TOP_K`): the same, plus Medusa typical (**lossy**).
 # tau and calls are exact counts. Tokens/s are *illustrative only*: a shared CPU, tiny models
 # whose forward is mostly per-call overhead, one run after one warm-up, measured inside
-# `kernel_references()` so that nothing is timed in Triton's interpreter (on CUDA the native
+# `kernels.references()` so that nothing is timed in Triton's interpreter (on CUDA the native
 # kernels run). No assert rests on them.
 
 # %%
@@ -623,7 +614,7 @@ configs = [("AR", lambda kw: autoregressive.generate(lm, prompts, **kw)),
            (f"Medusa ({TREE_SIZE} nodes)", lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, **kw)),
            ("Medusa typical", lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, acceptance="typical", **kw))]
 table = {}
-with kernel_references():
+with kernels.references():
     for mode in ("greedy", "sampling"):
         for name, run in configs[: 3 if mode == "greedy" else 4]:
             kw = lambda: dict(max_new_tokens=NEW_TOKENS, eos_token_id=[], **({} if mode == "greedy" else dict(

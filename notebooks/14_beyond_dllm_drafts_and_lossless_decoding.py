@@ -59,6 +59,7 @@ SHOW_SOLUTIONS = False
 # %%
 import json
 import os
+import kernels
 import matplotlib.pyplot as plt
 from refimpl import models, autoregressive, block_diffusion as bd, dllm_draft, diffusion, speculative, retrieval
 from refimpl.bench import dllm as dllm_bench
@@ -257,7 +258,8 @@ for name, run in [("tiny-bdlm", lambda kw: bd.generate(bdlm, prompts, gen_length
                   ("tiny-dllm", lambda kw: diffusion.generate(dlm, prompts, gen_length=GEN, block_length=BLOCK,
                                                               eos_token_id=[], **{"steps": GEN, **kw}))]:
     for label, kw in SETTINGS.items():
-        r = run(kw)
+        with kernels.references():  # torch references on a CPU: 12 runs through Triton's interpreter take minutes
+            r = run(kw)
         curve[name, label] = (r.stats.nfe, dllm_bench.ar_perplexity(ar, prompts, r.tokens), dllm_bench.repetition(r.tokens))
 print(f"{'model':10s} {'setting':>14s} {'calls':>6s} {'ppl@tiny':>9s} {'rep. 3-grams':>12s}")
 for (name, label), (nfe, ppl, rep) in curve.items():
@@ -425,8 +427,9 @@ def check_acceptance():
     got = first_draft_acceptance(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.0, 0.5, 0.5]))
     assert abs(got - 0.5) < 1e-6, f"p = (.5, .5, 0), q = (0, .5, .5): got {got}, expected 0.5"
     pred = first_draft_acceptance(p_real, q_real)
-    g = dllm_draft.generate(ar, bdlm, [prompt] * SAMPLES, gamma=1, max_new_tokens=2, temperature=1.0,
-                            generator=torch.Generator().manual_seed(SEED), eos_token_id=[])
+    with kernels.references():                          # (torch references on a CPU: see chapter 06)
+        g = dllm_draft.generate(ar, bdlm, [prompt] * SAMPLES, gamma=1, max_new_tokens=2, temperature=1.0,
+                                generator=torch.Generator().manual_seed(SEED), eos_token_id=[])
     rate = sum(g.stats.accepted[0]) / SAMPLES            # drafts accepted at the first step, over the rows
     sd = (pred * (1 - pred) / SAMPLES) ** 0.5
     assert abs(rate - pred) < 4 * sd + 1e-3, f"you predicted {pred:.3f}, {SAMPLES} runs accepted {rate:.3f}"
@@ -468,7 +471,8 @@ def pair_pvalue(rule=None):
     return chisquare(obs, [exact[k] * SAMPLES / total for k in exact]).pvalue
 
 
-pv_good, pv_bad = pair_pvalue(), pair_pvalue(accept_all)
+with kernels.references():   # the kernels' torch references on a CPU: the interpreter is slow for 600 rows
+    pv_good, pv_bad = pair_pvalue(), pair_pvalue(accept_all)
 print(f"lossless rule: p-value {pv_good:.3f} | accept every draft: p-value {pv_bad:.1e}")
 assert pv_good > 1e-3 and pv_bad < 1e-3
 

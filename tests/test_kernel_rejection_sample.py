@@ -179,3 +179,19 @@ def test_bench_skips_without_cuda():
     from kernels.rejection_sample import bench
 
     assert bench() is None or torch.cuda.is_available()
+
+
+def test_references_block_switches_the_dispatchers_to_torch_and_restores(monkeypatch):
+    import kernels
+    from kernels.rejection_sample import use_triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    t = torch.zeros(1)
+    assert use_triton(t)
+    with kernels.references():
+        assert not use_triton(t)
+    assert use_triton(t) and os.environ["TRITON_INTERPRET"] == "1"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with kernels.references():
+        pass
+    assert "TRITON_INTERPRET" not in os.environ
