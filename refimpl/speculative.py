@@ -127,6 +127,7 @@ class Verdict(NamedTuple):
     path: torch.Tensor | None = None  # (b, max n) accepted node indices of a tree proposal (-1 = none)
     fed: torch.Tensor | None = None  # (b, F - 1, V) logits after the fed tokens before the root (the prompt, at first)
     hidden: torch.Tensor | None = None  # (b, g + 1, H) the target's last hidden states there (``wants_hidden``)
+    fed_hidden: torch.Tensor | None = None  # (b, F - 1, H) and after the fed tokens before the root (as ``fed``)
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,7 +228,7 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
             elif g:
                 tgt.keep_accepted(g, n, n_list)
             proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted), logits, path, fed,
-                                    None if h is None else h[:, F - 1:]))
+                                    None if h is None else h[:, F - 1:], None if h is None else h[:, : F - 1]))
             feed, fmask = nxt[:, None], None
             if finished:
                 keep = [i for i in range(len(rows)) if i not in finished]
