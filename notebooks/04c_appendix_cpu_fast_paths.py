@@ -1,0 +1,373 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04c · Appendix: CPU fast paths
+#
+# The speedup formula of chapter 04a, `tau / (1 + gamma·c)`, makes two promises about the
+# hardware: the target scores `gamma + 1` tokens in the time of one, and a draft step costs what
+# its arithmetic costs. A GPU at batch 1 keeps both. A laptop CPU can break both, and then
+# speculative decoding loses on a CPU what it wins on paper. This appendix builds the two fixes
+# the model zoo uses on a CPU, `refimpl/models/cpu_linear.py` and `refimpl/models/lean_llama.py`,
+# and checks that each gives the plain path's outputs. Skip it if you only run on a GPU.
+#
+# **After this appendix you can**
+#
+# 1. say what `v` (the cost of scoring `gamma + 1` tokens over the cost of one) does to the
+#    speedup, and compute the largest `v` at which a draft still pays;
+# 2. pack a linear layer's weight once for oneDNN and show that it computes what `F.linear` does,
+#    row for row;
+# 3. say where a small draft's step time goes, and write the preallocated KV cache that removes
+#    one of the overheads.
+#
+# **Parameters.** The prepacking part always runs on the CPU (that is what it is for); the lean
+# forward runs on `DEVICE`. Set `TARGET = "smollm2-135m"` to see the effects on a real model.
+
+# %%
+import torch
+
+FAST = True                      # CI default: few timing repeats
+TARGET, DRAFT = "tiny", "tiny-draft"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+REPEATS = 9 if FAST else 25      # timing repeats (medians: a shared machine is noisy)
+NEW_TOKENS = 24 if FAST else 96
+SHOW_SOLUTIONS = False
+
+# %% [markdown]
+# ## Imports and models
+# Everything here is about *speed* with the *same outputs*, so every cell compares against the
+# plain Hugging Face path. `agree` is the draft's greedy agreement with the target, our `alpha`
+# estimate (chapter 04a). `on_cpu` holds CPU copies of both models for the CPU measurements.
+
+# %%
+import copy
+import matplotlib.pyplot as plt
+import torch.nn.functional as F
+from refimpl import models, drafts, speculative, autoregressive
+from refimpl.models import cpu_linear, lean_llama
+from refimpl.prompts import encode_prompt
+from solutions import exercise, check, show
+
+torch.set_grad_enabled(False)
+target, draft = models.load(TARGET, device=DEVICE), models.load(DRAFT, device=DEVICE)
+on_cpu = {lm.name: lm if DEVICE == "cpu" else models.load(lm.name, device="cpu") for lm in (target, draft)}
+prompts = [encode_prompt(target, t) for t in ("And God said", "The LORD is my shepherd")]
+ref = autoregressive.generate(target, prompts, max_new_tokens=NEW_TOKENS)
+agree = drafts.greedy_agreement(target, draft, prompts, NEW_TOKENS)
+print(f"{TARGET} / {DRAFT}: agreement {agree:.2f}")
+
+# %% [markdown]
+# ## The cost the formula leaves out: `v`
+# Call the real cost of one target pass over `gamma + 1` tokens, in units of a one-token pass,
+# `v`: the speedup is `tau / (v + gamma·c)` (Leviathan et al. assume `v = 1`). By hand, against
+# `drafts.expected_speedup(..., v)`:
+
+# %%
+def speedup_v(alpha, gamma, c, v):
+    return drafts.expected_tau(alpha, gamma) / (v + gamma * c)
+
+
+for v in (1.0, 1.1, 1.5):
+    assert abs(speedup_v(0.8, 4, 0.1, v) - drafts.expected_speedup(0.8, 4, 0.1, v)) < 1e-12
+    print(f"alpha 0.8, gamma 4, c 0.1, v {v}: speedup {speedup_v(0.8, 4, 0.1, v):.2f}")
+
+# %% [markdown]
+# **Exercise 1.** Write `break_even_v(alpha, gamma, c)`: the largest `v` at which speculative
+# decoding is still no slower than plain decoding (speedup = 1). The check finds it by bisection on
+# `drafts.expected_speedup`.
+
+# %%
+@exercise("04c", "break_even_v")
+def break_even_v(alpha, gamma, c):
+    # your code here
+    raise NotImplementedError
+
+# %% [markdown]
+# The check:
+
+# %%
+def bisect_v(alpha, gamma, c, lo=0.0, hi=50.0):
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if drafts.expected_speedup(alpha, gamma, c, mid) >= 1 else (lo, mid)
+    return lo
+
+
+def check_break_even():
+    for a, g, c in [(0.8, 4, 0.1), (0.5, 2, 0.3), (0.9, 8, 0.05)]:
+        want = bisect_v(a, g, c)
+        assert abs(break_even_v(a, g, c) - want) < 1e-6, f"alpha={a}, gamma={g}, c={c}: you say {break_even_v(a, g, c):.4f}, bisection {want:.4f}"
+
+
+check("Exercise 1", check_break_even)
+if SHOW_SOLUTIONS:
+    show("04c", "break_even_v")
+
+# %% [markdown]
+# ## Part 1 · Why `v` can be 1.5 on a CPU
+# In fp32 `F.linear` goes through MKL's matrix multiply, which repacks the weight matrix into its
+# blocked layout on *every call* once the input has 4 or more rows. Verifying 5 tokens then costs
+# much more than verifying 1. `cpu_linear.matmul_cost` times every linear layer of a model at
+# 1..6 rows, with MKL and with weights packed once (below). (Timings on a shared machine are
+# noisy. On SmolLM2-135M on a 2-core CPU, `v(5)` is ~1.5 with MKL and ~1.1 prepacked: set
+# `TARGET = "smollm2-135m"` to measure yours.)
+
+# %%
+rows = cpu_linear.matmul_cost(on_cpu[target.name].model, rows=(1, 2, 3, 4, 5, 6), repeats=REPEATS)
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.plot([r["rows"] for r in rows], [r["mkl_ms"] for r in rows], marker="o", label="MKL F.linear")
+ax.plot([r["rows"] for r in rows], [r["prepacked_ms"] for r in rows], marker="o", label="prepacked (oneDNN)")
+ax.set_xlabel("rows (tokens scored at once)"); ax.set_ylabel("ms, all matrices"); ax.legend(); plt.show()
+v_mkl, v_packed = (rows[4][k] / rows[0][k] for k in ("mkl_ms", "prepacked_ms"))
+print(f"v(5) from the matrix products: MKL {v_mkl:.2f}, prepacked {v_packed:.2f}")
+
+# %% [markdown]
+# ## Packing a weight once, by hand
+# oneDNN can reorder a weight matrix into its blocked layout once (`_reorder_linear_weight`) and
+# then multiply with the packed copy (`_linear_pointwise`). These are torch's own (underscored)
+# operators; `cpu_linear.PrepackedLinear` wraps them. One layer of the target, on the CPU:
+
+# %%
+lin = copy.deepcopy(target.model.model.layers[0].mlp.up_proj).cpu()     # (out, in) weight
+if cpu_linear.available():
+    packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight.contiguous(), batch_size=None)
+    x = torch.randn(5, lin.in_features)                                  # (rows, in)
+    y_hand = torch.ops.mkldnn._linear_pointwise(x, packed, lin.bias, "none", [], "")
+    assert torch.allclose(y_hand, F.linear(x, lin.weight, lin.bias), atol=1e-5)
+    assert torch.equal(y_hand, cpu_linear.PrepackedLinear(lin)(x))
+    print("packed by hand == F.linear (to 1e-5) == cpu_linear.PrepackedLinear (bit for bit)")
+else:
+    print("this torch build has no oneDNN: the prepacked path is not available here")
+
+# %% [markdown]
+# A second gain: oneDNN gives every row the same bits whatever the number of rows, so a token
+# scored inside a block of 5 gets exactly the logits it gets alone. MKL may differ in the last
+# bits, which can flip a near-tie argmax between speculative and plain greedy decoding.
+
+# %%
+if cpu_linear.available():
+    packed_rows = lambda x_: torch.ops.mkldnn._linear_pointwise(x_, packed, lin.bias, "none", [], "")
+    mkl_rows = lambda x_: F.linear(x_, lin.weight, lin.bias)
+    assert torch.equal(packed_rows(x[:1]), packed_rows(x)[:1])
+    print("prepacked: row 0 alone == row 0 in a block of 5, bit for bit")
+    print(f"MKL: max |row 0 alone - row 0 in a block of 5| = {(mkl_rows(x[:1]) - mkl_rows(x)[:1]).abs().max():.1e}")
+
+# %% [markdown]
+# ## The whole model
+# `cpu_linear.prepack_linears` swaps every `nn.Linear` of a model for a `PrepackedLinear` (the
+# parameters stay the same objects). On a CPU copy of the target: the logits and the greedy
+# tokens must be those of the plain path. (`models.load` does this by default for targets of
+# 50 M parameters or more on a CPU.)
+
+# %%
+plain_cpu = on_cpu[target.name]
+packed_lm = models.LM(copy.deepcopy(plain_cpu.model), plain_cpu.tokenizer, name=f"{TARGET}-prepacked")
+print("linear layers swapped:", cpu_linear.prepack_linears(packed_lm.model))
+ids = torch.tensor([prompts[0] + ref.tokens[0]])
+assert torch.allclose(packed_lm.logits(ids), plain_cpu.logits(ids), atol=1e-4)
+assert autoregressive.generate(packed_lm, prompts, max_new_tokens=NEW_TOKENS).tokens == ref.tokens
+print("prepacked target: same logits (to 1e-4), same greedy tokens")
+
+# %% [markdown]
+# ## Play: what `v` does to the speedup
+# The predicted speedup over `gamma` for our draft's `alpha` and a cost ratio `c`, at the `v`
+# you choose; the dashed lines mark the `v(5)` measured above. The last lines move the slider
+# from code and check that the output changed.
+
+# %%
+import ipywidgets as widgets
+
+
+def play(v=1.0, c=0.3):
+    global shown
+    gs = list(range(1, 11))
+    sp = [drafts.expected_speedup(agree, g, c, v) for g in gs]
+    fig, ax = plt.subplots(figsize=(5.5, 3))
+    ax.plot(gs, sp, "o-", label=f"v = {v:.2f}")
+    for vv, name in ((v_mkl, "MKL"), (v_packed, "prepacked")):
+        ax.plot(gs, [drafts.expected_speedup(agree, g, c, vv) for g in gs], "--", lw=0.8, label=f"{name}: v = {vv:.2f}")
+    ax.axhline(1, color="gray", lw=0.8); ax.set_xlabel("gamma"); ax.set_ylabel("predicted speedup"); ax.legend(fontsize=7)
+    plt.show()
+    shown = f"best gamma {gs[max(range(10), key=sp.__getitem__)]}, speedup {max(sp):.2f}"
+    print(shown)
+
+# %% [markdown]
+# Move the sliders (in a live notebook):
+
+# %%
+ui = widgets.interact(play, v=widgets.FloatSlider(value=1.0, min=0.5, max=3.0, step=0.1),
+                      c=widgets.FloatSlider(value=0.3, min=0.0, max=1.0, step=0.05)).widget
+before = shown
+ui.children[0].value = 2.0                         # move the v slider, as a person would
+assert shown != before, "moving a slider must change the output"
+
+# %% [markdown]
+# ## Part 2 · Where a small draft's step goes
+# A 1-layer draft does little arithmetic, so most of a Hugging Face forward is per-call
+# machinery: mask builders, the rotary module, output objects, and a `DynamicCache` that
+# concatenates (so reallocates) every layer's keys and values at every step. Compare one
+# cached step on the CPU with the time of its matrix products alone (one row each, MKL):
+
+# %%
+step_ms = {name: 1e3 * drafts.step_seconds(lm, repeats=REPEATS) for name, lm in on_cpu.items()}
+mm_ms = {name: cpu_linear.matmul_cost(lm.model, rows=(1,), repeats=REPEATS)[0]["mkl_ms"] for name, lm in on_cpu.items()}
+fig, ax = plt.subplots(figsize=(5, 2.6))
+ax.barh(list(step_ms), list(step_ms.values()), color="0.75", label="whole cached step")
+ax.barh(list(mm_ms), list(mm_ms.values()), color="tab:blue", label="its matrix products")
+ax.set_xlabel("ms per token"); ax.legend(fontsize=7); plt.tight_layout(); plt.show()
+print({k: f"{mm_ms[k] / step_ms[k]:.0%} of the step is matrix products" for k in step_ms})
+
+# %% [markdown]
+# ## A lean step, by hand
+# The same math as `LlamaForCausalLM`, straight from its parameters: RMSNorm, rotary position
+# embedding (Su et al., arXiv 2104.09864; the half-split form Llama uses), grouped-query attention
+# and the SwiGLU MLP. First the two small pieces:
+
+# %%
+def rms(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x, pos, theta):                           # x (B, H, Q, D), pos (B, Q)
+    D = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, device=x.device).float() / D)   # (D/2,)
+    ang = pos[:, None, :, None].float() * inv                                    # (B, 1, Q, D/2)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+# %% [markdown]
+# One attention block with a plain cache (a list of `(keys, values)` per layer, grown by
+# concatenation, as `DynamicCache` does), `Q` new tokens after `P` cached ones:
+
+# %%
+def attend(layer, h, pos, cache, i, cfg):
+    a, (B, Q, _) = layer.self_attn, h.shape
+    H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, a.head_dim
+    theta = cfg.rope_parameters["rope_theta"]
+    q = rope(a.q_proj(h).view(B, Q, H, D).transpose(1, 2), pos, theta)            # (B, H, Q, D)
+    k = rope(a.k_proj(h).view(B, Q, Hkv, D).transpose(1, 2), pos, theta)          # (B, Hkv, Q, D)
+    v = a.v_proj(h).view(B, Q, Hkv, D).transpose(1, 2)
+    if i < len(cache):
+        k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)      # (B, Hkv, P+Q, D)
+    cache[i:i + 1] = [(k, v)]
+    P = k.shape[2] - Q
+    mask = torch.arange(P + Q, device=h.device)[None] <= torch.arange(Q, device=h.device)[:, None] + P   # (Q, P+Q)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)
+    return a.o_proj(o.transpose(1, 2).reshape(B, Q, H * D))
+
+# %% [markdown]
+# The whole step: embeddings, each layer (attention, then the MLP, each with its residual),
+# the final norm and the head.
+
+# %%
+def lean_step(model, ids, cache):
+    cfg, inner = model.config, model.model
+    P = cache[0][0].shape[2] if cache else 0
+    pos = torch.arange(P, P + ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)   # (B, Q)
+    x = inner.embed_tokens(ids)                                                    # (B, Q, hidden)
+    for i, layer in enumerate(inner.layers):
+        x = x + attend(layer, rms(x, layer.input_layernorm.weight, cfg.rms_norm_eps), pos, cache, i, cfg)
+        h, mlp = rms(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps), layer.mlp
+        x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+    return model.lm_head(rms(x, inner.norm.weight, cfg.rms_norm_eps)).float()   # (B, Q, V)
+
+# %% [markdown]
+# A prefill and three one-token steps, against the Hugging Face forward with its own cache and
+# against the library's `lean_llama.forward` (the same step with a preallocated `KVCache`):
+
+# %%
+ids = torch.tensor([prompts[0] + ref.tokens[0][:4]], device=DEVICE)
+mine, hf, lib = [], target.new_cache(), lean_llama.KVCache(target.num_layers)
+for a, b in [(0, ids.shape[1] - 3), (-3, -2), (-2, -1), (-1, None)]:
+    chunk = ids[:, a:b] if a else ids[:, :b]
+    mine_logits = lean_step(target.model, chunk, mine)
+    hf_logits, hf = target.forward(chunk, hf)
+    lib_logits = lean_llama.forward(target.model, chunk, lib)[0].float()
+    assert torch.allclose(mine_logits, hf_logits, atol=1e-4) and torch.allclose(mine_logits, lib_logits, atol=1e-4)
+print("lean step by hand == Hugging Face forward == lean_llama.forward, prefill and 3 cached steps")
+
+# %% [markdown]
+# **Exercise 2.** `torch.cat` allocates a new tensor at every step and copies the whole cache into
+# it. Write `write_kv(buf, length, new)`: store `new` (B, H, Q, D) after the first `length`
+# positions of the buffer `buf` (B, H, capacity, D) along dim 2, allocating a new buffer of twice
+# the needed size (at least 64) only when it does not fit (and copying the `length` old positions
+# over). Return `(buf, view)` with `view` = positions `0 .. length + Q` of the buffer; `buf` may be
+# `None` at first. The check compares with `lean_llama.KVCache` and counts allocations.
+
+# %%
+@exercise("04c", "write_kv")
+def write_kv(buf, length, new):
+    # your code here
+    raise NotImplementedError
+
+# %% [markdown]
+# The check: 100 steps of 1-3 new positions each.
+
+# %%
+def check_write_kv():
+    gen, buf, length, lib, ptrs = torch.Generator().manual_seed(0), None, 0, lean_llama.KVCache(1), set()
+    for step in range(100):
+        new = torch.randn(1, 2, 1 + step % 3, 8, generator=gen)
+        buf, view = write_kv(buf, length, new)
+        want, _ = lib.write(0, new, new)
+        lib.length = length = length + new.shape[2]
+        assert view.shape == want.shape and torch.equal(view, want), f"step {step}: the view differs from KVCache's"
+        ptrs.add(buf.data_ptr())
+    assert len(ptrs) <= 4, f"{len(ptrs)} buffers allocated for 200 positions: grow by doubling, not every step"
+
+
+check("Exercise 2", check_write_kv)
+if SHOW_SOLUTIONS:
+    show("04c", "write_kv")
+
+# %% [markdown]
+# ## The preallocated cache in a real decode
+# `lean_llama.LeanTrimmedLM` is a VocabTrim draft (chapter 04a) whose cached steps run through
+# `lean_llama.forward` with a `KVCache`. We keep all tokens (a "trim" to the full vocabulary) and
+# decode speculatively with both forms of the same draft: same tokens, same accepted lengths;
+# only the time per draft step moves.
+
+# %%
+trim = drafts.trim_vocab(draft, torch.arange(draft.vocab_size))
+lean = lean_llama.LeanTrimmedLM.of(trim)
+g_hf = speculative.generate(target, trim, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+g_lean = speculative.generate(target, lean, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+assert g_lean.tokens == g_hf.tokens == ref.tokens and g_lean.stats.accepted == g_hf.stats.accepted
+t_hf, t_lean, t_target = (1e3 * drafts.step_seconds(d, repeats=REPEATS) for d in (trim, lean, target))
+print(f"draft step on {DEVICE}: Hugging Face {t_hf:.2f} ms, lean {t_lean:.2f} ms "
+      f"(c {t_hf / t_target:.2f} -> {t_lean / t_target:.2f})")
+
+# %% [markdown]
+# What the buffer does during one draft's decode: its length grows a token at a time, its
+# capacity doubles now and then, and a roll-back (after a rejected draft) only moves the length
+# back. A concatenating cache would allocate at every step.
+
+# %%
+cache, lengths, caps, steps = lean.new_cache(), [], [], 200
+_, cache = lean.forward(torch.tensor([prompts[0]], device=DEVICE), cache)
+for step in range(steps):
+    _, cache = lean.forward(torch.tensor([[ref.tokens[0][step % NEW_TOKENS]]], device=DEVICE), cache)
+    if step % 10 == 9:
+        cache.crop(-2)                              # as after a rejection: drop the last 2 positions
+    lengths.append(cache.get_seq_length()); caps.append(cache.keys[0].shape[2])
+fig, ax = plt.subplots(figsize=(6, 2.8))
+ax.step(range(steps), caps, where="post", label="buffer capacity"); ax.plot(lengths, label="cached length")
+ax.set_xlabel("draft step"); ax.set_ylabel("positions"); ax.legend(); plt.show()
+print(f"buffers allocated in {steps} steps: {len(set(caps))} (a concatenating cache: {steps})")
+
+# %% [markdown]
+# ## Summary
+# - On a CPU in fp32, scoring 5 tokens can cost ~1.5x one (`v`), which eats most of the gain of
+#   speculative decoding; packing each weight once for oneDNN brings it to ~1.1x and makes every
+#   row's output independent of the block size (`cpu_linear`, used by `models.load` for targets).
+# - A small draft's step is mostly per-call overhead; a lean forward with a preallocated cache runs
+#   the same math with the same logits in less time (`lean_llama`, used by the zoo's SmolLM2 draft).
+# - Neither changes a single output token: they only move `v` and `c` in `tau / (v + gamma·c)`.
