@@ -49,9 +49,9 @@ SHOW_SOLUTIONS = False            # True prints the reference answers of the exe
 # %% [markdown]
 # ## The target and the draft
 # The draft must share the target's tokenizer. The zoo's `tiny-draft` is a small model distilled
-# from `tiny` (chapter 04). If it is not there, we fall back to an **early-exit** draft: the
+# from `tiny` (chapter 04a). If it is not there, we fall back to an **early-exit** draft: the
 # target's first two layers, its final norm and its LM head (a "self-speculative" draft, also in
-# chapter 04). Everything below works with either.
+# chapter 04a). Everything below works with either.
 #
 # `encode_prompt(lm, text)` turns the prompt text into token ids: for a chat model (one whose
 # tokenizer has a chat template, like an instruct SmolLM2) it wraps the text as a user turn, so
@@ -506,4 +506,4 @@ if SHOW_SOLUTIONS:
 #   rejected slots stay behind as masked holes.
 # - tau grows with `gamma` but saturates at `1 / (1 - alpha)`; `alpha` (accepted / tested) is what
 #   the formula takes, the acceptance rate (accepted / proposed) is smaller.
-# - Whether fewer target calls mean less time depends on the draft's cost `c` (chapter 04).
+# - Whether fewer target calls mean less time depends on the draft's cost `c` (chapter 04a).

@@ -26,17 +26,17 @@
 # 4. turn the heads' top-k into a tree, verify it in one forward pass and show the output is exactly greedy decoding;
 # 5. tell which hidden state the heads must read after a step, for any accepted path;
 # 6. quantify what Medusa's *typical acceptance* gives up against lossless sampling, and what it gains in tau;
-# 7. compare tau and target calls of Medusa with chapter 04's chain draft.
+# 7. compare tau and target calls of Medusa with chapter 04a's chain draft.
 #
 # **Parameters.** `tiny` is the zoo's 4-layer Llama trained on the King James Bible; its Medusa
 # heads were trained by `python -m refimpl.train medusa-tiny` and live in `models/medusa-tiny`.
-# `tiny-draft` is the chain draft of chapter 04, for the comparison at the end.
+# `tiny-draft` is the chain draft of chapter 04a, for the comparison at the end.
 
 # %%
 import torch
 
 FAST = True                          # CI default: seconds of training, few samples
-MODEL, DRAFT = "tiny", "tiny-draft"  # the target; chapter 04's chain draft
+MODEL, DRAFT = "tiny", "tiny-draft"  # the target; chapter 04a's chain draft
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HEADS = None                         # None: the zoo's trained heads (models/medusa-tiny); or a folder
 NEW_TOKENS = 48 if FAST else 128
@@ -599,7 +599,7 @@ ax.set_title(f"first two tokens after prompt 1 (T = {TEMPERATURE}, top-{TOP_K}):
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# ## Side by side with chapter 04's chain draft
+# ## Side by side with chapter 04a's chain draft
 # Greedy: autoregressive, the chain draft `tiny-draft` (`gamma = 4`, `speculative.generate`),
 # and Medusa with the chosen tree (typical acceptance at temperature 0 *is* greedy acceptance);
 # sampling (temperature `TEMPERATURE`, top-`TOP_K`): the same, plus Medusa typical (**lossy**).

@@ -363,7 +363,7 @@ def coloured(gen, row=0):
 display(HTML(coloured(spec)))
 
 # %% [markdown]
-# tau for several block lengths `gamma`, next to chapter 04's distilled draft `tiny-draft` (an AR
+# tau for several block lengths `gamma`, next to chapter 04a's distilled draft `tiny-draft` (an AR
 # model, one call per draft token) and chapter 09's prompt lookup (no model at all). The dLLM spends
 # **one** call per proposal whatever `gamma` is; a chain draft spends `gamma`. Predict from the
 # confidence-at-a-distance chart which draft positions get accepted: the first (nearly the AR

@@ -1,4 +1,4 @@
-"""A copy prior for any draft (chapter 04): raise the draft's logit for the token that followed the
+"""A copy prior for any draft (chapter 04b): raise the draft's logit for the token that followed the
 latest earlier occurrence of the context's last few tokens (prompt lookup inside a draft).
 
 A small draft is poor at copying from its context: names, numbers, the passage a summary or a

@@ -1,4 +1,4 @@
-"""Where drafts come from (chapter 04): distilled small models, a trimmed-vocabulary draft, and the
+"""Where drafts come from (chapter 04a): distilled small models, a trimmed-vocabulary draft, and the
 target's own first layers (early-exit self-speculation), plus how to measure a draft.
 
 Speculative decoding (Leviathan et al., arXiv 2211.17192) pays ``1 + gamma * c`` target-forward
