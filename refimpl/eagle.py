@@ -1,0 +1,286 @@
+"""An EAGLE-style feature-level draft growing EAGLE-2's dynamic token tree (chapter 06).
+
+Papers:
+- Li, Wei, Zhang, Zhang, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+  arXiv 2401.15077: draft at the *feature* level. At position t the draft reads the target's
+  feature ``f_t`` together with the token ``x_{t+1}`` that was actually emitted after it (the
+  token sequence "advanced by one time step", which removes the sampling uncertainty) and
+  predicts the next feature ``f_{t+1}``; the target's own frozen LM head turns a predicted feature
+  into the draft distribution q; the target's frozen token embedding embeds the tokens. The draft
+  is ``fc(concat(embed(x_{t+1}), f_t))`` (2H -> H) followed by ONE decoder layer. Trained with a
+  Smooth-L1 feature regression plus 0.1 x the cross-entropy of the LM head on the predicted
+  feature (:mod:`refimpl.train.eagle`).
+- Li, Wei, Zhang, Zhang, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees",
+  arXiv 2406.16858: the draft's confidence approximates the acceptance rate, so the tree is grown
+  by *cumulative* confidence (the product of draft probabilities along the path): expand the
+  ``topk`` nodes of each level with the highest cumulative confidence (each gets its top-``topk``
+  children), to depth ``depth``, then re-rank every grown node and keep the ``total`` best.
+  A child's value is at most its parent's, so the kept set is a tree (ties: the parent first).
+  EAGLE-2's public defaults are total 60, depth 7, top-k 10, for a GPU where scoring 60
+  tree tokens costs about one token; on this CPU the target's time grows with the tree, so the
+  defaults here are total 16, depth 5, top-k 4 (the same tree budget as Medusa's chapter-06 tree).
+
+Our choices. ``LM.forward``'s hidden states are AFTER the target's final norm (EAGLE's are the
+second-to-top layer's, before it), so the draft predicts *normed* features and applies the LM
+head directly (no norm of its own). The decoder layer is a minimal Llama layer in plain torch
+(RMSNorm, rotary causal attention, SiLU-gated MLP, residuals); its attention takes an explicit
+boolean mask and extra keys / values, which is all the tree needs: the context is run once per
+step, then each level's expanded nodes attend to the context and their own ancestors (``depth``
+draft calls per step). There is no draft cache *across* steps: every step re-runs the one layer
+over each row's whole context (simple and exact; a cache of the accepted inputs would save it).
+The tree's confidence is the draft's raw distribution (temperature 1, no top-k / top-p).
+
+Decoding is a proposer on :func:`refimpl.speculative.decode` (``wants_hidden``): it keeps every
+row's committed tokens and their target features (the prompt's from ``Verdict.fed_hidden`` at the
+first step, then the root's and the accepted path's from ``Verdict.hidden``). Children are top-k,
+deterministic (``q = None``): greedy is exact, sampling lossless by SpecInfer's walk.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch import nn
+
+from .generation import Generation, check_positive_int
+from .speculative import decode
+from .tree import ROOT, Tree, pack
+
+#: where the zoo's trained drafts live: models/eagle-<target name> (``python -m refimpl.train eagle-<name>``)
+DRAFT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of x (B, h, T, d) at positions pos (B, T) (Llama's rotate-half form)."""
+    d = x.shape[-1]
+    inv = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
+    ang = pos.to(torch.float32)[:, None, :, None] * inv  # (B, 1, T, d/2)
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class EagleDraft(nn.Module):
+    """``fc(concat(embed(x_{t+1}), f_t))`` then one Llama-style decoder layer -> predicted ``f_{t+1}``.
+
+    ``embed`` (V, H) and ``lm_head`` (V, H) are the target's, frozen (buffers, never saved)."""
+
+    def __init__(self, embed: torch.Tensor, lm_head: torch.Tensor, num_heads: int = 4, intermediate: int | None = None,
+                 rope_theta: float = 10000.0, eps: float = 1e-6):
+        super().__init__()
+        H = embed.shape[1]
+        if H % num_heads:
+            raise ValueError(f"hidden size {H} is not divisible by num_heads={num_heads}")
+        self.num_heads, self.rope_theta, self.intermediate = num_heads, rope_theta, intermediate or 4 * H
+        self.register_buffer("embed", embed.detach().float().clone(), persistent=False)  # (V, H)
+        self.register_buffer("lm_head", lm_head.detach().float().clone(), persistent=False)  # (V, H)
+        self.fc = nn.Linear(2 * H, H)
+        self.norm1, self.norm2 = nn.RMSNorm(H, eps=eps), nn.RMSNorm(H, eps=eps)
+        self.qkv, self.o = nn.Linear(H, 3 * H, bias=False), nn.Linear(H, H, bias=False)
+        self.gate_up = nn.Linear(H, 2 * self.intermediate, bias=False)
+        self.down = nn.Linear(self.intermediate, H, bias=False)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.embed.shape[1]
+
+    def step(self, tok, feat, pos, allow, past=None):
+        """Inputs ``(feat (B, T, H), tok (B, T))`` at positions ``pos`` (B, T); ``allow`` (B, T, P + T)
+        bool: query i may attend to key j (``past`` = (k, v), each (B, heads, P, d), first).
+        -> (predicted features (B, T, H), (k, v) of these T inputs)."""
+        B, T, H = feat.shape
+        x = self.fc(torch.cat([self.embed[tok], feat.to(self.embed.dtype)], -1))  # (B, T, H)
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (B, h, T, d) each
+        q, k = rotate(q, pos, self.rope_theta), rotate(k, pos, self.rope_theta)
+        K, V = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        a = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=allow[:, None])  # (B, h, T, d)
+        x = x + self.o(a.transpose(1, 2).reshape(B, T, H))
+        g, u = self.gate_up(self.norm2(x)).chunk(2, -1)
+        return x + self.down(nn.functional.silu(g) * u), (k, v)
+
+    def forward(self, tok: torch.Tensor, feat: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced: (B, T) tokens x_{t+1}, (B, T, H) features f_t, (B, T) 1 = real (padding
+        anywhere) -> (B, T, H) predicted f_{t+1}, causal over each row's real inputs."""
+        B, T = tok.shape
+        mask = torch.ones_like(tok) if mask is None else mask
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        allow = torch.ones(T, T, dtype=torch.bool, device=tok.device).tril()[None] & mask.bool()[:, None, :]
+        allow |= torch.eye(T, dtype=torch.bool, device=tok.device)[None]  # a pad sees itself: no empty rows
+        return self.step(tok, feat, pos, allow)[0]
+
+    def logits(self, f: torch.Tensor) -> torch.Tensor:
+        """(..., H) predicted features -> (..., V) the target's LM head on them."""
+        return f @ self.lm_head.T
+
+
+def save_draft(draft: EagleDraft, folder: str, base_model: str, report: dict | None = None) -> None:
+    """``folder/eagle.safetensors`` (fp16, the trained layer only) + ``config.json``."""
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: v.detach().half().contiguous() for k, v in draft.state_dict().items()},
+              os.path.join(folder, "eagle.safetensors"), metadata={"format": "pt"})
+    cfg = {"architecture": "eagle-1 style: fc(concat(embed, feature)) + 1 decoder layer, target's frozen "
+                           "embedding and LM head (not stored)", "base_model": base_model,
+           "hidden_size": draft.hidden_size, "num_heads": draft.num_heads, "intermediate_size": draft.intermediate,
+           "rope_theta": draft.rope_theta, "feature": "target's last hidden state AFTER its final norm",
+           "report": report or {}}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
+def new_draft(target, **kw) -> EagleDraft:
+    """An untrained draft shaped after ``target`` (its embedding, LM head, heads, MLP width, rope)."""
+    c = target.config
+    rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    kw = {"num_heads": c.num_attention_heads, "intermediate": c.intermediate_size, "rope_theta": rope,
+          "eps": c.rms_norm_eps, **kw}
+    return EagleDraft(target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight, **kw)
+
+
+def load_draft(target, folder: str | None = None) -> EagleDraft:
+    """The trained draft for ``target`` from ``folder`` (default ``models/eagle-<target.name>``)."""
+    from safetensors.torch import load_file
+
+    folder = folder or os.path.join(DRAFT_DIR, f"eagle-{target.name}")
+    path = os.path.join(folder, "eagle.safetensors")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no EAGLE draft for {target.name!r} at {folder}; train it with "
+                                f"`python -m refimpl.train eagle-{target.name}`")
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    draft = new_draft(target, num_heads=cfg["num_heads"], intermediate=cfg["intermediate_size"],
+                      rope_theta=cfg["rope_theta"])
+    draft.load_state_dict({k: v.float() for k, v in load_file(path).items()})
+    return draft.to(target.device).eval()
+
+
+# ---------------------------------------------------------------------------------------
+# the proposer
+# ---------------------------------------------------------------------------------------
+class EagleProposer:
+    """Proposer: the draft reads every row's committed (token, feature) pairs, then grows EAGLE-2's
+    dynamic tree below the next token (the root). The first call (the prefill) proposes nothing:
+    the prompt's features do not exist yet."""
+
+    tree_proposals = True
+    wants_hidden = True
+    kind = Tree  # the Tree class the proposals use (a test swaps in a wrong walk)
+
+    def __init__(self, draft: EagleDraft, total: int = 16, depth: int = 5, topk: int = 4):
+        self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
+        self.topk = check_positive_int("topk", topk)
+        self.draft = draft
+
+    def start(self, ids, mask, settings) -> None:
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        self.toks = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed + the root
+        self.feats = None  # per row (n, H): the target's feature after each committed token but the root
+        self.pmask, self.rows = real, None
+
+    def context(self):
+        """Left-padded draft inputs: tokens x_{t+1} (B, L), features f_t (B, L, H), mask (B, L)."""
+        dev, L = self.draft.embed.device, max(f.shape[0] for f in self.feats)
+        tok = torch.zeros((len(self.feats), L), dtype=torch.long, device=dev)
+        feat = torch.zeros((len(self.feats), L, self.draft.hidden_size), device=dev)
+        mask = torch.zeros((len(self.feats), L), dtype=torch.long, device=dev)
+        for r, (t, f) in enumerate(zip(self.toks, self.feats)):
+            n = f.shape[0]
+            tok[r, L - n:], feat[r, L - n:], mask[r, L - n:] = torch.tensor(t[1:], device=dev), f, 1
+        return tok, feat, mask
+
+    @torch.no_grad()
+    def propose(self, caps: list[int]):
+        B = len(caps)
+        D = min(self.depth, max(caps))
+        if self.feats is None or D <= 0:
+            self.rows = None
+            return pack([([], [])] * B)
+        tok, feat, mask = self.context()
+        L, k, dev = tok.shape[1], self.topk, tok.device
+        allow = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None] & mask.bool()[:, None, :]
+        allow |= torch.eye(L, dtype=torch.bool, device=dev)[None]
+        out, past = self.draft.step(tok, feat, (mask.cumsum(-1) - 1).clamp(min=0), allow)
+        n = mask.sum(-1)  # (B,) inputs per row: the root's children sit at position n
+        logp = torch.log_softmax(self.draft.logits(out[:, -1]), -1)  # (B, V) draft's distribution below the root
+        score, toks = logp.topk(k, -1)  # (B, k) cumulative log-confidence, tokens of level 1
+        par = torch.full((B, k), ROOT, dtype=torch.long, device=dev)  # global parent ids
+        depth = [1] * k
+        lvl, lvl_feat = slice(0, k), out[:, -1:].expand(B, k, -1)  # current level; its nodes' input features
+        exp_ids = torch.zeros((B, 0), dtype=torch.long, device=dev)  # nodes already run through the draft
+        for d in range(1, D):  # expand the topk most confident nodes of level d
+            top = score[:, lvl].topk(min(k, lvl.stop - lvl.start), -1).indices  # (B, e) local to the level
+            sel = lvl.start + top  # (B, e) global node ids
+            e = sel.shape[1]
+            anc, a = [], sel
+            for _ in range(d - 1):  # ancestors of the selected nodes, (B, e) per depth
+                a = par.gather(1, a)
+                anc.append(a)
+            see_old = torch.zeros((B, e, exp_ids.shape[1]), dtype=torch.bool, device=dev)
+            for a in anc:
+                see_old |= exp_ids[:, None, :] == a[:, :, None]
+            allow = torch.cat([mask.bool()[:, None, :].expand(B, e, L), see_old,
+                               torch.eye(e, dtype=torch.bool, device=dev)[None].expand(B, e, e)], -1)
+            inp = lvl_feat.gather(1, top[..., None].expand(-1, -1, feat.shape[-1]))  # (B, e, H) parents' outputs
+            f, (kk, vv) = self.draft.step(toks.gather(1, sel), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
+            past, exp_ids = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2)), torch.cat([exp_ids, sel], 1)
+            lp, ch = torch.log_softmax(self.draft.logits(f), -1).topk(k, -1)  # (B, e, k)
+            start = toks.shape[1]
+            toks = torch.cat([toks, ch.flatten(1)], 1)
+            score = torch.cat([score, (score.gather(1, sel)[..., None] + lp).flatten(1)], 1)
+            par = torch.cat([par, sel[..., None].expand(B, e, k).flatten(1)], 1)
+            depth += [d + 1] * (e * k)
+            lvl, lvl_feat = slice(start, toks.shape[1]), f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
+        # re-rank: the ``total`` most confident nodes no deeper than each row's cap (stable: parents first)
+        deep = torch.tensor(depth, device=dev)[None]  # (1, N)
+        cap = torch.tensor(caps, device=dev)[:, None]
+        order = torch.sort(-score.masked_fill(deep > cap, float("-inf")), dim=-1, stable=True).indices.tolist()
+        ok, T, P, S = (deep <= cap).sum(-1).tolist(), toks.tolist(), par.tolist(), score.tolist()
+        rows, self.scores = [], []  # per row (tokens, parents); the nodes' cumulative log-confidence
+        for r in range(B):
+            keep = sorted(order[r][: min(self.total, ok[r])])
+            local = {g: i for i, g in enumerate(keep)}
+            rows.append(([T[r][g] for g in keep], [ROOT if P[r][g] == ROOT else local[P[r][g]] for g in keep]))
+            self.scores.append([S[r][g] for g in keep])
+        self.rows = rows
+        prop = pack(rows, calls=D)
+        if prop.tree is not None and self.kind is not Tree:
+            prop = prop._replace(tree=self.kind(prop.tree.parents, prop.tree.depth, prop.tree.see))
+        return prop
+
+    def accept(self, v) -> None:
+        hid = v.hidden.float()  # (b, g + 1, H): after the root, then after each node
+        path = None if v.path is None else v.path.tolist()
+        new = []
+        for r, (k, nxt) in enumerate(zip(v.n_list, v.next.tolist())):
+            nodes = path[r][:k] if k else []
+            fed = v.fed_hidden[r].float() if v.fed_hidden is not None else hid[r, :0]  # (F - 1, H)
+            if self.feats is None:  # the prompt: drop the left padding
+                fed = fed[self.pmask[r, : fed.shape[0]].to(fed.device)]
+            old = [] if self.feats is None else [self.feats[r]]
+            new.append(torch.cat(old + [fed, hid[r, [0] + [1 + i for i in nodes]]]).to(self.draft.embed.device))
+            self.toks[r] += [self.rows[r][0][i] for i in nodes] + [nxt]
+        self.feats = new
+
+    def select(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        self.toks = [self.toks[i] for i in keep]
+        self.feats = None if self.feats is None else [self.feats[i] for i in keep]
+        self.pmask = self.pmask[rows.to(self.pmask.device)]
+
+
+def generate(target, prompts, draft: EagleDraft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             eos_token_id=None, total: int = 16, depth: int = 5, topk: int = 4) -> Generation:
+    """EAGLE decoding: ``draft`` (None: the zoo's, :func:`load_draft`) grows EAGLE-2's dynamic tree
+    (``total`` nodes, ``depth`` levels, ``topk`` children per expanded node, ``topk`` nodes expanded
+    per level). Greedy: exactly ``autoregressive.generate``'s tokens; sampling: distributed exactly
+    as sampling from ``target`` with the same settings (SpecInfer's walk, deterministic children)."""
+    proposer = EagleProposer(draft, total, depth, topk)  # validates the tree options first
+    draft = load_draft(target) if draft is None else draft
+    if draft.hidden_size != target.config.hidden_size:
+        raise ValueError(f"draft was trained for hidden size {draft.hidden_size}, the target has "
+                         f"{target.config.hidden_size}")
+    proposer.draft = draft.to(target.device).eval()
+    return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

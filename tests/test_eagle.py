@@ -1,0 +1,197 @@
+"""refimpl.eagle: an EAGLE-style feature draft growing EAGLE-2's dynamic tree, on the verification core.
+
+Greedy == AR greedy (trained and random drafts, several tree shapes, ragged batches, batch 1, EOS
+and max_new_tokens inside an accepted path); the (token, feature) pairs the draft reads equal a
+fresh target forward's (a shifted hidden-state index fails the same check); lossless sampling
+passes the chi-square on the first two tokens while a walk that never moves p to the residual
+fails it; the tree is ancestor-closed and holds the most confident nodes; bad arguments raise
+ValueError naming them."""
+import pytest
+import torch
+
+from refimpl import eagle, sampling, speculative, tree
+from decoding import first_accepted_draft  # tests/decoding.py
+from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
+
+pytestmark = pytest.mark.usefixtures("torch_kernels")
+
+N = 20  # = spec_ar_free's length
+SHAPES = [{}, {"total": 1, "depth": 1, "topk": 1}, {"total": 8, "depth": 3, "topk": 2},
+          {"total": 5, "depth": 5, "topk": 1}]  # default 16/5/4, one node, a small tree, a chain
+
+
+@pytest.fixture(scope="module")
+def draft(tiny):
+    return eagle.load_draft(tiny)
+
+
+@pytest.fixture(scope="module")
+def random_draft(tiny):
+    torch.manual_seed(0)
+    return eagle.new_draft(tiny).eval()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_equals_ar(tiny, draft, random_draft, spec_prompts, spec_ar_free, shape):
+    for d in (draft, random_draft):
+        g = eagle.generate(tiny, spec_prompts, draft=d, max_new_tokens=N, eos_token_id=[], **shape)
+        assert g.tokens == spec_ar_free
+    one = eagle.generate(tiny, [spec_prompts[0]], draft=draft, max_new_tokens=N, eos_token_id=[], **shape)
+    assert one.tokens[0] == spec_ar_free[0]
+    assert one.stats.tau > 1.0  # the trained draft gets drafts accepted on the refrain
+
+
+def test_default_draft_from_the_zoo(tiny, spec_prompts, spec_ar_free):
+    g = eagle.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[])  # draft=None: models/eagle-tiny
+    assert g.tokens == spec_ar_free and g.stats.tau > 1.5
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_max_new_tokens_inside_a_path(tiny, draft, spec_prompts, spec_ar_free, n):
+    g = eagle.generate(tiny, spec_prompts, draft=draft, max_new_tokens=n, eos_token_id=[])
+    assert g.tokens == [t[:n] for t in spec_ar_free]
+
+
+def test_eos_inside_an_accepted_path(tiny, draft, spec_prompts, spec_ar_free):
+    free = eagle.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=[])
+    found = first_accepted_draft(free, None)
+    assert found is not None
+    row, eos, pos = found
+    g = eagle.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=eos)
+    assert g.tokens[row] == spec_ar_free[row][: pos + 1]
+    assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in spec_ar_free]
+
+
+class Spy(eagle.EagleProposer):
+    """Records the draft's inputs (tokens x_{t+1}, features f_t, mask) at every step, with the
+    original row of each batch row (finished rows leave the batch)."""
+
+    def start(self, ids, mask, settings):
+        super().start(ids, mask, settings)
+        self.alive, self.seen = list(range(ids.shape[0])), []
+
+    def context(self):
+        out = super().context()
+        self.seen.append((list(self.alive),) + tuple(x.clone() for x in out))
+        return out
+
+    def select(self, rows):
+        super().select(rows)
+        self.alive = [self.alive[i] for i in rows.tolist()]
+
+
+class ShiftedSpy(Spy):
+    """A wrong index: the features of the root and the accepted nodes taken one slot off."""
+
+    def accept(self, v):
+        super().accept(v._replace(hidden=v.hidden.roll(1, dims=1)))
+
+
+def worst_feature_error(tiny, draft, prompts, kind):
+    spy = kind(draft)
+    g = speculative.decode(tiny, spy, prompts, max_new_tokens=N, eos_token_id=[])
+    assert len(spy.seen) >= 3 and sum(sum(a) for a in g.stats.accepted) > 0
+    worst = 0.0
+    for r, prompt in enumerate(prompts):
+        seq = prompt + g.tokens[r]
+        _, _, hid = tiny.forward(torch.tensor([seq]), output_hidden_states=True)  # (1, len, H) fresh
+        for alive, tok, feat, mask in spy.seen:
+            if r not in alive:
+                continue
+            i = alive.index(r)
+            real = mask[i].bool()
+            n = int(real.sum())
+            assert tok[i, real].tolist() == seq[1:n + 1]  # x_{t+1}: the committed tokens, then the root
+            worst = max(worst, float((feat[i, real] - hid[0, :n]).abs().max()))
+    return worst
+
+
+def test_draft_reads_the_targets_features(tiny, draft, spec_prompts):
+    assert worst_feature_error(tiny, draft, spec_prompts, Spy) < 1e-4  # ragged: left padding dropped
+    assert worst_feature_error(tiny, draft, spec_prompts, ShiftedSpy) > 1e-2  # the check can fail
+
+
+@torch.no_grad()
+def test_tree_holds_the_most_confident_nodes(tiny, draft, spec_prompts):
+    prop = eagle.EagleProposer(draft, total=6, depth=3, topk=3)
+    g = speculative.decode(tiny, prop, [spec_prompts[0]], max_new_tokens=2, eos_token_id=[])  # fills the context
+    assert len(g.tokens[0]) == 2
+    p = prop.propose([5])
+    tokens, parents = prop.rows[0]
+    assert len(tokens) == 6 and all(q < i for i, q in enumerate(parents)) and p.calls == 3  # parents first
+    ctx_tok, ctx_feat, _ = prop.context()
+
+    def logconf(i):  # brute force: run the draft on the whole path without the tree's mask and cache
+        path = []
+        while i != tree.ROOT:
+            path.insert(0, i)
+            i = parents[i]
+        tok, feat, total = ctx_tok[0], ctx_feat[0], 0.0
+        for node in path:
+            f = draft(tok[None], feat[None])[0, -1]
+            total += float(torch.log_softmax(draft.logits(f), -1)[tokens[node]])
+            tok, feat = torch.cat([tok, torch.tensor([tokens[node]])]), torch.cat([feat, f[None]])
+        return total
+
+    conf = [logconf(i) for i in range(len(tokens))]
+    assert conf == pytest.approx(prop.scores[0], abs=1e-4)  # the tree attention computes the same features
+    first = torch.log_softmax(draft.logits(draft(ctx_tok, ctx_feat)[0, -1]), -1).topk(3)
+    for lp, t in zip(first.values.tolist(), first.indices.tolist()):  # a root child left out is less confident
+        assert (t in [x for x, q in zip(tokens, parents) if q == tree.ROOT]) or lp <= min(conf) + 1e-5
+
+
+class NoResidualTree(tree.Tree):
+    """WRONG: accepts child x with probability p(x) but never moves p to the residual."""
+
+    def sample_walk(self, parents, valid, xs, p, q, settings):
+        def choose(node, kids):
+            return next((c for c in kids if float(settings.uniforms((1,), p.device)[0]) < float(p[node + 1, xs[c]])),
+                        None)
+
+        return self.walk(parents, valid, choose,
+                         lambda node: int(sampling.sample_from_probs(p[node + 1][None], settings.generator)[0]))
+
+
+TOP_K, TEMP, SAMPLES = 5, 1.0, 1500
+
+
+def test_lossless_sampling_passes_and_a_wrong_walk_fails(tiny, draft):
+    prompt = tiny.encode("And the")
+    exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
+
+    def pvalue(kind):
+        prop = eagle.EagleProposer(draft, total=8, depth=3, topk=4)
+        prop.kind = kind
+        g = speculative.decode(tiny, prop, [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
+                               generator=torch.Generator().manual_seed(3), eos_token_id=[])
+        return first_two_pvalue(g.tokens, exact), g
+
+    good, g = pvalue(tree.Tree)
+    assert g.stats.tau > 1.0
+    assert good > 1e-3
+    assert pvalue(NoResidualTree)[0] < 1e-6  # the negative control
+
+
+def test_save_and_load_round_trip(tiny, draft, tmp_path):
+    eagle.save_draft(draft, str(tmp_path), "tiny")
+    again = eagle.load_draft(tiny, str(tmp_path))
+    tok, feat = torch.randint(0, tiny.vocab_size, (2, 7)), torch.randn(2, 7, tiny.config.hidden_size)
+    assert torch.allclose(again(tok, feat), draft(tok, feat), atol=1e-2)  # (stored in fp16)
+
+
+def test_missing_draft_names_its_trainer(tiny, tmp_path):
+    with pytest.raises(FileNotFoundError, match="refimpl.train eagle-tiny"):
+        eagle.load_draft(tiny, str(tmp_path))
+
+
+@pytest.mark.parametrize("kw,name", [({"total": 0}, "total"), ({"depth": 0}, "depth"), ({"topk": 0}, "topk"),
+                                     ({"depth": 1.5}, "depth"), ({"max_new_tokens": 0}, "max_new_tokens")])
+def test_bad_arguments(tiny, draft, spec_prompts, kw, name):
+    with pytest.raises(ValueError, match=name):
+        eagle.generate(tiny, spec_prompts, draft=draft, **kw)
+
+
+def test_draft_of_another_hidden_size(tiny, spec_prompts):
+    other = eagle.EagleDraft(torch.zeros(tiny.vocab_size, 8), torch.zeros(tiny.vocab_size, 8), num_heads=2)
+    with pytest.raises(ValueError, match="hidden size"):
+        eagle.generate(tiny, spec_prompts, draft=other)
