@@ -25,8 +25,10 @@ blocks train; a head may score only a kept subset of the vocabulary (``kept``, r
 Saved as safetensors (:func:`save_heads`) under Medusa's own key names
 ``medusa_head.{k}.0.linear.weight`` / ``.bias`` (k from 0); the LM-head key
 ``medusa_head.{k}.1.weight`` is *not* stored: an exporter copies the base model's ``lm_head.weight``
-into it (vLLM's Medusa model names the same tensors ``blocks.{k}.layers.0.weight`` / ``.bias`` and
-``lm_heads.{k}.weight``; its config takes ``num_heads`` = K, ``num_hidden_layers`` = 1).
+into it. vLLM's Medusa model names the same tensors ``blocks.{k}.layers.0.weight`` / ``.bias`` and
+``lm_heads.{k}.weight``; its config takes ``num_heads`` = K, ``num_hidden_layers`` = 1,
+``medusa_fc_bias`` = true and ``original_lm_head`` = true (every head uses the base LM head, as
+ours do); ``config.json`` spells the mapping out under ``"vllm"``.
 
 Decoding is a proposer on the shared verification core (:func:`refimpl.speculative.decode`): the
 core hands it the target's hidden state at the last accepted node (``wants_hidden``), it returns
@@ -109,9 +111,14 @@ def save_heads(heads: MedusaHeads, folder: str, base_model: str, report: dict | 
            "medusa_num_heads": heads.num_heads, "medusa_num_layers": 1, "hidden_size": heads.lm_head.shape[1],
            "vocab_kept": None if heads.kept is None else int(heads.kept.numel()),
            "lm_head": "not stored: medusa_head.{k}.1.weight = the base model's lm_head.weight (rows kept_ids if any)",
-           "vllm": {"blocks.{k}.layers.0.weight": "medusa_head.{k}.0.linear.weight",
-                    "blocks.{k}.layers.0.bias": "medusa_head.{k}.0.linear.bias",
-                    "lm_heads.{k}.weight": "base lm_head.weight"},
+           "vllm": {"config": {"model_type": "medusa", "architectures": ["MedusaModel"],
+                               "num_heads": heads.num_heads, "num_hidden_layers": 1,
+                               "hidden_size": heads.lm_head.shape[1], "original_lm_head": True,
+                               "medusa_fc_bias": True, "truncated_vocab_size": "the base vocabulary (ours propose "
+                               "only kept_ids tokens; over the full vocabulary a top-k can differ)"},
+                    "weights": {"blocks.{k}.layers.0.weight": "medusa_head.{k}.0.linear.weight",
+                                "blocks.{k}.layers.0.bias": "medusa_head.{k}.0.linear.bias",
+                                "lm_heads.{k}.weight": "the base model's lm_head.weight (original_lm_head: shared)"}},
            "accuracy": heads.accuracy, "report": report or {}}
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)

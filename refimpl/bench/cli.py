@@ -88,7 +88,7 @@ def main(argv=None):
             want = [w.strip() for w in args.methods.split(",")]
             methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
         methods = [m for m in methods if "dlm" not in m.needs or args.model in DLLM_FOR]
-        methods = [m for m in methods if "medusa" not in m.needs or has_heads(args.model)]
+        methods = [m for m in methods if all(k not in m.needs or has_heads(args.model, k) for k in ("medusa", "eagle"))]
         ctx = Context(target=lm, model_name=args.model)
         if any("draft" in m.needs for m in methods):
             try:  # (drafts score 1-2 rows a call, where MKL beats the prepacked path: not packed)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .. import (adaptive, autoregressive, dllm_draft, drafts, jacobi, lookahead, medusa, models, retrieval, speculative,
-               tree)
+from .. import (adaptive, autoregressive, dllm_draft, drafts, eagle, jacobi, lookahead, medusa, models, retrieval,
+               speculative, tree)
 from ..copy_prior import ContextCopyLM
 from .decode import Context, Method, hf_assisted, hf_generate
 
@@ -62,9 +62,10 @@ def dllm_row(gamma: int, draft_steps: int = 1):
     return run
 
 
-def has_heads(model_name: str) -> bool:
-    """Are Medusa heads trained for this target (``models/medusa-<name>``)?"""
-    return os.path.exists(os.path.join(medusa.HEADS_DIR, f"medusa-{model_name}", "medusa.safetensors"))
+def has_heads(model_name: str, kind: str = "medusa") -> bool:
+    """Are Medusa heads (``kind="medusa"``) or an EAGLE draft (``"eagle"``) trained for this target
+    (``models/<kind>-<name>``)?"""
+    return os.path.exists(os.path.join(medusa.HEADS_DIR, f"{kind}-{model_name}", f"{kind}.safetensors"))
 
 
 def medusa_row(tree_size: int, acceptance: str = "lossless", temperature: float = 0.0):
@@ -76,6 +77,18 @@ def medusa_row(tree_size: int, acceptance: str = "lossless", temperature: float 
             ctx.memo[key] = medusa.load_heads(ctx.target)
         return medusa.generate(ctx.target, [ids], heads=ctx.memo[key], tree_size=tree_size, acceptance=acceptance,
                                max_new_tokens=n, temperature=temperature, generator=ctx.generator)
+    return run
+
+
+def eagle_row(total: int, depth: int, topk: int):
+    """EAGLE-style decoding with the zoo's draft for the target (loaded once per run), a dynamic tree
+    of ``total`` nodes grown ``depth`` levels deep from the ``topk`` most confident nodes per level."""
+    def run(ctx: Context, ids, n):
+        key = ("eagle", id(ctx.target))
+        if key not in ctx.memo:
+            ctx.memo[key] = eagle.load_draft(ctx.target)
+        return eagle.generate(ctx.target, [ids], draft=ctx.memo[key], max_new_tokens=n, total=total, depth=depth,
+                              topk=topk)
     return run
 
 
@@ -103,6 +116,8 @@ def decode_rows() -> list[Method]:
         Method("medusa (lossless, 32-node tree)", medusa_row(32), needs=("target", "medusa")),
         Method("medusa typical acceptance T=0.7 (LOSSY, 16-node tree)", medusa_row(16, "typical", 0.7),
                needs=("target", "medusa"), exact=False),
+        Method("eagle (dynamic tree 16 nodes, depth 5, top-4)", eagle_row(16, 5, 4), needs=("target", "eagle")),
+        Method("eagle (dynamic tree 8 nodes, depth 4, top-2)", eagle_row(8, 4, 2), needs=("target", "eagle")),
         Method("self-spec (early exit, gamma 4)", self_spec, needs=T),
         Method("adaptive gamma (confidence < 0.3 stops, max 8)", adaptive_row("threshold", 0.3), needs=D),
         Method("adaptive gamma (cumulative < 0.05 stops, max 8)", adaptive_row("cumulative", 0.05), needs=D),
