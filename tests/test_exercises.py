@@ -94,6 +94,8 @@ def test_notebook_exercises_are_stubs_with_checks_and_hidden_answers(path):
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "check"]
     assert len(calls) >= len(found), f"{path}: {len(found)} exercises but {len(calls)} check(...) calls"
     assert "SHOW_SOLUTIONS" in src, f"{path}: answers are shown only on request (a SHOW_SOLUTIONS switch)"
+    assert "interact" in src or "widgets." in src, f"{path}: at least one widget (ipywidgets)"
+    assert "plt." in src or "figures." in src, f"{path}: at least one picture of the mechanism (matplotlib)"
     for ch, name, fn in found:
         assert ch == chapter, f"{path}: @exercise({ch!r}, {name!r}) names another chapter than {chapter!r}"
         assert is_stub(fn), f"{path}: the stub {fn.name} holds code, not a NotImplementedError / ... to fill in"
