@@ -28,7 +28,9 @@ boolean mask and extra keys / values, which is all the tree needs: the context i
 step, then each level's expanded nodes attend to the context and their own ancestors (``depth``
 draft calls per step). There is no draft cache *across* steps: every step re-runs the one layer
 over each row's whole context (simple and exact; a cache of the accepted inputs would save it).
-The tree's confidence is the draft's raw distribution (temperature 1, no top-k / top-p).
+The tree's confidence is the draft's raw distribution (temperature 1, no top-k / top-p). A draft may
+score a kept subset of the vocabulary (``kept``, for SmolLM2 the 5,951 token ids of its answers: its
+tree then proposes only those; exactness does not depend on it).
 
 Decoding is a proposer on :func:`refimpl.speculative.decode` (``wants_hidden``): it keeps every
 row's committed tokens and their target features (the prompt's from ``Verdict.fed_hidden`` at the
@@ -64,17 +66,22 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 class EagleDraft(nn.Module):
     """``fc(concat(embed(x_{t+1}), f_t))`` then one Llama-style decoder layer -> predicted ``f_{t+1}``.
 
-    ``embed`` (V, H) and ``lm_head`` (V, H) are the target's, frozen (buffers, never saved)."""
+    ``embed`` (V, H) and ``lm_head`` (V, H) are the target's, frozen (buffers, never saved). ``kept``
+    (V',) token ids: the head scores only those rows of ``lm_head`` (None: all V); :meth:`full` maps
+    its indices back to token ids. Saved as ``kept_ids`` (SmolLM2's 49,152-token head, as Medusa's)."""
 
     def __init__(self, embed: torch.Tensor, lm_head: torch.Tensor, num_heads: int = 4, intermediate: int | None = None,
-                 rope_theta: float = 10000.0, eps: float = 1e-6):
+                 rope_theta: float = 10000.0, eps: float = 1e-6, kept: torch.Tensor | None = None):
         super().__init__()
         H = embed.shape[1]
         if H % num_heads:
             raise ValueError(f"hidden size {H} is not divisible by num_heads={num_heads}")
         self.num_heads, self.rope_theta, self.intermediate = num_heads, rope_theta, intermediate or 4 * H
         self.register_buffer("embed", embed.detach().float().clone(), persistent=False)  # (V, H)
-        self.register_buffer("lm_head", lm_head.detach().float().clone(), persistent=False)  # (V, H)
+        kept = None if kept is None else kept.long().to(lm_head.device)
+        self.register_buffer("kept", kept, persistent=False)  # (V',) or None
+        head = lm_head.detach().float() if kept is None else lm_head.detach()[kept].float()
+        self.register_buffer("lm_head", head.clone(), persistent=False)  # (V', H)
         self.fc = nn.Linear(2 * H, H)
         self.norm1, self.norm2 = nn.RMSNorm(H, eps=eps), nn.RMSNorm(H, eps=eps)
         self.qkv, self.o = nn.Linear(H, 3 * H, bias=False), nn.Linear(H, H, bias=False)
@@ -110,8 +117,12 @@ class EagleDraft(nn.Module):
         return self.step(tok, feat, pos, allow)[0]
 
     def logits(self, f: torch.Tensor) -> torch.Tensor:
-        """(..., H) predicted features -> (..., V) the target's LM head on them."""
+        """(..., H) predicted features -> (..., V') the target's LM head on them (kept rows)."""
         return f @ self.lm_head.T
+
+    def full(self, idx: torch.Tensor) -> torch.Tensor:
+        """Indices into :meth:`logits`' last axis -> token ids."""
+        return idx if self.kept is None else self.kept[idx]
 
 
 def save_draft(draft: EagleDraft, folder: str, base_model: str, report: dict | None = None) -> None:
@@ -119,12 +130,15 @@ def save_draft(draft: EagleDraft, folder: str, base_model: str, report: dict | N
     from safetensors.torch import save_file
 
     os.makedirs(folder, exist_ok=True)
-    save_file({k: v.detach().half().contiguous() for k, v in draft.state_dict().items()},
-              os.path.join(folder, "eagle.safetensors"), metadata={"format": "pt"})
+    state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items()}
+    if draft.kept is not None:
+        state["kept_ids"] = draft.kept.int().cpu().contiguous()
+    save_file(state, os.path.join(folder, "eagle.safetensors"), metadata={"format": "pt"})
     cfg = {"architecture": "eagle-1 style: fc(concat(embed, feature)) + 1 decoder layer, target's frozen "
                            "embedding and LM head (not stored)", "base_model": base_model,
            "hidden_size": draft.hidden_size, "num_heads": draft.num_heads, "intermediate_size": draft.intermediate,
-           "rope_theta": draft.rope_theta, "feature": "target's last hidden state AFTER its final norm",
+           "rope_theta": draft.rope_theta, "vocab_kept": None if draft.kept is None else int(draft.kept.numel()),
+           "feature": "target's last hidden state AFTER its final norm",
            "report": report or {}}
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
@@ -150,9 +164,11 @@ def load_draft(target, folder: str | None = None) -> EagleDraft:
                                 f"`python -m refimpl.train eagle-{target.name}`")
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
+    state = load_file(path)
+    kept = state.pop("kept_ids").long() if "kept_ids" in state else None
     draft = new_draft(target, num_heads=cfg["num_heads"], intermediate=cfg["intermediate_size"],
-                      rope_theta=cfg["rope_theta"])
-    draft.load_state_dict({k: v.float() for k, v in load_file(path).items()})
+                      rope_theta=cfg["rope_theta"], kept=kept)
+    draft.load_state_dict({k: v.float() for k, v in state.items()})
     return draft.to(target.device).eval()
 
 
@@ -205,6 +221,7 @@ class EagleProposer:
         n = mask.sum(-1)  # (B,) inputs per row: the root's children sit at position n
         logp = torch.log_softmax(self.draft.logits(out[:, -1]), -1)  # (B, V) draft's distribution below the root
         score, toks = logp.topk(k, -1)  # (B, k) cumulative log-confidence, tokens of level 1
+        toks = self.draft.full(toks)
         par = torch.full((B, k), ROOT, dtype=torch.long, device=dev)  # global parent ids
         depth = [1] * k
         lvl, lvl_feat = slice(0, k), out[:, -1:].expand(B, k, -1)  # current level; its nodes' input features
@@ -226,6 +243,7 @@ class EagleProposer:
             f, (kk, vv) = self.draft.step(toks.gather(1, sel), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
             past, exp_ids = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2)), torch.cat([exp_ids, sel], 1)
             lp, ch = torch.log_softmax(self.draft.logits(f), -1).topk(k, -1)  # (B, e, k)
+            ch = self.draft.full(ch)
             start = toks.shape[1]
             toks = torch.cat([toks, ch.flatten(1)], 1)
             score = torch.cat([score, (score.gather(1, sel)[..., None] + lp).flatten(1)], 1)

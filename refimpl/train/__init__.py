@@ -9,7 +9,7 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
 - ``smollm2-135m-draft``: :mod:`refimpl.train.smol_draft` on the data of
   :mod:`refimpl.train.distill_data`;
 - ``medusa-tiny``, ``medusa-smollm2-135m`` (heads on a frozen target): :mod:`refimpl.train.medusa`;
-- ``eagle-tiny`` (a feature-level draft on a frozen target): :mod:`refimpl.train.eagle`.
+- ``eagle-tiny``, ``eagle-smollm2-135m`` (a feature-level draft on a frozen target): :mod:`refimpl.train.eagle`.
 
 The helpers every trainer shares (token streams, the optimisation loop, fp16 files) are
 :mod:`refimpl.train.common`, re-exported here.
@@ -28,4 +28,5 @@ TRAINERS: dict[str, str] = {
     "medusa-tiny": "refimpl.train.medusa:train_medusa_tiny",
     "medusa-smollm2-135m": "refimpl.train.medusa:train_medusa_smollm2",
     "eagle-tiny": "refimpl.train.eagle:train_eagle_tiny",
+    "eagle-smollm2-135m": "refimpl.train.eagle:train_eagle_smollm2",
 }

@@ -16,6 +16,16 @@ noise U(-0.1, 0.1) for robustness to its own feature errors at depth > 1 (``nois
 Report: held-out acceptance per depth of the chain the draft would propose on its own features:
 ``accept_rate[d]`` = P(the draft's first d greedy tokens all equal the target's), started at
 answer positions with the true features before them.
+
+SmolLM2-135M (``eagle-smollm2-135m``): the cached distillation rows of :mod:`refimpl.train.distill_data`
+(stages 1, 2, 4), whose answer features are stored; recomputing the prompts' features would cost
+about 20-30 min of this CPU, so :func:`answer_seqs` trains on the ANSWER positions only: each row's
+context starts at the last prompt token (its feature is the first stored one). A train/test
+mismatch: when decoding, the draft also reads the prompt's features (``Verdict.fed_hidden``), a
+longer context than it was trained on. The head keeps the (at most 8,192) most frequent answer
+tokens (``kept``: all 5,951 distinct ones here, rows of the LM head, as Medusa's); the soft label
+is the target's distribution renormalised on them. The learning rate follows a cosine over ``steps`` or ``seconds``, whichever
+is nearer its end.
 """
 from __future__ import annotations
 
@@ -72,13 +82,13 @@ def accept_rates(draft: EagleDraft, seqs, depth: int = 5, starts: int = 6, seed:
     """P(the draft's first d greedy tokens all equal the target's), d = 1..depth (see the module doc)."""
     rng, hits, count = random.Random(seed), [0] * depth, 0
     for ids, f, n_prompt in seqs:
-        lo, hi = n_prompt - 1, len(ids) - 1 - depth
+        lo, hi = max(n_prompt - 1, 1), len(ids) - 1 - depth
         for s in sorted(rng.sample(range(lo, hi), min(starts, max(hi - lo, 0)))):
             tok, feat = ids[1:s + 1].clone(), f[:s].clone()  # context: (x_{t+1}, f_t), t < s; ids[s] = the root
             count += 1
             for d in range(depth):
                 fh = draft(tok[None], feat[None])[0, -1]  # predicted feature after the newest token
-                if int(draft.logits(fh).argmax()) != int(ids[s + 1 + d]):
+                if int(draft.full(draft.logits(fh).argmax())) != int(ids[s + 1 + d]):
                     break
                 hits[d] += 1
                 tok, feat = torch.cat([tok, ids[s + 1 + d:s + 2 + d]]), torch.cat([feat, fh[None]])
@@ -101,8 +111,9 @@ def train_draft(draft: EagleDraft, seqs, steps: int = 600, batch: int = 16, lr: 
     t0, hist = time.time(), []
     bar = tqdm(range(steps), desc="eagle draft", disable=not progress)
     for step in bar:
+        at = max(step, int(steps * (time.time() - t0) / seconds))  # (a time budget ends the cosine too)
         for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, warmup=min(30, steps // 10))
+            g["lr"] = cosine_lr(min(at, steps - 1), steps, lr, warmup=min(30, steps // 10))
         tok, feat, tgt, mask, at = batch_of(rng.sample(train, batch), noise, gen)
         pred = draft(tok, feat, mask)[at]  # (n, H) predicted features at the answer positions
         true = tgt[at]
@@ -143,4 +154,39 @@ def train_eagle_tiny(out_dir: str, steps: int = 600, seconds: float = 1e9, progr
                                 texts=[r[3] for r in rows])
     report.update(data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads())
     save_draft(draft, out_dir, "tiny", report)
+    return write_report(out_dir, report)
+
+
+def answer_seqs(rows):
+    """Distillation rows ``(ids, n_prompt, hidden (n_answer, H), text)`` -> :func:`features`-shaped
+    ``(ids, f, 1)`` over the answer only: ``ids`` from the last prompt token, ``f[i]`` = ``hidden[i]``,
+    the feature after ``ids[i]``; (the row's last answer token has no stored feature: dropped)."""
+    out = []
+    for ids, n_prompt, hid, *_ in rows:
+        n = hid.shape[0]
+        if n >= 3:
+            out.append((torch.tensor(list(ids[n_prompt - 1:n_prompt - 1 + n])), hid.float(), 1))
+    return out
+
+
+def train_eagle_smollm2(out_dir: str, steps: int = 1200, seconds: float = 960.0, vocab_keep: int = 8192,
+                        batch: int = 8, lr: float = 1e-3, progress: bool = True) -> dict:
+    """On the cached distillation rows (answer positions only, see the module doc), ``vocab_keep`` tokens."""
+    from ..drafts import top_tokens
+    from ..models import load
+    from ..models.hf import cache_dir
+    from . import distill_data
+
+    rows = distill_data.build(cache_dir(), seconds=0, stages=(1, 2, 4), progress=progress)
+    if not rows:
+        raise FileNotFoundError("no distillation rows cached: build them with refimpl.train.distill_data.build")
+    target = load("smollm2-135m", device="cpu", prepack=False)
+    tok = target.tokenizer
+    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
+    kept = top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)  # answer tokens only
+    draft, report = train_draft(new_draft(target, kept=kept), answer_seqs(rows), steps=steps, batch=batch, lr=lr,
+                                seconds=seconds, progress=progress, texts=[r[3] for r in rows if r[2].shape[0] >= 3])
+    report.update(data_rows=len(rows), vocab_keep=int(kept.numel()), threads=torch.get_num_threads(),
+                  context="answer positions only (from the last prompt token); no prompt features")
+    save_draft(draft, out_dir, "smollm2-135m", report)
     return write_report(out_dir, report)
