@@ -39,18 +39,13 @@ deterministic (``q = None``): greedy is exact, sampling lossless by SpecInfer's 
 """
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 from torch import nn
 
 from .generation import Generation, check_positive_int
+from .medusa import read_folder, write_folder
 from .speculative import decode
 from .tree import ROOT, Tree, pack
-
-#: where the zoo's trained drafts live: models/eagle-<target name> (``python -m refimpl.train eagle-<name>``)
-DRAFT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
 
 def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -127,21 +122,14 @@ class EagleDraft(nn.Module):
 
 def save_draft(draft: EagleDraft, folder: str, base_model: str, report: dict | None = None) -> None:
     """``folder/eagle.safetensors`` (fp16, the trained layer only) + ``config.json``."""
-    from safetensors.torch import save_file
-
-    os.makedirs(folder, exist_ok=True)
     state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items()}
-    if draft.kept is not None:
-        state["kept_ids"] = draft.kept.int().cpu().contiguous()
-    save_file(state, os.path.join(folder, "eagle.safetensors"), metadata={"format": "pt"})
     cfg = {"architecture": "eagle-1 style: fc(concat(embed, feature)) + 1 decoder layer, target's frozen "
                            "embedding and LM head (not stored)", "base_model": base_model,
            "hidden_size": draft.hidden_size, "num_heads": draft.num_heads, "intermediate_size": draft.intermediate,
            "rope_theta": draft.rope_theta, "vocab_kept": None if draft.kept is None else int(draft.kept.numel()),
            "feature": "target's last hidden state AFTER its final norm",
            "report": report or {}}
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
+    write_folder(folder, "eagle.safetensors", state, draft.kept, cfg)
 
 
 def new_draft(target, **kw) -> EagleDraft:
@@ -155,17 +143,7 @@ def new_draft(target, **kw) -> EagleDraft:
 
 def load_draft(target, folder: str | None = None) -> EagleDraft:
     """The trained draft for ``target`` from ``folder`` (default ``models/eagle-<target.name>``)."""
-    from safetensors.torch import load_file
-
-    folder = folder or os.path.join(DRAFT_DIR, f"eagle-{target.name}")
-    path = os.path.join(folder, "eagle.safetensors")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no EAGLE draft for {target.name!r} at {folder}; train it with "
-                                f"`python -m refimpl.train eagle-{target.name}`")
-    with open(os.path.join(folder, "config.json")) as f:
-        cfg = json.load(f)
-    state = load_file(path)
-    kept = state.pop("kept_ids").long() if "kept_ids" in state else None
+    state, kept, cfg = read_folder(target, "eagle", "EAGLE draft", folder)
     draft = new_draft(target, num_heads=cfg["num_heads"], intermediate=cfg["intermediate_size"],
                       rope_theta=cfg["rope_theta"], kept=kept)
     draft.load_state_dict({k: v.float() for k, v in state.items()})

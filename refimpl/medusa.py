@@ -52,7 +52,7 @@ from .tree import ROOT, Tree, pack
 
 #: Medusa's typical-acceptance defaults (posterior_threshold, posterior_alpha)
 TYPICAL_EPS, TYPICAL_DELTA = 0.09, 0.3
-#: where the zoo's trained heads live: models/medusa-<target name> (``python -m refimpl.train medusa-<name>``)
+#: where the zoo keeps weights trained on a frozen target: models/medusa-<target name>, models/eagle-<name>
 HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
 
@@ -95,18 +95,42 @@ class MedusaHeads(nn.Module):
         return idx if self.kept is None else self.kept[idx]
 
 
-def save_heads(heads: MedusaHeads, folder: str, base_model: str, report: dict | None = None) -> None:
-    """``folder/medusa.safetensors`` (Medusa's key names, see the module doc) + ``config.json``."""
+def write_folder(folder: str, filename: str, state: dict, kept: torch.Tensor | None, cfg: dict) -> None:
+    """``folder/filename`` (safetensors: ``state`` plus ``kept_ids`` if any) and ``folder/config.json``:
+    how the zoo stores weights trained on top of a frozen target (Medusa heads, the EAGLE draft)."""
     from safetensors.torch import save_file
 
     os.makedirs(folder, exist_ok=True)
+    if kept is not None:
+        state = {**state, "kept_ids": kept.int().cpu().contiguous()}
+    save_file(state, os.path.join(folder, filename), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
+def read_folder(target, kind: str, what: str, folder: str | None = None):
+    """-> ``(state, kept or None, cfg)`` from ``folder`` (default ``models/<kind>-<target.name>``), as
+    :func:`write_folder` wrote them; ``FileNotFoundError`` naming ``what`` and how to train it."""
+    from safetensors.torch import load_file
+
+    folder = folder or os.path.join(HEADS_DIR, f"{kind}-{target.name}")
+    path = os.path.join(folder, f"{kind}.safetensors")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {what} for {target.name!r} at {folder}; train with "
+                                f"`python -m refimpl.train {kind}-{target.name}`")
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    state = load_file(path)
+    kept = state.pop("kept_ids").long() if "kept_ids" in state else None
+    return state, kept, cfg
+
+
+def save_heads(heads: MedusaHeads, folder: str, base_model: str, report: dict | None = None) -> None:
+    """``folder/medusa.safetensors`` (Medusa's key names, see the module doc) + ``config.json``."""
     state = {}
     for k, b in enumerate(heads.blocks):
         state[f"medusa_head.{k}.0.linear.weight"] = b.weight.detach().half().contiguous()
         state[f"medusa_head.{k}.0.linear.bias"] = b.bias.detach().half().contiguous()
-    if heads.kept is not None:
-        state["kept_ids"] = heads.kept.int().contiguous()
-    save_file(state, os.path.join(folder, "medusa.safetensors"), metadata={"format": "pt"})
     cfg = {"architecture": "medusa-1 (frozen base, shared frozen LM head)", "base_model": base_model,
            "medusa_num_heads": heads.num_heads, "medusa_num_layers": 1, "hidden_size": heads.lm_head.shape[1],
            "vocab_kept": None if heads.kept is None else int(heads.kept.numel()),
@@ -120,23 +144,12 @@ def save_heads(heads: MedusaHeads, folder: str, base_model: str, report: dict | 
                                 "blocks.{k}.layers.0.bias": "medusa_head.{k}.0.linear.bias",
                                 "lm_heads.{k}.weight": "the base model's lm_head.weight (original_lm_head: shared)"}},
            "accuracy": heads.accuracy, "report": report or {}}
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
+    write_folder(folder, "medusa.safetensors", state, heads.kept, cfg)
 
 
 def load_heads(target, folder: str | None = None) -> MedusaHeads:
     """Heads for ``target`` from ``folder`` (default ``models/medusa-<target.name>``), on its device."""
-    from safetensors.torch import load_file
-
-    folder = folder or os.path.join(HEADS_DIR, f"medusa-{target.name}")
-    path = os.path.join(folder, "medusa.safetensors")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no Medusa heads for {target.name!r} at {folder}; train them with "
-                                f"`python -m refimpl.train medusa-{target.name}`")
-    with open(os.path.join(folder, "config.json")) as f:
-        cfg = json.load(f)
-    state = load_file(path)
-    kept = state.pop("kept_ids").long() if "kept_ids" in state else None
+    state, kept, cfg = read_folder(target, "medusa", "Medusa heads", folder)
     W = target.model.get_output_embeddings().weight.detach().float()
     heads = MedusaHeads(W if kept is None else W[kept.to(W.device)], cfg["medusa_num_heads"], kept, cfg.get("accuracy"))
     for k, b in enumerate(heads.blocks):

@@ -172,18 +172,9 @@ def answer_seqs(rows):
 def train_eagle_smollm2(out_dir: str, steps: int = 1200, seconds: float = 960.0, vocab_keep: int = 8192,
                         batch: int = 8, lr: float = 1e-3, progress: bool = True) -> dict:
     """On the cached distillation rows (answer positions only, see the module doc), ``vocab_keep`` tokens."""
-    from ..drafts import top_tokens
-    from ..models import load
-    from ..models.hf import cache_dir
-    from . import distill_data
+    from .medusa import smollm2_rows
 
-    rows = distill_data.build(cache_dir(), seconds=0, stages=(1, 2, 4), progress=progress)
-    if not rows:
-        raise FileNotFoundError("no distillation rows cached: build them with refimpl.train.distill_data.build")
-    target = load("smollm2-135m", device="cpu", prepack=False)
-    tok = target.tokenizer
-    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
-    kept = top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)  # answer tokens only
+    rows, target, kept = smollm2_rows(vocab_keep, progress=progress)
     draft, report = train_draft(new_draft(target, kept=kept), answer_seqs(rows), steps=steps, batch=batch, lr=lr,
                                 seconds=seconds, progress=progress, texts=[r[3] for r in rows if r[2].shape[0] >= 3])
     report.update(data_rows=len(rows), vocab_keep=int(kept.numel()), threads=torch.get_num_threads(),

@@ -142,9 +142,10 @@ def train_medusa_tiny(out_dir: str, steps: int = 400, progress: bool = True) -> 
     return write_report(out_dir, report)
 
 
-def train_medusa_smollm2(out_dir: str, steps: int = 1500, lr: float = 2e-3, vocab_keep: int = 8192,
-                         gen_seconds: float = 0.0, progress: bool = True) -> dict:
-    """On the cached distillation rows (``gen_seconds > 0`` generates more first, see distill_data.build)."""
+def smollm2_rows(vocab_keep: int, gen_seconds: float = 0.0, progress: bool = True):
+    """-> ``(rows, target, kept)``: SmolLM2's cached distillation answers (``gen_seconds > 0`` generates
+    more first, see distill_data.build), the target on the CPU, and the ``vocab_keep`` most frequent
+    answer tokens (+ specials): what the Medusa and EAGLE trainers for SmolLM2 start from."""
     from ..drafts import top_tokens
     from ..models import load
     from ..models.hf import cache_dir
@@ -152,11 +153,18 @@ def train_medusa_smollm2(out_dir: str, steps: int = 1500, lr: float = 2e-3, voca
 
     rows = distill_data.build(cache_dir(), seconds=gen_seconds, stages=(1, 2, 4), progress=progress)
     if not rows:
-        raise FileNotFoundError("no distillation rows cached: run with gen_seconds > 0 (about 40 min for all stages)")
+        raise FileNotFoundError("no distillation rows cached: build them with refimpl.train.distill_data.build "
+                                "(or gen_seconds > 0 here; about 40 min for all stages)")
     target = load("smollm2-135m", device="cpu", prepack=False)
     tok = target.tokenizer
     always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
-    kept = top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)  # answer tokens only
+    return rows, target, top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)  # answer tokens only
+
+
+def train_medusa_smollm2(out_dir: str, steps: int = 1500, lr: float = 2e-3, vocab_keep: int = 8192,
+                         gen_seconds: float = 0.0, progress: bool = True) -> dict:
+    """On the cached distillation rows (``gen_seconds > 0`` generates more first, see distill_data.build)."""
+    rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
     W = target.model.get_output_embeddings().weight.detach()[kept]
     heads, report = train_heads(rows, W, kept, steps=steps, lr=lr, progress=progress)
     report.update(data_rows=len(rows), threads=torch.get_num_threads(), vocab_keep=vocab_keep, lr=lr)
