@@ -45,7 +45,7 @@ from torch import nn
 from .generation import Generation, check_positive_int
 from .medusa import read_folder, write_folder
 from .speculative import decode
-from .tree import ROOT, Tree, pack
+from .tree import ROOT, Tree, keep_best, pack
 
 
 def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -228,17 +228,7 @@ class EagleProposer:
             par = torch.cat([par, sel[..., None].expand(B, e, k).flatten(1)], 1)
             depth += [d + 1] * (e * k)
             lvl, lvl_feat = slice(start, toks.shape[1]), f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
-        # re-rank: the ``total`` most confident nodes no deeper than each row's cap (stable: parents first)
-        deep = torch.tensor(depth, device=dev)[None]  # (1, N)
-        cap = torch.tensor(caps, device=dev)[:, None]
-        order = torch.sort(-score.masked_fill(deep > cap, float("-inf")), dim=-1, stable=True).indices.tolist()
-        ok, T, P, S = (deep <= cap).sum(-1).tolist(), toks.tolist(), par.tolist(), score.tolist()
-        rows, self.scores = [], []  # per row (tokens, parents); the nodes' cumulative log-confidence
-        for r in range(B):
-            keep = sorted(order[r][: min(self.total, ok[r])])
-            local = {g: i for i, g in enumerate(keep)}
-            rows.append(([T[r][g] for g in keep], [ROOT if P[r][g] == ROOT else local[P[r][g]] for g in keep]))
-            self.scores.append([S[r][g] for g in keep])
+        rows, self.scores = keep_best(toks, par, score, torch.tensor(depth), caps, self.total)  # EAGLE-2's re-rank
         self.rows = rows
         prop = pack(rows, calls=D)
         if prop.tree is not None and self.kind is not Tree:

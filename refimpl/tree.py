@@ -242,6 +242,28 @@ def pack(rows: list[tuple[list[int], list[int]]], q=None, calls: int = 0, as_tre
     return Proposal(x, valid, q, calls, Tree(parents))
 
 
+def keep_best(tokens: torch.Tensor, parents: torch.Tensor, score: torch.Tensor, depth: torch.Tensor,
+              caps: list[int], total: int):
+    """EAGLE-2's re-ranking (arXiv 2406.16858, §4.2): of the N grown nodes of each row, keep the
+    ``total`` with the highest cumulative confidence that are no deeper than the row's cap.
+
+    ``tokens``, ``parents`` (global node ids, ``ROOT`` below the root; parents listed first),
+    ``score`` (B, N) and ``depth`` (N,). A child's score is at most its parent's (a sum of log
+    probabilities), so the kept set is a tree; a stable sort keeps the parent first on a tie.
+    -> ``(rows, scores)``: per row ``(tokens, parents)`` re-indexed for :func:`pack`, and the kept
+    nodes' scores."""
+    deep, cap = depth.to(score.device)[None], torch.tensor(caps, device=score.device)[:, None]  # (1, N), (B, 1)
+    order = torch.sort(-score.masked_fill(deep > cap, float("-inf")), dim=-1, stable=True).indices.tolist()
+    ok, T, P, S = (deep <= cap).sum(-1).tolist(), tokens.tolist(), parents.tolist(), score.tolist()
+    rows, scores = [], []
+    for r in range(len(caps)):
+        keep = sorted(order[r][: min(total, ok[r])])
+        local = {g: i for i, g in enumerate(keep)}
+        rows.append(([T[r][g] for g in keep], [ROOT if P[r][g] == ROOT else local[P[r][g]] for g in keep]))
+        scores.append([S[r][g] for g in keep])
+    return rows, scores
+
+
 # ---------------------------------------------------------------------------------------
 # a proposer: the draft model's top-k tree
 # ---------------------------------------------------------------------------------------
