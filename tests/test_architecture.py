@@ -16,7 +16,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: layer 2 in chapter order: a chapter may import only the ones before it
-CHAPTERS = ["autoregressive", "speculative", "tree", "drafts", "copy_prior", "adaptive", "medusa", "eagle", "jacobi",
+CHAPTERS = ["autoregressive", "speculative", "tree", "drafts", "copy_prior", "adaptive", "dynamic_tree", "medusa", "eagle",
+            "jacobi",
             "lookahead", "retrieval",
             "diffusion_lm", "diffusion_steps", "free_draft", "diffusion", "digit_reversal", "block_diffusion", "dllm_draft"]
 CORE_FILES = {"refimpl", "refimpl.lm", "refimpl.generation", "refimpl.sampling", "refimpl.data", "refimpl.prompts",

@@ -1,0 +1,159 @@
+"""The draft model's dynamic token tree, with the draft's KV cache kept across steps (chapter 05).
+
+Papers:
+- Li, Wei, Zhang, Zhang, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees",
+  arXiv 2406.16858, §4: a draft's confidence tracks its acceptance rate, so grow the tree where
+  the *cumulative* confidence (the product of draft probabilities along the path) is highest:
+  at every level expand the ``topk`` most confident nodes (each gets its top-``topk`` children),
+  to depth ``depth``, then keep the ``total`` most confident nodes of all (:func:`tree.keep_best`).
+- Miao et al., "SpecInfer", arXiv 2305.09781: the flattened tree is verified in one target
+  forward (:class:`refimpl.tree.Tree`), greedy exactly, sampling losslessly.
+
+EAGLE-2 grows its tree with a feature draft (:mod:`refimpl.eagle`); here the same rule runs on an
+ordinary draft LM (the chain draft of chapter 04, so the two compare at equal draft quality).
+What :class:`refimpl.tree.DraftTree` does simply, this does without recomputation:
+
+- the draft keeps a :class:`~refimpl.slot_cache.SlotCache` of the committed tokens; each step first
+  feeds what it has not seen (the accepted path and the target's token after it: one call, which
+  also gives the root's distribution), then ``depth - 1`` calls, one per level, each feeding only
+  the level's expanded nodes with a 4-D mask (the committed slots, the node's ancestors among the
+  nodes already fed, itself) at position root + depth; afterwards the cache is cropped back to the
+  committed tokens. So a step costs ``depth`` draft calls of at most ``topk`` tokens each, and
+  nothing is run twice except the accepted path (fed again as committed tokens, in the call that
+  had to happen anyway for the target's token after it).
+- a draft with a copy prior (:class:`refimpl.copy_prior.ContextCopyLM`, the zoo's SmolLM2 draft)
+  cannot take a tree mask (its history is indexed by position, and siblings share one), so the
+  prior is applied here per node instead: each node's own history is the committed tokens plus its
+  path, and its copy candidate (:func:`refimpl.copy_prior.copy_candidates`) gets the prior's ``bias``.
+
+Children are the draft's top-k: deterministic (``q = None``), so greedy is exact and sampling
+lossless through SpecInfer's walk whatever the draft says.
+"""
+from __future__ import annotations
+
+import torch
+
+from .copy_prior import ContextCopyLM, copy_candidates
+from .generation import Generation, check_positive_int
+from .slot_cache import SlotCache
+from .speculative import check_same_tokenizer, decode
+from .tree import ROOT, additive, keep_best, pack
+
+
+def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token lists -> (B, L) left-padded ids and their (B, L) mask (None when no row is padded)."""
+    L = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (L - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    if all(len(r) == L for r in rows):
+        return ids, None
+    return ids, torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+
+
+class DynamicDraftTree:
+    """Proposer: EAGLE-2's dynamic tree grown by a draft LM with its KV cache (see the module doc).
+
+    ``total`` nodes at most, ``depth`` levels, ``topk`` children per expanded node and ``topk``
+    nodes expanded per level. After :meth:`propose`, ``rows`` holds each row's ``(tokens, parents)``
+    and ``scores`` the kept nodes' cumulative log-confidence."""
+
+    tree_proposals = True
+
+    def __init__(self, draft, total: int = 16, depth: int = 6, topk: int = 4, target=None):
+        self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
+        self.topk = check_positive_int("topk", topk)
+        if target is not None:
+            check_same_tokenizer(target, draft)
+        self.copy = draft if isinstance(draft, ContextCopyLM) else None
+        self.draft = draft.lm if self.copy is not None else draft  # the LM that runs (tree masks)
+        self.max_length = draft.max_length
+
+    def start(self, ids, mask, settings) -> None:
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        self.history = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed tokens
+        self.pending = [list(h) for h in self.history]  # committed but not yet fed to the draft
+        self.slots = SlotCache(self.draft, ids.shape[0], self.draft.device)
+
+    def boost(self, logits: torch.Tensor, paths: list[list[list[int]]]) -> torch.Tensor:
+        """The copy prior on ``logits`` (B, e, V): node (b, i)'s history is row b's committed tokens
+        + ``paths[b][i]``; its copy candidate gets ``bias``. No copy prior: ``logits`` unchanged."""
+        if self.copy is None:
+            return logits
+        B, e = logits.shape[:2]
+        hist = [self.history[b] + p for b in range(B) for p in paths[b]]
+        L = max(len(h) for h in hist)
+        h = torch.tensor([x + [-1] * (L - len(x)) for x in hist], device=logits.device)  # (B e, L), -1 = none
+        ends = torch.tensor([[len(x) - 1] for x in hist], device=logits.device)  # (B e, 1) the node's position
+        cand = copy_candidates(h, ends, self.copy.max_ngram, self.copy.min_ngram).view(B, e)  # (B, e), -1 = none
+        b, i = (cand >= 0).nonzero(as_tuple=True)
+        logits[b, i, cand[b, i]] += self.copy.bias
+        return logits
+
+    @torch.no_grad()
+    def propose(self, caps: list[int]):
+        B, D, k = len(caps), min(self.depth, max(caps)), self.topk
+        if D <= 0:
+            self.rows = [([], [])] * B
+            return pack(self.rows)
+        dev = self.draft.device
+        feed, fmask = left_padded(self.pending, dev)
+        root = self.slots.feed(feed, fmask)[:, -1:]  # (B, 1, V) the draft's logits after the root
+        self.pending = [[] for _ in range(B)]
+        P0, pos0 = self.slots.mask.shape[1], self.slots.count - 1  # committed slots; the root's position (B,)
+        paths = [[[] for _ in range(k)] for _ in range(B)]  # per row, per node: its tokens from the root
+        lp, ch = torch.log_softmax(self.boost(root, [[[]] for _ in range(B)]), -1)[:, 0].topk(k, -1)  # (B, k)
+        toks, score = ch, lp  # (B, N) every grown node's token and cumulative log-confidence
+        par = torch.full((B, k), ROOT, dtype=torch.long, device=dev)  # (B, N) global parent ids
+        depth, lvl = [1] * k, (0, k)  # nodes' depths; the current level's global id range
+        fed = torch.zeros((B, 0), dtype=torch.long, device=dev)  # global ids of nodes in the draft's cache
+        for b in range(B):
+            paths[b] = [[t] for t in ch[b].tolist()]
+        for d in range(1, D):  # expand the ``topk`` most confident nodes of level d
+            top = score[:, lvl[0]:lvl[1]].topk(min(k, lvl[1] - lvl[0]), -1).indices + lvl[0]  # (B, e) global ids
+            e = top.shape[1]
+            anc, a = torch.zeros((B, e, fed.shape[1]), dtype=torch.bool, device=dev), top
+            for _ in range(d - 1):  # ancestors of the expanded nodes, one depth at a time
+                a = par.gather(1, a)
+                anc |= fed[:, None, :] == a[:, :, None]
+            allow = torch.cat([self.slots.mask[:, None, :P0].bool().expand(B, e, P0), anc,
+                               torch.eye(e, dtype=torch.bool, device=dev).expand(B, e, e)], -1)  # (B, e, P + e)
+            logits, self.slots.cache = self.draft.forward(
+                toks.gather(1, top), self.slots.cache, position_ids=pos0[:, None] + d + torch.zeros_like(top),
+                attention_mask=additive(allow))[:2]  # (B, e, V)
+            fed = torch.cat([fed, top], 1)
+            sel = top.tolist()
+            node_paths = [[paths[b][g] for g in sel[b]] for b in range(B)]
+            lp, ch = torch.log_softmax(self.boost(logits, node_paths), -1).topk(k, -1)  # (B, e, k)
+            toks = torch.cat([toks, ch.flatten(1)], 1)
+            score = torch.cat([score, (score.gather(1, top)[..., None] + lp).flatten(1)], 1)
+            par = torch.cat([par, top[..., None].expand(B, e, k).flatten(1)], 1)
+            C = ch.tolist()
+            for b in range(B):
+                paths[b] += [node_paths[b][i] + [t] for i in range(e) for t in C[b][i]]
+            depth += [d + 1] * (e * k)
+            lvl = (lvl[1], toks.shape[1])
+        self.draft.crop(self.slots.cache, P0)  # forget the tree: only committed tokens stay cached
+        self.rows, self.scores = keep_best(toks, par, score, torch.tensor(depth), caps, self.total)
+        return pack(self.rows, calls=D)
+
+    def accept(self, v) -> None:
+        path = None if v.path is None else v.path.tolist()
+        for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
+            new = [self.rows[r][0][i] for i in path[r][:n]] + [t] if n else [t]
+            self.pending[r] += new
+            self.history[r] += new
+
+    def select(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        self.slots.select(rows.to(self.slots.mask.device))
+        self.history = [self.history[i] for i in keep]
+        self.pending = [self.pending[i] for i in keep]
+
+
+def generate(target, draft, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
+             total: int = 16, depth: int = 6, topk: int = 4) -> Generation:
+    """Tree speculative decoding with ``draft``'s dynamic tree (:class:`DynamicDraftTree`: ``total``
+    nodes, ``depth`` levels, ``topk`` children). Greedy: exactly ``autoregressive.generate``'s
+    tokens; sampling: distributed exactly as sampling from ``target`` (SpecInfer's walk)."""
+    return decode(target, DynamicDraftTree(draft, total, depth, topk, target), prompts, max_new_tokens, temperature,
+                  top_k, top_p, generator, eos_token_id)
