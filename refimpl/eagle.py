@@ -24,10 +24,13 @@ Our choices. ``LM.forward``'s hidden states are AFTER the target's final norm (E
 second-to-top layer's, before it), so the draft predicts *normed* features and applies the LM
 head directly (no norm of its own). The decoder layer is a minimal Llama layer in plain torch
 (RMSNorm, rotary causal attention, SiLU-gated MLP, residuals); its attention takes an explicit
-boolean mask and extra keys / values, which is all the tree needs: the context is run once per
-step, then each level's expanded nodes attend to the context and their own ancestors (``depth``
-draft calls per step). There is no draft cache *across* steps: every step re-runs the one layer
-over each row's whole context (simple and exact; a cache of the accepted inputs would save it).
+boolean mask and extra keys / values, which is all the tree needs. The draft keeps a KV cache
+across steps: the keys / values (rotary applied) of every row's committed inputs; each step runs
+the layer only on the new ones (the prompt at first, then the accepted path's and the root's
+pairs), then each level's expanded nodes attend to the context and their own ancestors (``depth``
+draft calls per step) and the tree's keys are dropped. A key depends only on its own input and
+position, so the cache changes nothing: ``cache=False`` re-runs the whole context every step and
+proposes the same trees (tested). Ragged rows are left-padded; a (B, P) mask marks the real keys.
 The tree's confidence is the draft's raw distribution (temperature 1, no top-k / top-p). A draft may
 score a kept subset of the vocabulary (``kept``, for SmolLM2 the 5,951 token ids of its answers: its
 tree then proposes only those; exactness does not depend on it).
@@ -56,6 +59,20 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def positions(mask: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) 1 = real input -> (B, T) each input's position: ``start`` (B,) (None: 0) + its index
+    among its row's real inputs (pads: clamped, never used)."""
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return pos if start is None else pos + start[:, None]
+
+
+def causal(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) 1 = real -> (B, T, T) bool: query i sees the real keys j <= i (a pad sees itself: no empty rows)."""
+    T = mask.shape[1]
+    allow = torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()[None] & mask.bool()[:, None, :]
+    return allow | torch.eye(T, dtype=torch.bool, device=mask.device)[None]
 
 
 class EagleDraft(nn.Module):
@@ -104,12 +121,8 @@ class EagleDraft(nn.Module):
     def forward(self, tok: torch.Tensor, feat: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher-forced: (B, T) tokens x_{t+1}, (B, T, H) features f_t, (B, T) 1 = real (padding
         anywhere) -> (B, T, H) predicted f_{t+1}, causal over each row's real inputs."""
-        B, T = tok.shape
         mask = torch.ones_like(tok) if mask is None else mask
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        allow = torch.ones(T, T, dtype=torch.bool, device=tok.device).tril()[None] & mask.bool()[:, None, :]
-        allow |= torch.eye(T, dtype=torch.bool, device=tok.device)[None]  # a pad sees itself: no empty rows
-        return self.step(tok, feat, pos, allow)[0]
+        return self.step(tok, feat, positions(mask), causal(mask))[0]
 
     def logits(self, f: torch.Tensor) -> torch.Tensor:
         """(..., H) predicted features -> (..., V') the target's LM head on them (kept rows)."""
@@ -156,33 +169,75 @@ def load_draft(target, folder: str | None = None) -> EagleDraft:
 class EagleProposer:
     """Proposer: the draft reads every row's committed (token, feature) pairs, then grows EAGLE-2's
     dynamic tree below the next token (the root). The first call (the prefill) proposes nothing:
-    the prompt's features do not exist yet."""
+    the prompt's features do not exist yet.
+
+    ``cache`` (default): keep the draft layer's keys / values of the committed inputs across steps
+    and run the layer only on the new ones; ``cache=False`` re-runs it over every row's whole
+    context at every step (the reference the cache is tested against: the same trees)."""
 
     tree_proposals = True
     wants_hidden = True
     kind = Tree  # the Tree class the proposals use (a test swaps in a wrong walk)
+    compact_at = 0.25  # squeeze the cache's padding out once every row has this fraction of it
 
-    def __init__(self, draft: EagleDraft, total: int = 16, depth: int = 5, topk: int = 4):
+    def __init__(self, draft: EagleDraft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
-        self.draft = draft
+        self.draft, self.cache = draft, cache
 
     def start(self, ids, mask, settings) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.toks = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed + the root
         self.feats = None  # per row (n, H): the target's feature after each committed token but the root
         self.pmask, self.rows = real, None
+        self.kv = None  # the draft cache: (k, v), each (B, heads, P, d), of the inputs run so far (rotary applied)
+        self.kmask = None  # (B, P) bool: which cached keys are real (left padding, gaps left by ragged steps)
+        self.done = None  # per row: inputs in the cache (= the position of the next one)
 
-    def context(self):
-        """Left-padded draft inputs: tokens x_{t+1} (B, L), features f_t (B, L, H), mask (B, L)."""
-        dev, L = self.draft.embed.device, max(f.shape[0] for f in self.feats)
+    def context(self, skip: list[int] | None = None):
+        """Left-padded draft inputs, each row's first ``skip[r]`` left out (None: none): tokens
+        x_{t+1} (B, L), features f_t (B, L, H), mask (B, L)."""
+        skip = skip or [0] * len(self.feats)
+        dev, L = self.draft.embed.device, max(f.shape[0] - s for f, s in zip(self.feats, skip))
         tok = torch.zeros((len(self.feats), L), dtype=torch.long, device=dev)
         feat = torch.zeros((len(self.feats), L, self.draft.hidden_size), device=dev)
         mask = torch.zeros((len(self.feats), L), dtype=torch.long, device=dev)
-        for r, (t, f) in enumerate(zip(self.toks, self.feats)):
-            n = f.shape[0]
-            tok[r, L - n:], feat[r, L - n:], mask[r, L - n:] = torch.tensor(t[1:], device=dev), f, 1
+        for r, (t, f, s) in enumerate(zip(self.toks, self.feats, skip)):
+            n = f.shape[0] - s
+            tok[r, L - n:], feat[r, L - n:], mask[r, L - n:] = torch.tensor(t[1 + s:], device=dev), f[s:], 1
         return tok, feat, mask
+
+    def encode(self):
+        """Run the draft layer over the inputs not in the cache yet (``cache=False``: over all) ->
+        the root's predicted feature (B, H), keys / values ``(k, v)`` (B, heads, P, d) of every row's
+        whole context, which of them are real (B, P) and the inputs per row (B,)."""
+        first = self.kv is None or not self.cache
+        done = [0] * len(self.feats) if first else self.done
+        tok, feat, mask = self.context(done)  # (B, m): the inputs not in the cache, left-padded
+        pos = positions(mask, torch.tensor(done, device=tok.device))  # (B, m): as if run from the start
+        allow, past = causal(mask), None if first else self.kv
+        if not first:  # the new inputs see the real cached keys, then each other causally
+            allow = torch.cat([self.kmask[:, None, :].expand(-1, tok.shape[1], -1), allow], -1)
+        out, (k, v) = self.draft.step(tok, feat, pos, allow, past)
+        kv, kmask = (k, v), mask.bool()
+        if not first:
+            kv, kmask = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)), torch.cat([self.kmask, kmask], 1)
+        n = [f.shape[0] for f in self.feats]
+        if self.cache:
+            self.kv, self.kmask, self.done = kv, kmask, n
+            self.compact()
+            kv, kmask = self.kv, self.kmask
+        return out[:, -1], kv, kmask, torch.tensor(n, device=tok.device)
+
+    def compact(self) -> None:
+        """Move each row's real cached keys to the right end and drop the columns no row uses."""
+        free = int((~self.kmask).sum(-1).min()) if len(self.kmask) else 0
+        if free == 0 or free < self.compact_at * self.kmask.shape[1]:
+            return
+        order = torch.sort(self.kmask.long(), dim=-1, stable=True).indices[:, free:]  # (B, P'): pads first, order kept
+        self.kmask = self.kmask.gather(1, order)
+        idx = order[:, None, :, None].expand(-1, self.kv[0].shape[1], -1, self.kv[0].shape[3])
+        self.kv = tuple(t.gather(2, idx) for t in self.kv)
 
     @torch.no_grad()
     def propose(self, caps: list[int]):
@@ -191,18 +246,27 @@ class EagleProposer:
         if self.feats is None or D <= 0:
             self.rows = None
             return pack([([], [])] * B)
-        tok, feat, mask = self.context()
-        L, k, dev = tok.shape[1], self.topk, tok.device
-        allow = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None] & mask.bool()[:, None, :]
-        allow |= torch.eye(L, dtype=torch.bool, device=dev)[None]
-        out, past = self.draft.step(tok, feat, (mask.cumsum(-1) - 1).clamp(min=0), allow)
-        n = mask.sum(-1)  # (B,) inputs per row: the root's children sit at position n
-        logp = torch.log_softmax(self.draft.logits(out[:, -1]), -1)  # (B, V) draft's distribution below the root
+        root, past, kmask, n = self.encode()
+        rows, self.scores = self.grow(root, past, kmask, n, caps, D)
+        self.rows = rows
+        prop = pack(rows, calls=D)
+        if prop.tree is not None and self.kind is not Tree:
+            prop = prop._replace(tree=self.kind(prop.tree.parents, prop.tree.depth, prop.tree.see))
+        return prop
+
+    def grow(self, root, past, kmask, n, caps, D):
+        """EAGLE-2's tree below the root: ``root`` (B, H) its predicted feature; the context's
+        ``past`` keys / values (B, heads, P, d), real where ``kmask`` (B, P); ``n`` (B,) inputs per row
+        (the root's children sit at position n). Each of the ``D - 1`` levels runs its ``topk`` most
+        confident nodes through the draft, attending to the context and their ancestors (their keys
+        are dropped afterwards). -> :func:`keep_best`'s ``(rows, scores)``."""
+        B, P, k, dev = root.shape[0], kmask.shape[1], self.topk, root.device
+        logp = torch.log_softmax(self.draft.logits(root), -1)  # (B, V) draft's distribution below the root
         score, toks = logp.topk(k, -1)  # (B, k) cumulative log-confidence, tokens of level 1
         toks = self.draft.full(toks)
         par = torch.full((B, k), ROOT, dtype=torch.long, device=dev)  # global parent ids
         depth = [1] * k
-        lvl, lvl_feat = slice(0, k), out[:, -1:].expand(B, k, -1)  # current level; its nodes' input features
+        lvl, lvl_feat = slice(0, k), root[:, None].expand(B, k, -1)  # current level; its nodes' input features
         exp_ids = torch.zeros((B, 0), dtype=torch.long, device=dev)  # nodes already run through the draft
         for d in range(1, D):  # expand the topk most confident nodes of level d
             top = score[:, lvl].topk(min(k, lvl.stop - lvl.start), -1).indices  # (B, e) local to the level
@@ -215,9 +279,9 @@ class EagleProposer:
             see_old = torch.zeros((B, e, exp_ids.shape[1]), dtype=torch.bool, device=dev)
             for a in anc:
                 see_old |= exp_ids[:, None, :] == a[:, :, None]
-            allow = torch.cat([mask.bool()[:, None, :].expand(B, e, L), see_old,
+            allow = torch.cat([kmask[:, None, :].expand(B, e, P), see_old,
                                torch.eye(e, dtype=torch.bool, device=dev)[None].expand(B, e, e)], -1)
-            inp = lvl_feat.gather(1, top[..., None].expand(-1, -1, feat.shape[-1]))  # (B, e, H) parents' outputs
+            inp = lvl_feat.gather(1, top[..., None].expand(-1, -1, root.shape[-1]))  # (B, e, H) parents' outputs
             f, (kk, vv) = self.draft.step(toks.gather(1, sel), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
             past, exp_ids = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2)), torch.cat([exp_ids, sel], 1)
             lp, ch = torch.log_softmax(self.draft.logits(f), -1).topk(k, -1)  # (B, e, k)
@@ -228,12 +292,7 @@ class EagleProposer:
             par = torch.cat([par, sel[..., None].expand(B, e, k).flatten(1)], 1)
             depth += [d + 1] * (e * k)
             lvl, lvl_feat = slice(start, toks.shape[1]), f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
-        rows, self.scores = keep_best(toks, par, score, torch.tensor(depth), caps, self.total)  # EAGLE-2's re-rank
-        self.rows = rows
-        prop = pack(rows, calls=D)
-        if prop.tree is not None and self.kind is not Tree:
-            prop = prop._replace(tree=self.kind(prop.tree.parents, prop.tree.depth, prop.tree.see))
-        return prop
+        return keep_best(toks, par, score, torch.tensor(depth), caps, self.total)  # EAGLE-2's re-rank
 
     def accept(self, v) -> None:
         hid = v.hidden.float()  # (b, g + 1, H): after the root, then after each node
@@ -254,6 +313,11 @@ class EagleProposer:
         self.toks = [self.toks[i] for i in keep]
         self.feats = None if self.feats is None else [self.feats[i] for i in keep]
         self.pmask = self.pmask[rows.to(self.pmask.device)]
+        if self.kv is not None:
+            idx = rows.to(self.kmask.device)
+            self.kv, self.kmask = tuple(t[idx] for t in self.kv), self.kmask[idx]
+            self.done = [self.done[i] for i in keep]
+            self.compact()
 
 
 def generate(target, prompts, draft: EagleDraft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,

@@ -5,8 +5,13 @@ and max_new_tokens inside an accepted path); the (token, feature) pairs the draf
 fresh target forward's (a shifted hidden-state index fails the same check); lossless sampling
 passes the chi-square on the first two tokens while a walk that never moves p to the residual
 fails it; the tree is ancestor-closed and holds the most confident nodes; bad arguments raise
-ValueError naming them. A draft scoring a kept subset of the vocabulary (SmolLM2's head) is exact
-too and proposes token ids, not head indices; the zoo's SmolLM2 draft decodes exactly (RUN_SLOW=1)."""
+ValueError naming them. The draft's KV cache across steps proposes the same trees and scores as
+re-running the layer over the whole context, at every step of a ragged batch whose rows finish at
+different times (a cache that keeps the tree's keys, a select() that leaves the cache's rows alone,
+positions restarting at 0 each step: each fails that comparison). A draft scoring a kept subset of
+the vocabulary (SmolLM2's head) is exact too and proposes token ids, not head indices; the zoo's
+SmolLM2 draft decodes exactly (RUN_SLOW=1)."""
+import copy
 import os
 
 import pytest
@@ -73,14 +78,124 @@ class Spy(eagle.EagleProposer):
         super().start(ids, mask, settings)
         self.alive, self.seen = list(range(ids.shape[0])), []
 
-    def context(self):
-        out = super().context()
-        self.seen.append((list(self.alive),) + tuple(x.clone() for x in out))
-        return out
+    def propose(self, caps):
+        if self.feats is not None:  # every committed input, whether the draft's cache holds it or not
+            self.seen.append((list(self.alive),) + tuple(x.clone() for x in self.context()))
+        return super().propose(caps)
 
     def select(self, rows):
         super().select(rows)
         self.alive = [self.alive[i] for i in rows.tolist()]
+
+
+def ragged_eos(ar):
+    """A token that ends row 0 early while some other row never emits it: rows finish at different times."""
+    return next(t for t in ar[0][2:] if any(t not in row for row in ar[1:]))
+
+
+@pytest.fixture(scope="module")
+def ragged(tiny, spec_prompts, spec_ar_free):
+    from refimpl import autoregressive
+
+    eos = ragged_eos(spec_ar_free)
+    return eos, autoregressive.generate(tiny, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos).tokens
+
+
+class Checked(eagle.EagleProposer):
+    """At every step also proposes from scratch (``cache=False``: the layer re-run over the whole
+    context) from the same committed inputs, and records whether the trees and scores agree; records
+    the inputs the cached layer ran on and every select()."""
+
+    def start(self, ids, mask, settings):
+        super().start(ids, mask, settings)
+        self.steps, self.widths, self.selects = [], [], []
+
+    def propose(self, caps):
+        ref = copy.copy(self)
+        ref.cache = False
+        eagle.EagleProposer.propose(ref, caps)
+        widths = []
+        hook = self.draft.qkv.register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
+        try:
+            out = super().propose(caps)
+        finally:
+            hook.remove()
+        if self.rows is not None:
+            same = self.rows == ref.rows
+            err = max(abs(a - b) for x, y in zip(self.scores, ref.scores) for a, b in zip(x, y)) if same else 1.0
+            self.steps.append((same, err))
+            self.widths.append(widths[0])  # the first draft call: the context's new inputs
+        return out
+
+    def select(self, rows):
+        self.selects.append((len(self.toks), rows.tolist()))
+        super().select(rows)
+
+
+def cached_run(tiny, draft, prompts, eos, kind=Checked, compact_at=0.25, **shape):
+    prop = kind(draft, **shape)
+    prop.compact_at = compact_at
+    return prop, speculative.decode(tiny, prop, prompts, max_new_tokens=2 * N, eos_token_id=eos)
+
+
+@pytest.mark.parametrize("shape", [{}, {"total": 8, "depth": 3, "topk": 2}])
+@pytest.mark.parametrize("compact_at", [0.0, 0.25, float("inf")])  # always, sometimes, never compacted
+def test_draft_cache_proposes_the_recomputed_trees(tiny, draft, spec_prompts, ragged, shape, compact_at):
+    eos, ar = ragged
+    prop, g = cached_run(tiny, draft, spec_prompts, eos, compact_at=compact_at, **shape)
+    assert g.tokens == ar  # greedy exact while rows finish at different times
+    dropped = [i for i, (b, rows) in enumerate(prop.selects) if rows != list(range(len(rows))) and rows]
+    assert dropped, "a row other than the last must finish while others go on (select() moves cache rows)"
+    assert len(prop.steps) >= 6 and len(prop.steps) > len(prop.selects)
+    assert all(same for same, _ in prop.steps)  # the same tokens and parents at every step
+    assert max(err for _, err in prop.steps) < 1e-4  # and the same cumulative confidences
+    assert prop.widths[0] == max(map(len, spec_prompts))  # first: the prompt's pairs, then the root's
+    assert max(prop.widths[1:]) <= prop.depth + 1  # then only the accepted path's and the root's
+    if compact_at == 0.0 and len(prop.done):
+        assert prop.kmask.shape[1] == max(prop.done)  # no column is padding in every row
+
+
+class KeepsTree(Checked):
+    """WRONG: the tree's keys / values stay in the cache (the rejected nodes' too)."""
+
+    def grow(self, *args):
+        if not self.cache:
+            return super().grow(*args)
+        step = self.draft.step
+
+        def keep(tok, feat, pos, allow, past=None):
+            out, (k, v) = step(tok, feat, pos, allow, past)
+            self.kv = (torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2))
+            real = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device)
+            self.kmask = torch.cat([self.kmask, real], 1)
+            return out, (k, v)
+
+        self.draft.step = keep
+        try:
+            return super().grow(*args)
+        finally:
+            del self.draft.step
+
+
+class StaleRows(Checked):
+    """WRONG: select() keeps the cache's first rows instead of the surviving ones."""
+
+    def select(self, rows):
+        kv, kmask = self.kv, self.kmask
+        super().select(rows)
+        if kv is not None:
+            self.kv, self.kmask = tuple(t[: len(rows)] for t in kv), kmask[: len(rows)]
+
+
+@pytest.mark.parametrize("wrong", ["keeps the tree", "select ignores the cache", "positions restart"])
+def test_a_wrong_draft_cache_is_caught(tiny, draft, spec_prompts, ragged, monkeypatch, wrong):
+    kind = {"keeps the tree": KeepsTree, "select ignores the cache": StaleRows}.get(wrong, Checked)
+    if wrong == "positions restart":  # the new inputs placed at 0, 1, ... instead of after the cached ones
+        right = eagle.positions
+        monkeypatch.setattr(eagle, "positions", lambda mask, start=None: right(mask))
+    prop, g = cached_run(tiny, draft, spec_prompts, ragged[0], kind)
+    assert g.tokens == ragged[1]  # still exact (the target verifies) ...
+    assert not all(same and err < 1e-4 for same, err in prop.steps)  # ... but test 1's comparison fails
 
 
 class ShiftedSpy(Spy):
