@@ -61,3 +61,30 @@ def rounds_legend(ax) -> None:
                        Patch(color="#f4a261", label="target's correction"),
                        Patch(color="#4895ef", label="target's bonus token")], fontsize=7, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
+
+
+def draw_scored_tree(labels, parents, conf, ax, root="root", green=(), fontsize: int = 8, cmap: str = "viridis",
+                     floor: float = 1e-3):
+    """The tree of :func:`draw_tree` drawn as discs whose area and colour grow with ``conf[i]`` in
+    (0, 1] (a cumulative confidence, say) on a log scale from ``floor`` to 1, each labelled on its
+    right; ``green`` nodes (``ROOT`` included) and the edges into them are highlighted.
+    -> the scatter, for a colour bar."""
+    import math
+
+    from matplotlib.colors import LogNorm
+
+    xy = tree_xy(parents)
+    for i, p in enumerate(parents):
+        ax.plot(*zip(xy[p], xy[i]), color="green" if i in green else "0.7", lw=3 if i in green else 1, zorder=1)
+    xs, ys = zip(*(xy[i] for i in range(len(parents))))
+    c = [min(max(x, floor), 1.0) for x in conf]
+    sc = ax.scatter(xs, ys, s=[40 + 500 * (1 - math.log(x) / math.log(floor)) for x in c], c=c, cmap=cmap,
+                    norm=LogNorm(floor, 1.0), zorder=2, edgecolors=["green" if i in green else "0.3" for i in range(len(c))],
+                    linewidths=[2.5 if i in green else 0.5 for i in range(len(c))])
+    for i, lab in enumerate(labels):
+        ax.text(xy[i][0] + 0.17, xy[i][1], lab, va="center", fontsize=fontsize, zorder=3)
+    ax.text(*xy[ROOT], root, ha="center", va="center", fontsize=fontsize, zorder=3,
+            bbox=dict(boxstyle="round,pad=0.25", fc="#b7e4c7" if ROOT in green else "#ffe8a3", ec="0.4"))
+    ax.set_xlim(-0.5, max(x for x, _ in xy.values()) + 0.9)
+    ax.axis("off")
+    return sc
