@@ -1,4 +1,4 @@
-"""Reference answers for chapter 06 (Medusa heads). Shown only when the learner asks."""
+"""Reference answers for chapter 06 (Medusa heads and EAGLE). Shown only when the learner asks."""
 import math
 
 import torch
@@ -19,3 +19,13 @@ def typical_accept(p, x, eps=0.09, delta=0.3):
     """Medusa's typical acceptance (§2.3.1): p(x) > min(eps, delta * exp(-H(p)))."""
     entropy = float(-(p * p.clamp_min(1e-30).log()).sum())
     return float(p[x]) > min(eps, delta * math.exp(-entropy))
+
+
+def rerank(tokens, parents, values, depth, cap, total):
+    """EAGLE-2's re-rank (arXiv 2406.16858, §4.2): of the grown nodes no deeper than ``cap``, the
+    ``total`` of highest cumulative confidence (a stable sort: on a tie the node grown first, so a
+    parent before its child), in grown order, parents re-indexed into the kept list."""
+    allowed = [i for i in range(len(tokens)) if depth[i] <= cap]
+    keep = sorted(sorted(allowed, key=lambda i: -values[i])[:total])
+    where = {g: i for i, g in enumerate(keep)}
+    return [tokens[g] for g in keep], [-1 if parents[g] == -1 else where[parents[g]] for g in keep]
