@@ -743,7 +743,7 @@ fig, ax = plt.subplots(figsize=(10, 0.3 * len(etoks) + 1.5))
 sc = draw_scored_tree([f"{lm.decode([t])!r} {math.exp(v):.2f}" for t, v in zip(etoks, evals)], epars,
                       [math.exp(v) for v in evals], ax, root=f"t = {lm.decode(ar[DEMO][done - 1:done])!r}", green=set(epath) | {tree.ROOT})
 fig.colorbar(sc, ax=ax, fraction=0.03, label="value (cumulative confidence, log scale)")
-ax.set_title(f"step {j + 1}: {len(etoks)} nodes kept of {TOPK} + {TOPK * TOPK} x {DEPTH - 1} grown; accepted {len(epath)}", fontsize=9)
+ax.set_title(f"step {j + 1}: {len(etoks)} nodes kept of {TOPK} + {TOPK * TOPK} x {DEPTH - 1} grown; the target accepted {len(epath)} (green)", fontsize=9)
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -880,20 +880,22 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # Medusa rivals the chain draft with no draft model at all (zero draft calls: four small matmuls
 # per step). Under sampling, lossless Medusa and EAGLE fall behind the chain: their children are
 # fixed guesses, accepted with probability `p(x)`, while the chain draft *samples* from a `q` close
-# to `p` and is accepted with `min(1, p/q)`; typical acceptance wins some of that back, at the price
+# to `p` and is accepted with `min(1, p/q)`; typical acceptance wins much of that back, at the price
 # measured above.
 #
 # **Wall-clock, on this CPU, the tree methods do not beat the chain draft on the real-size target.**
-# On SmolLM2-135M the chain (tau 2.58) is 1.2-1.3x faster than AR; Medusa's 16-node tree reaches
+# In the committed runs on SmolLM2-135M the chain (tau 2.58) is 1.2-1.3x faster than AR; Medusa's 16-node tree reaches
 # 1.05x (tau 1.73) and EAGLE's 0.76x (tau 1.99). The step costs say why. Medusa's heads are nearly
-# free, so its ~1.65 AR steps per step is the target scoring 17 tokens (the root and 16 nodes)
-# instead of one: on a CPU a forward's time grows with the tokens it scores (chapter 04c: about 1.5x
-# for 16 tree tokens on SmolLM2), where a GPU scores them in about the time of one. EAGLE's step
-# costs ~2.6: the same tree scoring plus `DEPTH` draft calls, and in the benchmarked version the
-# draft re-ran its layer over the whole context at every step (no draft KV cache yet). The
-# chain (~2.0) pays four small draft calls but verifies only 5 tokens, and its draft copies well on
-# summaries and quotes. On `tiny` a forward is mostly fixed per-call overhead, so every method lands
-# near AR and Medusa, with nothing to run but its heads, edges ahead of the chain.
+# free, so its ~1.65 AR steps per step is almost all the target scoring 17 tokens (the root and 16
+# nodes) instead of one: on a CPU a forward's time grows with the tokens it scores (chapter 04c
+# measured it for 5), about 1.5-1.65x here, where a GPU scores them in about the time of one.
+# EAGLE's step costs ~2.6: the same tree scoring plus `DEPTH` draft calls, and the committed run
+# predates the draft's KV cache, so its layer re-ran over the whole context at every step (the
+# proposer now caches the committed inputs' keys and values, `EagleProposer(cache=True)`: a new
+# benchmark run would show what that buys). The chain (~2.0) pays four small draft calls but
+# verifies only 5 tokens, and its draft copies well on summaries and quotes. On `tiny` a forward is
+# mostly fixed per-call overhead, so every method lands near AR and Medusa, with nothing to run but
+# its heads, edges ahead of the chain (no EAGLE run on `tiny` is committed).
 #
 # ## Summary
 # - A Medusa head is a residual block `h + SiLU(W h + b)` followed by the (here shared, frozen)

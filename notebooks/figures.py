@@ -82,7 +82,8 @@ def draw_scored_tree(labels, parents, conf, ax, root="root", green=(), fontsize:
                     norm=LogNorm(floor, 1.0), zorder=2, edgecolors=["green" if i in green else "0.3" for i in range(len(c))],
                     linewidths=[2.5 if i in green else 0.5 for i in range(len(c))])
     for i, lab in enumerate(labels):
-        ax.text(xy[i][0] + 0.17, xy[i][1], lab, va="center", fontsize=fontsize, zorder=3)
+        ax.text(xy[i][0] + 0.12, xy[i][1] + 0.12, lab, va="bottom", fontsize=fontsize, zorder=3,
+                bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.75))
     ax.text(*xy[ROOT], root, ha="center", va="center", fontsize=fontsize, zorder=3,
             bbox=dict(boxstyle="round,pad=0.25", fc="#b7e4c7" if ROOT in green else "#ffe8a3", ec="0.4"))
     ax.set_xlim(-0.5, max(x for x, _ in xy.values()) + 0.9)
