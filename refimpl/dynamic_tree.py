@@ -57,6 +57,7 @@ class DynamicDraftTree:
     and ``scores`` the kept nodes' cumulative log-confidence."""
 
     tree_proposals = True
+    prune = True  # stop growing once deeper nodes cannot enter the kept tree (:meth:`settled`)
 
     def __init__(self, draft, total: int = 16, depth: int = 6, topk: int = 4, target=None):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
@@ -88,6 +89,16 @@ class DynamicDraftTree:
         logits[b, i, cand[b, i]] += self.copy.bias
         return logits
 
+    def settled(self, score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int]) -> bool:
+        """Can growing below level ``d`` no longer change the kept tree? A child's score is at most its
+        parent's and it ranks after every node grown before it, so once no node of the level beats
+        every row's ``total``-th best score so far (or the row's cap is reached), the re-rank would
+        drop all their descendants: stop early, same tree, fewer draft calls."""
+        kth = score.topk(self.total, -1).values[:, -1] if score.shape[1] >= self.total else None  # (B,)
+        best = score[:, lvl[0]:lvl[1]].max(-1).values  # (B,)
+        done = torch.tensor([c <= d for c in caps], device=score.device)
+        return bool((done | (best <= kth if kth is not None else done)).all())
+
     @torch.no_grad()
     def propose(self, caps: list[int]):
         B, D, k = len(caps), min(self.depth, max(caps)), self.topk
@@ -108,6 +119,9 @@ class DynamicDraftTree:
         for b in range(B):
             paths[b] = [[t] for t in ch[b].tolist()]
         for d in range(1, D):  # expand the ``topk`` most confident nodes of level d
+            if self.prune and self.settled(score, lvl, d, caps):
+                D = d  # calls made
+                break
             top = score[:, lvl[0]:lvl[1]].topk(min(k, lvl[1] - lvl[0]), -1).indices + lvl[0]  # (B, e) global ids
             e = top.shape[1]
             anc, a = torch.zeros((B, e, fed.shape[1]), dtype=torch.bool, device=dev), top

@@ -172,3 +172,23 @@ def test_sampling_is_lossless_and_a_wrong_walk_is_caught(tiny, draft):
     good, g = pvalue(dynamic_tree.DynamicDraftTree)
     assert good > 1e-3
     assert pvalue(WrongWalk)[0] < 1e-6
+
+
+class Unpruned(Recording):
+    prune = False
+
+
+@pytest.mark.parametrize("opts,saves", [(dict(total=6, depth=6, topk=2), True), (dict(total=10, depth=5, topk=3), False)])
+def test_pruning_keeps_the_same_trees_with_fewer_draft_calls(tiny, copy_draft, spec_prompts, opts, saves):
+    runs = []
+    for cls in (Recording, Unpruned):
+        p = cls(copy_draft, target=tiny, **opts)
+        p.log = []
+        g = sp.decode(tiny, p, spec_prompts, max_new_tokens=N, eos_token_id=[])
+        runs.append((p.log, g.stats.draft_calls, g.tokens))
+    (pruned, fewer, a), (full, more, b) = runs
+    assert a == b
+    assert fewer < more if saves else fewer <= more
+    assert [rows for _, rows, _ in pruned] == [rows for _, rows, _ in full]
+    assert all(x == pytest.approx(y, abs=1e-5) for (_, _, s1), (_, _, s2) in zip(pruned, full)
+               for r1, r2 in zip(s1, s2) for x, y in zip(r1, r2))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .. import (adaptive, autoregressive, dllm_draft, drafts, eagle, jacobi, lookahead, medusa, models, retrieval,
-               speculative, tree)
+from .. import (adaptive, autoregressive, dllm_draft, drafts, dynamic_tree, eagle, jacobi, lookahead, medusa, models,
+               retrieval, speculative, tree)
 from ..copy_prior import ContextCopyLM
 from .decode import Context, Method, hf_assisted, hf_generate
 
@@ -59,6 +59,15 @@ def dllm_row(gamma: int, draft_steps: int = 1):
             ctx.memo[key] = models.load(DLLM_FOR[ctx.model_name], device=ctx.target.device)
         return dllm_draft.generate(ctx.target, ctx.memo[key], [ids], gamma=gamma, draft_steps=draft_steps,
                                    max_new_tokens=n)
+    return run
+
+
+def dynamic_row(total: int, depth: int, topk: int):
+    """The draft model's dynamic tree (:mod:`refimpl.dynamic_tree`): EAGLE-2's growth rule, the
+    draft's KV cache kept across steps."""
+    def run(ctx: Context, ids, n):
+        return dynamic_tree.generate(ctx.target, ctx.draft, [ids], max_new_tokens=n, total=total, depth=depth,
+                                     topk=topk)
     return run
 
 
@@ -111,6 +120,12 @@ def decode_rows() -> list[Method]:
                lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(2, 2)), needs=D),
         Method("tree speculative (draft top-k tree, widths 3x2x1)",
                lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(3, 2, 1)), needs=D),
+        Method("tree speculative (draft's dynamic tree 16 nodes, depth 6, top-4, cached)",
+               dynamic_row(16, 6, 4), needs=D),
+        Method("tree speculative (draft's dynamic tree 8 nodes, depth 7, top-2, cached)",
+               dynamic_row(8, 7, 2), needs=D),
+        Method("tree speculative (draft's dynamic tree 6 nodes, depth 6, top-2, cached)",
+               dynamic_row(6, 6, 2), needs=D),
         Method("medusa (lossless, 8-node tree)", medusa_row(8), needs=("target", "medusa")),
         Method("medusa (lossless, 16-node tree)", medusa_row(16), needs=("target", "medusa")),
         Method("medusa (lossless, 32-node tree)", medusa_row(32), needs=("target", "medusa")),
