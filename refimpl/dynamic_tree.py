@@ -26,6 +26,10 @@ What :class:`refimpl.tree.DraftTree` does simply, this does without recomputatio
   prior is applied here per node instead: each node's own history is the committed tokens plus its
   path, and its copy candidate (:func:`refimpl.copy_prior.copy_candidates`) gets the prior's ``bias``.
 
+Our addition to EAGLE-2's rule is ``floor``: a level whose best node has cumulative confidence
+below it is not grown (its children could add at most that many expected tokens, less than the
+draft call costs). The exact early stop (:meth:`DynamicDraftTree.settled`) changes no tree.
+
 Children are the draft's top-k: deterministic (``q = None``), so greedy is exact and sampling
 lossless through SpecInfer's walk whatever the draft says.
 """
@@ -53,15 +57,21 @@ class DynamicDraftTree:
     """Proposer: EAGLE-2's dynamic tree grown by a draft LM with its KV cache (see the module doc).
 
     ``total`` nodes at most, ``depth`` levels, ``topk`` children per expanded node and ``topk``
-    nodes expanded per level. After :meth:`propose`, ``rows`` holds each row's ``(tokens, parents)``
+    nodes expanded per level; growth stops early when deeper nodes could not be kept or no node of
+    the level reaches cumulative confidence ``floor`` (:meth:`settled`; ``floor=0``: EAGLE-2's tree).
+    The defaults (10 nodes, depth 6, top-3, floor 0.1) suit a CPU, where the target's cost grows
+    with the tree (README: 16 nodes cost ~1.5 one-token steps on SmolLM2) and a draft call costs ~0.12. After :meth:`propose`, ``rows`` holds each row's ``(tokens, parents)``
     and ``scores`` the kept nodes' cumulative log-confidence."""
 
     tree_proposals = True
-    prune = True  # stop growing once deeper nodes cannot enter the kept tree (:meth:`settled`)
+    prune = True  # stop growing once deeper nodes cannot enter the kept tree, or are too unlikely (:meth:`settled`)
 
-    def __init__(self, draft, total: int = 16, depth: int = 6, topk: int = 4, target=None):
+    def __init__(self, draft, total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1, target=None):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
+        if not (isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0.0 <= floor < 1.0):
+            raise ValueError(f"floor must be a confidence in [0, 1), got {floor!r}")
+        self.floor = float(floor)
         if target is not None:
             check_same_tokenizer(target, draft)
         self.copy = draft if isinstance(draft, ContextCopyLM) else None
@@ -90,13 +100,17 @@ class DynamicDraftTree:
         return logits
 
     def settled(self, score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int]) -> bool:
-        """Can growing below level ``d`` no longer change the kept tree? A child's score is at most its
-        parent's and it ranks after every node grown before it, so once no node of the level beats
-        every row's ``total``-th best score so far (or the row's cap is reached), the re-rank would
-        drop all their descendants: stop early, same tree, fewer draft calls."""
+        """Stop growing below level ``d``? Two reasons, checked for every row:
+
+        - exact: a child's score is at most its parent's and it ranks after every node grown before
+          it, so once no node of the level beats the row's ``total``-th best score so far (or the
+          row's cap is reached), the re-rank would drop all their descendants: same tree, fewer calls;
+        - economic: no node of the level has a cumulative confidence of at least ``floor``: their
+          children would add at most that many expected tokens each, less than one draft call costs
+          when ``floor`` is about the draft's cost ratio c (chapter 04a; SmolLM2's draft: c ~ 0.12)."""
         kth = score.topk(self.total, -1).values[:, -1] if score.shape[1] >= self.total else None  # (B,)
         best = score[:, lvl[0]:lvl[1]].max(-1).values  # (B,)
-        done = torch.tensor([c <= d for c in caps], device=score.device)
+        done = torch.tensor([c <= d for c in caps], device=score.device) | (best.exp() < self.floor)
         return bool((done | (best <= kth if kth is not None else done)).all())
 
     @torch.no_grad()
@@ -165,9 +179,10 @@ class DynamicDraftTree:
 
 def generate(target, draft, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             total: int = 16, depth: int = 6, topk: int = 4) -> Generation:
+             total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1) -> Generation:
     """Tree speculative decoding with ``draft``'s dynamic tree (:class:`DynamicDraftTree`: ``total``
-    nodes, ``depth`` levels, ``topk`` children). Greedy: exactly ``autoregressive.generate``'s
-    tokens; sampling: distributed exactly as sampling from ``target`` (SpecInfer's walk)."""
-    return decode(target, DynamicDraftTree(draft, total, depth, topk, target), prompts, max_new_tokens, temperature,
+    nodes, ``depth`` levels, ``topk`` children, no level grown below cumulative confidence
+    ``floor``; 0 = EAGLE-2's rule exactly). Greedy: exactly ``autoregressive.generate``'s tokens;
+    sampling: distributed exactly as sampling from ``target`` (SpecInfer's walk)."""
+    return decode(target, DynamicDraftTree(draft, total, depth, topk, floor, target), prompts, max_new_tokens, temperature,
                   top_k, top_p, generator, eos_token_id)

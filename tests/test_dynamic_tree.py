@@ -30,7 +30,8 @@ def copy_draft(draft):
     return ContextCopyLM(draft)
 
 
-@pytest.mark.parametrize("opts", [dict(total=16, depth=6, topk=4), dict(total=1, depth=1, topk=1),
+@pytest.mark.parametrize("opts", [dict(total=16, depth=6, topk=4, floor=0.0), dict(total=1, depth=1, topk=1),
+                                  dict(total=10, depth=6, topk=3, floor=0.6),
                                   dict(total=4, depth=4, topk=1), dict(total=24, depth=3, topk=5),
                                   dict(total=8, depth=8, topk=2)])
 def test_greedy_equals_ar(tiny, draft, copy_draft, spec_prompts, spec_ar_free, opts):
@@ -143,7 +144,8 @@ def test_a_wrong_tree_draft_is_caught(tiny, copy_draft, spec_prompts, wrong):
     assert worst_error(copy_draft, log) > 1e-2
 
 
-@pytest.mark.parametrize("kw,name", [(dict(total=0), "total"), (dict(depth=-1), "depth"), (dict(topk=1.5), "topk")])
+@pytest.mark.parametrize("kw,name", [(dict(total=0), "total"), (dict(depth=-1), "depth"), (dict(topk=1.5), "topk"),
+                                     (dict(floor=1.0), "floor"), (dict(floor=-0.1), "floor"), (dict(floor="0.1"), "floor")])
 def test_bad_arguments(tiny, draft, spec_prompts, kw, name):
     with pytest.raises(ValueError, match=name):
         dynamic_tree.generate(tiny, draft, spec_prompts, **kw)
@@ -178,7 +180,8 @@ class Unpruned(Recording):
     prune = False
 
 
-@pytest.mark.parametrize("opts,saves", [(dict(total=6, depth=6, topk=2), True), (dict(total=10, depth=5, topk=3), False)])
+@pytest.mark.parametrize("opts,saves", [(dict(total=6, depth=6, topk=2, floor=0.0), True),
+                                        (dict(total=10, depth=5, topk=3, floor=0.0), False)])
 def test_pruning_keeps_the_same_trees_with_fewer_draft_calls(tiny, copy_draft, spec_prompts, opts, saves):
     runs = []
     for cls in (Recording, Unpruned):
@@ -192,3 +195,13 @@ def test_pruning_keeps_the_same_trees_with_fewer_draft_calls(tiny, copy_draft, s
     assert [rows for _, rows, _ in pruned] == [rows for _, rows, _ in full]
     assert all(x == pytest.approx(y, abs=1e-5) for (_, _, s1), (_, _, s2) in zip(pruned, full)
                for r1, r2 in zip(s1, s2) for x, y in zip(r1, r2))
+
+
+def test_a_floor_grows_fewer_levels(tiny, copy_draft, spec_prompts, spec_ar_free):
+    """A level whose best node is below ``floor`` is not grown: fewer draft calls, the same tokens."""
+    calls = []
+    for floor in (0.0, 0.3, 0.9):
+        g = dynamic_tree.generate(tiny, copy_draft, spec_prompts, max_new_tokens=N, eos_token_id=[], floor=floor)
+        assert g.tokens == spec_ar_free
+        calls.append(g.stats.draft_calls)
+    assert calls[0] > calls[1] > calls[2]

@@ -62,12 +62,12 @@ def dllm_row(gamma: int, draft_steps: int = 1):
     return run
 
 
-def dynamic_row(total: int, depth: int, topk: int):
+def dynamic_row(total: int, depth: int, topk: int, floor: float):
     """The draft model's dynamic tree (:mod:`refimpl.dynamic_tree`): EAGLE-2's growth rule, the
     draft's KV cache kept across steps."""
     def run(ctx: Context, ids, n):
         return dynamic_tree.generate(ctx.target, ctx.draft, [ids], max_new_tokens=n, total=total, depth=depth,
-                                     topk=topk)
+                                     topk=topk, floor=floor)
     return run
 
 
@@ -120,12 +120,12 @@ def decode_rows() -> list[Method]:
                lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(2, 2)), needs=D),
         Method("tree speculative (draft top-k tree, widths 3x2x1)",
                lambda c, p, n: tree.generate(c.target, c.draft, [p], max_new_tokens=n, widths=(3, 2, 1)), needs=D),
-        Method("tree speculative (draft's dynamic tree 16 nodes, depth 6, top-4, cached)",
-               dynamic_row(16, 6, 4), needs=D),
-        Method("tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, cached)",
-               dynamic_row(10, 6, 3), needs=D),
-        Method("tree speculative (draft's dynamic tree 6 nodes, depth 6, top-2, cached)",
-               dynamic_row(6, 6, 2), needs=D),
+        Method("tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)",
+               dynamic_row(10, 6, 3, 0.1), needs=D),
+        Method("tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0 = EAGLE-2's rule, cached)",
+               dynamic_row(10, 6, 3, 0.0), needs=D),
+        Method("tree speculative (draft's dynamic tree 16 nodes, depth 6, top-4, floor 0.1, cached)",
+               dynamic_row(16, 6, 4, 0.1), needs=D),
         Method("medusa (lossless, 8-node tree)", medusa_row(8), needs=("target", "medusa")),
         Method("medusa (lossless, 16-node tree)", medusa_row(16), needs=("target", "medusa")),
         Method("medusa (lossless, 32-node tree)", medusa_row(32), needs=("target", "medusa")),
