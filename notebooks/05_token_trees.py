@@ -25,10 +25,14 @@
 # 3. walk the tree greedily and predict which path the target accepts, and why the output is exactly greedy decoding;
 # 4. explain how the accepted path's keys and values are moved into place without a second forward;
 # 5. state SpecInfer's rule for trying several children and show that it is lossless, even with a duplicate sibling;
-# 6. compare tau of a tree with tau of a chain of the same depth.
+# 6. compare tau of a tree with tau of a chain of the same depth;
+# 7. grow EAGLE-2's dynamic tree by hand (expand the most confident nodes, re-rank to a node budget), predict when
+#    its growth may stop, and explain why a 10-node dynamic tree can beat the chain draft in wall-clock on a CPU
+#    where a static tree of the same size cannot.
 #
 # **Parameters.** `tiny` is the zoo's 4-layer Llama trained on the King James Bible, `tiny-draft` a smaller model
-# distilled from it. `WIDTHS` is the branching per depth of the draft trees.
+# distilled from it. `WIDTHS` is the branching per depth of the draft trees; `TOTAL, DEPTH, TOPK` shape the
+# dynamic tree, `STATIC` is a static tree of the same node count, `SIZES` the node counts compared.
 
 # %%
 import torch
@@ -39,6 +43,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEW_TOKENS = 32 if FAST else 128
 SAMPLES = 600 if FAST else 5000    # for the losslessness check
 WIDTHS = (2, 2)                    # top-2 at depth 1, top-2 below each: 6 nodes
+TOTAL, DEPTH, TOPK = 10, 6, 3      # dynamic tree: node budget, levels, children (and nodes expanded) per level
+STATIC = (2, 2, 1)                 # a static top-k tree of TOTAL = 2 + 4 + 4 nodes
+SIZES = (2, 4, 6, 10, 14)          # node counts for tau vs tree size
+DEMO = 1                           # the prompt after which the dynamic tree is grown by hand and drawn
 SEED = 0
 SHOW_SOLUTIONS = False
 
@@ -363,6 +371,232 @@ ax.axhline(1, color="k", lw=0.8); ax.set_ylabel("tau (tokens / target call)")
 plt.xticks(fontsize=8); plt.tight_layout(); plt.show()
 
 # %% [markdown]
+# ## The draft's dynamic tree: spend the nodes where the draft is sure
+# A static top-k tree spends its nodes by shape: `STATIC = (2, 2, 1)` puts 2 nodes at depth 1, 4 at
+# depth 2 and 4 at depth 3, whatever the draft thinks. Where the draft is sure, the siblings are
+# wasted and the tree is too shallow; where it hesitates, one guess per level may be too few.
+# EAGLE-2 (Li et al., arXiv 2406.16858, §4) observes that the draft's confidence tracks the
+# acceptance rate. A node's **value** is its *cumulative* confidence, the product of the draft's
+# probabilities along its path (here: the sum of log-probabilities), roughly the chance that the
+# target accepts the whole path. The rule, in the paper's words "expand" then "rerank":
+#
+# - **expand**: at every level the `TOPK` nodes of highest value each get the draft's top-`TOPK`
+#   children, for `DEPTH` levels (one draft call per level);
+# - **re-rank**: of all grown nodes keep the `TOTAL` of highest value (`tree.keep_best`). A child is
+#   never worth more than its parent, so the kept nodes form a tree.
+#
+# Chapter 06 runs this rule with EAGLE's feature draft; `refimpl.dynamic_tree` runs it with our
+# ordinary chain draft `tiny-draft`. First by hand, for the first step after prompt `DEMO`
+# ("And the LORD spake unto Moses, saying"), without a cache (the draft reruns context + path, as
+# `grow` above did):
+
+# %%
+def grow_dynamic(draft, ctx, depth, topk):
+    """Every node EAGLE-2's expand step grows after ctx -> (1, N) tokens, parents, values and (N,) depths."""
+    T, P, S, D, paths, level = [], [], [], [], {ROOT: []}, [ROOT]
+    value = lambda n: 0.0 if n == ROOT else S[n]                         # cumulative log-confidence
+    for d in range(1, depth + 1):
+        grow_from = sorted(level, key=value, reverse=True)[:topk]         # the topk most confident of the level
+        batch = torch.tensor([ctx + paths[n] for n in grow_from], device=draft.device)
+        lp, ch = torch.log_softmax(draft.logits(batch)[:, -1], -1).topk(topk)
+        level = []
+        for n, ls, ts in zip(grow_from, lp.tolist(), ch.tolist()):      # each gets its top-k children
+            for l, t in zip(ls, ts):
+                paths[len(T)] = paths[n] + [t]; level.append(len(T))
+                T.append(t); P.append(n); S.append(value(n) + l); D.append(d)
+    return torch.tensor([T]), torch.tensor([P]), torch.tensor([S]), torch.tensor(D)
+
+# %% [markdown]
+# Re-rank to `TOTAL` nodes and compare with the library. `DynamicDraftTree` is a proposer like
+# `TopKTree`: `start` with the prompt, then `propose(caps)` (a cap = the tokens a row still needs).
+# With `floor=0.0` it is EAGLE-2's rule exactly (its default `floor=0.1` also leaves a level
+# ungrown when its best node's cumulative confidence is below 0.1). It may stop before `DEPTH`
+# levels: once no node of a level can enter the kept tree, no deeper one can either (Exercise 3),
+# so it makes fewer draft calls for the same tree.
+
+# %%
+from refimpl import dynamic_tree
+
+dctx = prompts[DEMO]
+gt, gp, gv, gd = grow_dynamic(dr, dctx, DEPTH, TOPK)
+(kept,), (kept_v,) = tree.keep_best(gt, gp, gv, gd, [DEPTH], TOTAL)          # the TOTAL most confident of all
+lib = dynamic_tree.DynamicDraftTree(dr, TOTAL, DEPTH, TOPK, floor=0.0)
+lib.start(torch.tensor([dctx], device=DEVICE), None, None)
+step1 = lib.propose([DEPTH])                                                  # its first step after the prompt
+assert lib.rows[0] == kept, "the library's tree == the hand-grown one"
+assert max(abs(a - b) for a, b in zip(lib.scores[0], kept_v)) < 1e-3
+kept_depth = tree.Tree(torch.tensor([kept[1]])).depth[0].tolist()
+print(f"grown {gt.shape[1]} nodes in {DEPTH} draft calls (per depth {[int((gd == d).sum()) for d in range(1, DEPTH + 1)]});",
+      f"kept {len(kept[0])}, per depth {[kept_depth.count(d) for d in range(1, DEPTH + 1)]} == the library's,",
+      f"which stopped after {step1.calls} calls")
+
+# %% [markdown]
+# ## Picture: the same 10 nodes, static and dynamic
+# Left the static `STATIC` tree (the library's `tree.grow`), right the dynamic tree just built,
+# both after prompt `DEMO`. Disc size and colour: each node's cumulative draft confidence (one
+# draft forward over the tree with `score_tree`, log scale). The target scores each tree in one
+# forward and walks it greedily (`Tree.verify`); green: the path it accepted.
+
+# %%
+from figures import draw_scored_tree   # discs sized and coloured by a confidence, an accepted path in green
+
+
+def verified(toks, par):                                   # -> cumulative draft confidences, accepted path, next token
+    lp = torch.log_softmax(score_tree(dr, dctx, toks, par)[0], -1)  # the draft's view of every node, one forward
+    conf = []
+    for t, p in zip(toks, par):
+        conf.append((1.0 if p == ROOT else conf[p]) * float(lp[p + 1, t].exp()))
+    n, nx, path = tree.Tree(torch.tensor([par])).verify(torch.tensor([toks]), score_tree(lm, dctx, toks, par)[0][None],
+                                                         torch.tensor([len(toks)]), None, speculative.Sampling())
+    return conf, path[0, : int(n[0])].tolist(), int(nx[0])
+
+
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+for ax, (name, (toks, par)) in zip(axes, [(f"static {STATIC}", tree.grow(dr, dctx, STATIC)), ("dynamic", kept)]):
+    conf, acc, nx = verified(toks, par)
+    sc = draw_scored_tree([repr(lm.decode([t])) for t in toks], par, conf, ax, root=repr(lm.decode(dctx[-1:])), green=set(acc) | {ROOT})
+    ax.set_ylim(ax.get_ylim()[0], ax.get_ylim()[1] + 0.5)                         # room for the top labels
+    ax.set_title(f"{name}: {len(toks)} nodes, depth {max(tree.Tree(torch.tensor([par])).depth[0].tolist())}; accepted {len(acc)} + {lm.decode([nx])!r}", fontsize=9)
+fig.colorbar(sc, ax=axes, fraction=0.02, label="cumulative draft confidence"); plt.show()
+
+# %% [markdown]
+# ### Exercise 3: when may the growth stop?
+# `DynamicDraftTree.settled` stops growing below a level when either
+#
+# - **exact**: the level's best value is no higher than the `total`-th best value of all nodes grown
+#   so far. Predict why no deeper node could then be kept (hint: a child's value is at most its
+#   parent's, and a node grown later loses a tie in `keep_best`'s stable sort);
+# - **economic**: the level's best cumulative confidence (`exp` of its value) is below `floor`: its
+#   children would add less than `floor` expected tokens each, less than a draft call costs.
+#
+# Write `settled(values, level, total, floor)` for one row: `values` are the log-values of every
+# node grown so far in grown order, `values[lo:hi]` with `(lo, hi) = level` the current (deepest)
+# level; return True when growing may stop. The check replays levels recorded in a real decode (a
+# subclass grows every level and logs what it saw) at several budgets and floors, against the
+# library's `settled`.
+
+# %%
+@exercise("05", "settled")
+def settled(values, level, total, floor):
+    ...  # your code
+    raise NotImplementedError
+
+# %% [markdown]
+# The check (the recording subclass overrides `settled` to log and never stop):
+
+# %%
+class Levels(dynamic_tree.DynamicDraftTree):
+    def settled(self, score, lvl, d, caps):                 # score: (B, grown so far); lvl: the level's (lo, hi)
+        self.seen += [(row, lvl) for row in score.tolist()]
+        return False
+
+
+rec = Levels(dr, TOTAL, DEPTH, TOPK); rec.seen = []
+speculative.decode(lm, rec, prompts, max_new_tokens=16, eos_token_id=[])
+
+
+def check_settled():
+    for total, floor in ((2, 0.0), (4, 0.0), (TOTAL, 0.0), (TOTAL, 0.1), (4, 0.5), (40, 0.02)):
+        lib = dynamic_tree.DynamicDraftTree(dr, total, DEPTH, TOPK, floor)
+        for values, lvl in rec.seen:
+            want, got = lib.settled(torch.tensor([values], device=DEVICE), lvl, 1, [DEPTH + 1]), settled(values, lvl, total, floor)
+            best, kth = max(values[lvl[0]:lvl[1]]), sorted(values, reverse=True)[min(total, len(values)) - 1]
+            assert bool(got) == want, (f"total {total}, floor {floor}: {len(values)} nodes grown, the level's best value {best:.3f} "
+                                       f"(confidence {torch.tensor(best).exp():.3f}; value ranked {min(total, len(values))} among all grown: "
+                                       f"{kth:.3f}): the library says {want}, you say {got}")
+
+
+check("Exercise 3", check_settled)
+if SHOW_SOLUTIONS:
+    show("05", "settled")
+
+# %% [markdown]
+# ## tau versus tree size: static, dynamic, chain
+# The three prompts again, `NEW_TOKENS` greedy tokens, for each node count in `SIZES`: a static
+# top-k tree of that many nodes (its widths written beside it), the dynamic tree with `total` =
+# that count (`floor=0`: every step fills its budget) and the chain draft with `gamma` = that count.
+# Every run must reproduce greedy decoding. Printed: tau and the draft calls per target call.
+
+# %%
+STATIC_OF = {2: (2,), 4: (2, 1), 6: (2, 2), 10: (2, 2, 1), 14: (2, 2, 2)}   # nodes -> a static top-k shape
+kw = dict(max_new_tokens=NEW_TOKENS, eos_token_id=[])
+curves = {"chain, gamma = nodes": [], "static top-k tree": [], "dynamic tree (EAGLE-2)": []}   # (tau, draft calls / step)
+for n in SIZES:
+    runs = (speculative.generate(lm, dr, prompts, gamma=n, **kw), tree.generate(lm, dr, prompts, widths=STATIC_OF[n], **kw),
+            dynamic_tree.generate(lm, dr, prompts, total=n, depth=DEPTH, topk=TOPK, floor=0.0, **kw))
+    for curve, r in zip(curves.values(), runs):
+        assert r.tokens == ar, "every greedy method must be greedy decoding"
+        curve.append((r.stats.tau, r.stats.draft_calls / r.stats.target_calls))
+    print(f"{n:2d} nodes:", " | ".join(f"{name.split(',')[0]}: tau {cv[-1][0]:.2f}, {cv[-1][1]:.1f} draft calls" for name, cv in curves.items()))
+
+# %% [markdown]
+# The picture. Left: tau against the draft tokens the target scores per step (what a step costs
+# the target). Right: tau against the draft calls per step (what it costs the draft), one point
+# per size, for the two proposers that keep the draft's KV cache: a chain call feeds 1 token, a
+# dynamic-tree call at most `TOPK` (`tree.DraftTree` reruns the whole context for every node, its
+# calls are not comparable).
+
+# %%
+fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+for (name, pts), style, color in zip(curves.items(), ("s--", "o-", "D-"), ("C0", "C1", "C2")):
+    a0.plot(SIZES, [t for t, _ in pts], style, color=color, label=name)
+    if "static" not in name:
+        a1.plot([c for _, c in pts], [t for t, _ in pts], style, color=color, label=name)
+for n, (t, c) in zip(SIZES, curves["static top-k tree"]):
+    a0.annotate(str(STATIC_OF[n]), (n, t), textcoords="offset points", xytext=(4, -11), fontsize=7)
+a0.set_xlabel("draft tokens (nodes) the target scores per step"); a0.set_ylabel("tau (tokens / target call)"); a0.set_xticks(SIZES)
+a0.legend(fontsize=8); a0.margins(y=0.12); a1.set_xlabel("draft calls per step")
+fig.suptitle(f"tiny + tiny-draft, {len(prompts)} prompts, greedy", fontsize=9); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## What the sizes say, and the wall-clock on a CPU
+# **On tiny** (the run above). At the same node count the dynamic tree beats the static tree at
+# every size: it spends its nodes on the likely paths (the picture: four deep along its most
+# confident path, siblings where it hesitated). The chain does better still up to about 10
+# nodes: `tiny-draft` was distilled from `tiny` on the same book, and its argmax agrees with the
+# target's far more often than its probabilities say (the path accepted in the picture has a
+# cumulative confidence of a few percent), so the values underrate deep first choices. The chain's tau
+# stops growing at `gamma = 6` (its runs of agreement are rarely longer here) while its draft calls
+# keep growing; the dynamic tree keeps gaining, passes it at 14 nodes, and reaches a given tau
+# with fewer draft calls (right panel: one call per level, not one per token).
+#
+# **Why the node count matters on a CPU.** On a GPU, scoring 10 tokens costs about what scoring
+# one does (the forward is memory-bound). On this course's 2-core CPU it does not: the README's
+# latency(k) table for SmolLM2-135M (weights prepacked) has 6 tokens at ~1.2x one token, 8 at
+# ~1.4x, 16 at ~1.5x, 64 at ~2.8x. So what counts is tau divided by the cost of a step (the
+# target's k tokens plus the draft's calls, ~0.12 of a target call each on SmolLM2): a tree must
+# earn every node, and a wide static tree does not.
+#
+# **The committed SmolLM2 run.** Nothing is timed in this notebook (CI runs it in Triton's
+# interpreter). The cell reads the committed benchmark (`bench_results/dynamic_tree_smollm2-135m`),
+# prints its command and, per method, the speed-up over AR in the same run, tau, the **step cost**
+# = tau / speed-up (what one draft-and-verify step costs in AR steps) and the chat category.
+# In the committed run (all 30 prompts, greedy, every output == AR), the draft's dynamic tree with
+# the library's defaults (10 nodes, depth 6, top-3, `floor` 0.1) is faster than the chain draft of
+# chapter 04 (1.35x against 1.28x AR) on the same draft: its tau is 3.38 against 2.58. Its step
+# costs more (about 2.5 AR steps against 2.0: 11 tokens to score instead of 5, and up to 6 draft
+# calls) and the tree earns it: where the draft is sure (math, copy: tau above 4) it goes deeper
+# than the chain's 4, where it is not (chat) its siblings lift tau from 1.59 to 1.94. EAGLE's
+# feature draft (chapter 06) grows the same kind of tree but is held back by its draft.
+
+# %%
+import json
+import os
+
+import refimpl
+
+path = os.path.join(os.path.dirname(refimpl.__file__), os.pardir, "bench_results", "dynamic_tree_smollm2-135m", "decode_smollm2-135m.json")
+b = json.load(open(path)); a = b["args"]
+print(f"python -m refimpl.bench --model {a['model']} --threads {a['threads']} --repeats {a['repeats']} --max-new-tokens "
+      f"{a['max_new_tokens']} --methods \"{a['methods']}\"  ({b['hardware']['cpu_count']} cores, {b['rows'][0]['prompts']} prompts)")
+ar_chat = next(r for r in b["rows"] if r["method"] == "ar (cache)")["per_category_tokens_per_s"]["chat"]
+for r in b["rows"]:
+    name = r["method"].replace("tree speculative (draft's dynamic tree ", "draft's dynamic tree (").replace(", cached", "")
+    name = name.replace(" = EAGLE-2's rule", "")                           # floor 0 is EAGLE-2's rule
+    print(f"  {name:58s} speed-up {r['speedup']:4.2f} | tau {r['tau']:4.2f} | step cost {r['tau'] / r['speedup']:4.2f} |",
+          f"chat {r['per_category_tokens_per_s']['chat'] / ar_chat:4.2f}x | exact {r['exact']:.0%}")
+
+# %% [markdown]
 # ## Sampling: trying several children losslessly (SpecInfer)
 # With temperature > 0 the walk cannot ask for "the argmax". SpecInfer's rule at a node with
 # target distribution `p`: try the children in order. Our children are **deterministic** (top-k
@@ -457,5 +691,15 @@ print(before, "->", shown)
 #   place; no second forward.
 # - Sampling: try children in turn, accept `x` with `p(x)` (deterministic children), else remove
 #   `x` from `p` and go on: lossless, and a duplicate sibling is never accepted.
+# - EAGLE-2's dynamic tree (`dynamic_tree.DynamicDraftTree`): a node's value is its cumulative
+#   draft confidence; expand the `TOPK` most valuable nodes of each level, then keep the `TOTAL`
+#   most valuable of all (`tree.keep_best`). The same budget goes deep where the draft is sure and
+#   wide where it hesitates; growth stops once no node of a level can be kept (the same tree, fewer
+#   draft calls) or none reaches `floor`.
+# - On tiny, at equal node count: dynamic tree > static tree in tau; the distilled chain draft leads
+#   up to ~10 nodes (the draft's values underrate its deep guesses) and saturates after. On a CPU
+#   the target's cost grows with the nodes it scores (~1.2x one token for 6, ~1.5x for 16), so the
+#   budget must go where it is accepted: on SmolLM2 the 10-node dynamic tree runs at 1.35x AR,
+#   the chain at 1.28x (committed benchmark).
 # - Which tree shape is best (Sequoia, OPT-Tree, DySpec) depends on the draft's acceptance
 #   profile and on how much a wider forward costs on the hardware.

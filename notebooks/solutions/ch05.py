@@ -22,3 +22,15 @@ def greedy_path(tokens, parents, best):
             return path, best[node + 1]
         path.append(kid)
         node = kid
+
+
+def settled(values, level, total, floor):
+    """Stop growing below the level values[lo:hi]? Its best node cannot enter the kept tree (it is no
+    better than the total-th best so far; its children are worth at most as much and lose ties, being
+    grown later), or it is less likely than floor."""
+    import math
+
+    best = max(values[level[0]:level[1]])
+    if math.exp(best) < floor:
+        return True
+    return len(values) >= total and best <= sorted(values, reverse=True)[total - 1]
