@@ -551,14 +551,14 @@ fig.suptitle(f"tiny + tiny-draft, {len(prompts)} prompts, greedy", fontsize=9); 
 # %% [markdown]
 # ## What the sizes say, and the wall-clock on a CPU
 # **On tiny** (the run above). At the same node count the dynamic tree beats the static tree at
-# every size: it spends its nodes on the likely paths (the picture: four deep along its most
-# confident path, siblings where it hesitated). The chain does better still up to about 10
+# every size: it spends its nodes on the likely paths (the picture: four deep where the draft
+# was sure, siblings where it hesitated). The chain does better still up to about 10
 # nodes: `tiny-draft` was distilled from `tiny` on the same book, and its argmax agrees with the
 # target's far more often than its probabilities say (the path accepted in the picture has a
 # cumulative confidence of a few percent), so the values underrate deep first choices. The chain's tau
 # stops growing at `gamma = 6` (its runs of agreement are rarely longer here) while its draft calls
-# keep growing; the dynamic tree keeps gaining, passes it at 14 nodes, and reaches a given tau
-# with fewer draft calls (right panel: one call per level, not one per token).
+# keep growing; the dynamic tree keeps gaining, passes it at 14 nodes, and from about 3 draft
+# calls per step on it gets more tau per draft call (right panel: one call per level, not one per token).
 #
 # **Why the node count matters on a CPU.** On a GPU, scoring 10 tokens costs about what scoring
 # one does (the forward is memory-bound). On this course's 2-core CPU it does not: the README's
