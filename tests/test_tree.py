@@ -220,6 +220,18 @@ class KeepRejectedToken(Tree):
         return self.walk(parents, valid, choose, final)
 
 
+def keeping_rejected_tokens(proposer_cls):
+    """A subclass of a tree proposer whose trees are verified by :class:`KeepRejectedToken` (the
+    same trees, a wrong walk): the negative control of every tree sampler's chi-square test."""
+
+    class WrongWalk(proposer_cls):
+        def propose(self, caps):
+            prop = super().propose(caps)
+            return prop if prop.tree is None else prop._replace(tree=KeepRejectedToken(prop.tree.parents))
+
+    return WrongWalk
+
+
 class FixedTree:
     """Proposes the same deterministic tree (q = None) to every row at the first step, then nothing."""
 

@@ -10,7 +10,7 @@ from refimpl import models, tree
 from refimpl import speculative as sp
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
-from test_tree import KeepRejectedToken  # a wrong SpecInfer walk (tests/test_tree.py)
+from test_tree import keeping_rejected_tokens  # a wrong SpecInfer walk (tests/test_tree.py)
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")
 
@@ -53,12 +53,7 @@ def test_bad_widths(tiny, draft, spec_prompts, widths):
         tree.generate(tiny, draft, spec_prompts, widths=widths)
 
 
-class WrongWalk(tree.DraftTree):
-    """Negative control: the same trees, verified by a walk that keeps a rejected child's token in p."""
-
-    def propose(self, caps):
-        prop = super().propose(caps)
-        return prop if prop.tree is None else prop._replace(tree=KeepRejectedToken(prop.tree.parents))
+WrongWalk = keeping_rejected_tokens(tree.DraftTree)
 
 
 TOP_K, TEMP, SAMPLES = 5, 1.0, 1500
