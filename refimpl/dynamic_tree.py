@@ -60,8 +60,9 @@ class DynamicDraftTree:
     nodes expanded per level; growth stops early when deeper nodes could not be kept or no node of
     the level reaches cumulative confidence ``floor`` (:meth:`settled`; ``floor=0``: EAGLE-2's tree).
     The defaults (10 nodes, depth 6, top-3, floor 0.1) suit a CPU, where the target's cost grows
-    with the tree (README: 16 nodes cost ~1.5 one-token steps on SmolLM2) and a draft call costs ~0.12. After :meth:`propose`, ``rows`` holds each row's ``(tokens, parents)``
-    and ``scores`` the kept nodes' cumulative log-confidence."""
+    with the tree (README: 16 nodes cost ~1.5 one-token steps on SmolLM2) and a draft call costs
+    ~0.12 of one. After :meth:`propose`, ``rows`` holds each row's ``(tokens, parents)`` and
+    ``scores`` the kept nodes' cumulative log-confidence."""
 
     tree_proposals = True
     prune = True  # stop growing once deeper nodes cannot enter the kept tree, or are too unlikely (:meth:`settled`)
@@ -108,10 +109,11 @@ class DynamicDraftTree:
         - economic: no node of the level has a cumulative confidence of at least ``floor``: their
           children would add at most that many expected tokens each, less than one draft call costs
           when ``floor`` is about the draft's cost ratio c (chapter 04a; SmolLM2's draft: c ~ 0.12)."""
-        kth = score.topk(self.total, -1).values[:, -1] if score.shape[1] >= self.total else None  # (B,)
-        best = score[:, lvl[0]:lvl[1]].max(-1).values  # (B,)
-        done = torch.tensor([c <= d for c in caps], device=score.device) | (best.exp() < self.floor)
-        return bool((done | (best <= kth if kth is not None else done)).all())
+        best = score[:, lvl[0]:lvl[1]].max(-1).values  # (B,) the level's most confident node
+        stop = torch.tensor([c <= d for c in caps], device=score.device) | (best.exp() < self.floor)  # (B,)
+        if score.shape[1] >= self.total:  # the row's total-th best score so far
+            stop |= best <= score.topk(self.total, -1).values[:, -1]
+        return bool(stop.all())
 
     @torch.no_grad()
     def propose(self, caps: list[int]):
@@ -124,14 +126,12 @@ class DynamicDraftTree:
         root = self.slots.feed(feed, fmask)[:, -1:]  # (B, 1, V) the draft's logits after the root
         self.pending = [[] for _ in range(B)]
         P0, pos0 = self.slots.mask.shape[1], self.slots.count - 1  # committed slots; the root's position (B,)
-        paths = [[[] for _ in range(k)] for _ in range(B)]  # per row, per node: its tokens from the root
         lp, ch = torch.log_softmax(self.boost(root, [[[]] for _ in range(B)]), -1)[:, 0].topk(k, -1)  # (B, k)
+        paths = [[[t] for t in row] for row in ch.tolist()]  # per row, per node: its tokens from the root
         toks, score = ch, lp  # (B, N) every grown node's token and cumulative log-confidence
         par = torch.full((B, k), ROOT, dtype=torch.long, device=dev)  # (B, N) global parent ids
         depth, lvl = [1] * k, (0, k)  # nodes' depths; the current level's global id range
         fed = torch.zeros((B, 0), dtype=torch.long, device=dev)  # global ids of nodes in the draft's cache
-        for b in range(B):
-            paths[b] = [[t] for t in ch[b].tolist()]
         for d in range(1, D):  # expand the ``topk`` most confident nodes of level d
             if self.prune and self.settled(score, lvl, d, caps):
                 D = d  # calls made
