@@ -39,18 +39,52 @@ import torch
 
 from .copy_prior import ContextCopyLM, copy_candidates
 from .generation import Generation, check_positive_int
+from .lm import left_pad
 from .slot_cache import SlotCache
 from .speculative import check_same_tokenizer, decode
 from .tree import ROOT, additive, keep_best, pack
 
 
-def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token lists -> (B, L) left-padded ids and their (B, L) mask (None when no row is padded)."""
-    L = max(len(r) for r in rows)
-    ids = torch.tensor([[0] * (L - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    if all(len(r) == L for r in rows):
-        return ids, None
-    return ids, torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+class Growth:
+    """EAGLE-2's dynamic tree while it grows, for any draft (this module's draft LM, the feature draft
+    of :mod:`refimpl.eagle`): every grown node's token, global parent id, cumulative log-confidence
+    and depth, in grown order (parents first); the current level; the nodes expanded so far (run
+    through the draft, in the order they were). Starts from the root's children: ``score`` and
+    ``toks`` (B, k)."""
+
+    def __init__(self, score: torch.Tensor, toks: torch.Tensor):
+        B, k = toks.shape
+        self.k, self.toks, self.score = k, toks, score  # (B, N) each
+        self.par = torch.full((B, k), ROOT, dtype=torch.long, device=toks.device)  # (B, N) global parent ids
+        self.depth, self.lvl = [1] * k, (0, k)  # (N,) depths; the current level's global id range
+        self.fed = torch.zeros((B, 0), dtype=torch.long, device=toks.device)  # (B, F) expanded nodes' ids
+
+    def expand(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take the level's ``k`` most confident nodes -> ``(top (B, e) their global ids, anc (B, e, F)
+        bool: which nodes expanded before are their ancestors)``; they count as expanded from now on."""
+        lo, hi = self.lvl
+        top = self.score[:, lo:hi].topk(min(self.k, hi - lo), -1).indices + lo  # (B, e)
+        anc, a = torch.zeros((*top.shape, self.fed.shape[1]), dtype=torch.bool, device=top.device), top
+        for _ in range(self.depth[lo] - 1):  # ancestors of the expanded nodes, one depth at a time
+            a = self.par.gather(1, a)
+            anc |= self.fed[:, None, :] == a[:, :, None]
+        self.fed = torch.cat([self.fed, top], 1)
+        return top, anc
+
+    def add(self, top: torch.Tensor, lp: torch.Tensor, ch: torch.Tensor) -> None:
+        """The children ``ch`` (B, e, k) of the expanded nodes ``top`` (B, e), with the draft's log
+        probabilities ``lp`` (B, e, k); they become the current level."""
+        B, e, k = ch.shape
+        start, d = self.toks.shape[1], self.depth[self.lvl[0]]
+        self.toks = torch.cat([self.toks, ch.flatten(1)], 1)
+        self.score = torch.cat([self.score, (self.score.gather(1, top)[..., None] + lp).flatten(1)], 1)
+        self.par = torch.cat([self.par, top[..., None].expand(B, e, k).flatten(1)], 1)
+        self.depth += [d + 1] * (e * k)
+        self.lvl = (start, self.toks.shape[1])
+
+    def keep(self, caps: list[int], total: int):
+        """EAGLE-2's re-rank of everything grown: :func:`refimpl.tree.keep_best`."""
+        return keep_best(self.toks, self.par, self.score, torch.tensor(self.depth), caps, total)
 
 
 class DynamicDraftTree:
@@ -122,45 +156,34 @@ class DynamicDraftTree:
             self.rows = [([], [])] * B
             return pack(self.rows)
         dev = self.draft.device
-        feed, fmask = left_padded(self.pending, dev)
+        feed, fmask = left_pad(self.pending, 0, dev)  # (B, L) each
+        fmask = None if bool(fmask.all()) else fmask  # (a feed mask means holes to SlotCache)
         root = self.slots.feed(feed, fmask)[:, -1:]  # (B, 1, V) the draft's logits after the root
         self.pending = [[] for _ in range(B)]
         P0, pos0 = self.slots.mask.shape[1], self.slots.count - 1  # committed slots; the root's position (B,)
         lp, ch = torch.log_softmax(self.boost(root, [[[]] for _ in range(B)]), -1)[:, 0].topk(k, -1)  # (B, k)
+        grown = Growth(lp, ch)
         paths = [[[t] for t in row] for row in ch.tolist()]  # per row, per node: its tokens from the root
-        toks, score = ch, lp  # (B, N) every grown node's token and cumulative log-confidence
-        par = torch.full((B, k), ROOT, dtype=torch.long, device=dev)  # (B, N) global parent ids
-        depth, lvl = [1] * k, (0, k)  # nodes' depths; the current level's global id range
-        fed = torch.zeros((B, 0), dtype=torch.long, device=dev)  # global ids of nodes in the draft's cache
         for d in range(1, D):  # expand the ``topk`` most confident nodes of level d
-            if self.prune and self.settled(score, lvl, d, caps):
+            if self.prune and self.settled(grown.score, grown.lvl, d, caps):
                 D = d  # calls made
                 break
-            top = score[:, lvl[0]:lvl[1]].topk(min(k, lvl[1] - lvl[0]), -1).indices + lvl[0]  # (B, e) global ids
+            top, anc = grown.expand()  # (B, e), (B, e, fed before)
             e = top.shape[1]
-            anc, a = torch.zeros((B, e, fed.shape[1]), dtype=torch.bool, device=dev), top
-            for _ in range(d - 1):  # ancestors of the expanded nodes, one depth at a time
-                a = par.gather(1, a)
-                anc |= fed[:, None, :] == a[:, :, None]
             allow = torch.cat([self.slots.mask[:, None, :P0].bool().expand(B, e, P0), anc,
                                torch.eye(e, dtype=torch.bool, device=dev).expand(B, e, e)], -1)  # (B, e, P + e)
             logits, self.slots.cache = self.draft.forward(
-                toks.gather(1, top), self.slots.cache, position_ids=pos0[:, None] + d + torch.zeros_like(top),
+                grown.toks.gather(1, top), self.slots.cache, position_ids=pos0[:, None] + d + torch.zeros_like(top),
                 attention_mask=additive(allow))[:2]  # (B, e, V)
-            fed = torch.cat([fed, top], 1)
             sel = top.tolist()
             node_paths = [[paths[b][g] for g in sel[b]] for b in range(B)]
             lp, ch = torch.log_softmax(self.boost(logits, node_paths), -1).topk(k, -1)  # (B, e, k)
-            toks = torch.cat([toks, ch.flatten(1)], 1)
-            score = torch.cat([score, (score.gather(1, top)[..., None] + lp).flatten(1)], 1)
-            par = torch.cat([par, top[..., None].expand(B, e, k).flatten(1)], 1)
+            grown.add(top, lp, ch)
             C = ch.tolist()
             for b in range(B):
                 paths[b] += [node_paths[b][i] + [t] for i in range(e) for t in C[b][i]]
-            depth += [d + 1] * (e * k)
-            lvl = (lvl[1], toks.shape[1])
         self.draft.crop(self.slots.cache, P0)  # forget the tree: only committed tokens stay cached
-        self.rows, self.scores = keep_best(toks, par, score, torch.tensor(depth), caps, self.total)
+        self.rows, self.scores = grown.keep(caps, self.total)
         return pack(self.rows, calls=D)
 
     def accept(self, v) -> None:

@@ -45,10 +45,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .dynamic_tree import Growth
 from .generation import Generation, check_positive_int
+from .lm import positions_from_mask
 from .medusa import read_folder, write_folder
 from .speculative import decode
-from .tree import ROOT, Tree, keep_best, pack
+from .tree import Tree, pack
 
 
 def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -64,7 +66,7 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 def positions(mask: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) 1 = real input -> (B, T) each input's position: ``start`` (B,) (None: 0) + its index
     among its row's real inputs (pads: clamped, never used)."""
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pos = positions_from_mask(mask)
     return pos if start is None else pos + start[:, None]
 
 
@@ -142,7 +144,7 @@ def save_draft(draft: EagleDraft, folder: str, base_model: str, report: dict | N
            "rope_theta": draft.rope_theta, "vocab_kept": None if draft.kept is None else int(draft.kept.numel()),
            "feature": "target's last hidden state AFTER its final norm",
            "report": report or {}}
-    write_folder(folder, "eagle.safetensors", state, draft.kept, cfg)
+    write_folder(folder, "eagle", state, draft.kept, cfg)
 
 
 def new_draft(target, **kw) -> EagleDraft:
@@ -259,40 +261,23 @@ class EagleProposer:
         ``past`` keys / values (B, heads, P, d), real where ``kmask`` (B, P); ``n`` (B,) inputs per row
         (the root's children sit at position n). Each of the ``D - 1`` levels runs its ``topk`` most
         confident nodes through the draft, attending to the context and their ancestors (their keys
-        are dropped afterwards). -> :func:`keep_best`'s ``(rows, scores)``."""
+        are dropped afterwards). -> :func:`refimpl.tree.keep_best`'s ``(rows, scores)``."""
         B, P, k, dev = root.shape[0], kmask.shape[1], self.topk, root.device
-        logp = torch.log_softmax(self.draft.logits(root), -1)  # (B, V) draft's distribution below the root
-        score, toks = logp.topk(k, -1)  # (B, k) cumulative log-confidence, tokens of level 1
-        toks = self.draft.full(toks)
-        par = torch.full((B, k), ROOT, dtype=torch.long, device=dev)  # global parent ids
-        depth = [1] * k
-        lvl, lvl_feat = slice(0, k), root[:, None].expand(B, k, -1)  # current level; its nodes' input features
-        exp_ids = torch.zeros((B, 0), dtype=torch.long, device=dev)  # nodes already run through the draft
+        score, toks = torch.log_softmax(self.draft.logits(root), -1).topk(k, -1)  # (B, k) level 1
+        grown = Growth(score, self.draft.full(toks))
+        lvl_feat = root[:, None].expand(B, k, -1)  # the current level's nodes' input features
         for d in range(1, D):  # expand the topk most confident nodes of level d
-            top = score[:, lvl].topk(min(k, lvl.stop - lvl.start), -1).indices  # (B, e) local to the level
-            sel = lvl.start + top  # (B, e) global node ids
-            e = sel.shape[1]
-            anc, a = [], sel
-            for _ in range(d - 1):  # ancestors of the selected nodes, (B, e) per depth
-                a = par.gather(1, a)
-                anc.append(a)
-            see_old = torch.zeros((B, e, exp_ids.shape[1]), dtype=torch.bool, device=dev)
-            for a in anc:
-                see_old |= exp_ids[:, None, :] == a[:, :, None]
-            allow = torch.cat([kmask[:, None, :].expand(B, e, P), see_old,
+            top, anc = grown.expand()  # (B, e) global ids, (B, e, expanded before)
+            e = top.shape[1]
+            allow = torch.cat([kmask[:, None, :].expand(B, e, P), anc,
                                torch.eye(e, dtype=torch.bool, device=dev)[None].expand(B, e, e)], -1)
-            inp = lvl_feat.gather(1, top[..., None].expand(-1, -1, root.shape[-1]))  # (B, e, H) parents' outputs
-            f, (kk, vv) = self.draft.step(toks.gather(1, sel), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
-            past, exp_ids = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2)), torch.cat([exp_ids, sel], 1)
+            inp = lvl_feat.gather(1, (top - grown.lvl[0])[..., None].expand(-1, -1, root.shape[-1]))  # (B, e, H)
+            f, (kk, vv) = self.draft.step(grown.toks.gather(1, top), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
+            past = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
             lp, ch = torch.log_softmax(self.draft.logits(f), -1).topk(k, -1)  # (B, e, k)
-            ch = self.draft.full(ch)
-            start = toks.shape[1]
-            toks = torch.cat([toks, ch.flatten(1)], 1)
-            score = torch.cat([score, (score.gather(1, sel)[..., None] + lp).flatten(1)], 1)
-            par = torch.cat([par, sel[..., None].expand(B, e, k).flatten(1)], 1)
-            depth += [d + 1] * (e * k)
-            lvl, lvl_feat = slice(start, toks.shape[1]), f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
-        return keep_best(toks, par, score, torch.tensor(depth), caps, self.total)  # EAGLE-2's re-rank
+            grown.add(top, lp, self.draft.full(ch))
+            lvl_feat = f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
+        return grown.keep(caps, self.total)  # EAGLE-2's re-rank
 
     def accept(self, v) -> None:
         hid = v.hidden.float()  # (b, g + 1, H): after the root, then after each node

@@ -95,15 +95,25 @@ class MedusaHeads(nn.Module):
         return idx if self.kept is None else self.kept[idx]
 
 
-def write_folder(folder: str, filename: str, state: dict, kept: torch.Tensor | None, cfg: dict) -> None:
-    """``folder/filename`` (safetensors: ``state`` plus ``kept_ids`` if any) and ``folder/config.json``:
+def heads_folder(kind: str, target_name: str) -> str:
+    """The zoo's folder for ``kind`` weights (``"medusa"``, ``"eagle"``) on a target: models/<kind>-<name>."""
+    return os.path.join(HEADS_DIR, f"{kind}-{target_name}")
+
+
+def weights_file(folder: str, kind: str) -> str:
+    """Where :func:`write_folder` puts the ``kind`` weights (``"medusa"``, ``"eagle"``) in ``folder``."""
+    return os.path.join(folder, f"{kind}.safetensors")
+
+
+def write_folder(folder: str, kind: str, state: dict, kept: torch.Tensor | None, cfg: dict) -> None:
+    """``folder/<kind>.safetensors`` (``state`` plus ``kept_ids`` if any) and ``folder/config.json``:
     how the zoo stores weights trained on top of a frozen target (Medusa heads, the EAGLE draft)."""
     from safetensors.torch import save_file
 
     os.makedirs(folder, exist_ok=True)
     if kept is not None:
         state = {**state, "kept_ids": kept.int().cpu().contiguous()}
-    save_file(state, os.path.join(folder, filename), metadata={"format": "pt"})
+    save_file(state, weights_file(folder, kind), metadata={"format": "pt"})
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
 
@@ -113,8 +123,8 @@ def read_folder(target, kind: str, what: str, folder: str | None = None):
     :func:`write_folder` wrote them; ``FileNotFoundError`` naming ``what`` and how to train it."""
     from safetensors.torch import load_file
 
-    folder = folder or os.path.join(HEADS_DIR, f"{kind}-{target.name}")
-    path = os.path.join(folder, f"{kind}.safetensors")
+    folder = folder or heads_folder(kind, target.name)
+    path = weights_file(folder, kind)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {what} for {target.name!r} at {folder}; train with "
                                 f"`python -m refimpl.train {kind}-{target.name}`")
@@ -144,7 +154,7 @@ def save_heads(heads: MedusaHeads, folder: str, base_model: str, report: dict | 
                                 "blocks.{k}.layers.0.bias": "medusa_head.{k}.0.linear.bias",
                                 "lm_heads.{k}.weight": "the base model's lm_head.weight (original_lm_head: shared)"}},
            "accuracy": heads.accuracy, "report": report or {}}
-    write_folder(folder, "medusa.safetensors", state, heads.kept, cfg)
+    write_folder(folder, "medusa", state, heads.kept, cfg)
 
 
 def load_heads(target, folder: str | None = None) -> MedusaHeads:

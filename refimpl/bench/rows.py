@@ -74,7 +74,7 @@ def dynamic_row(total: int, depth: int, topk: int, floor: float):
 def has_heads(model_name: str, kind: str = "medusa") -> bool:
     """Are Medusa heads (``kind="medusa"``) or an EAGLE draft (``"eagle"``) trained for this target
     (``models/<kind>-<name>``)?"""
-    return os.path.exists(os.path.join(medusa.HEADS_DIR, f"{kind}-{model_name}", f"{kind}.safetensors"))
+    return os.path.exists(medusa.weights_file(medusa.heads_folder(kind, model_name), kind))
 
 
 def medusa_row(tree_size: int, acceptance: str = "lossless", temperature: float = 0.0):
