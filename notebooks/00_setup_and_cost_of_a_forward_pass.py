@@ -32,10 +32,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                      # CI default; False = bigger measurements
 MODEL = "tiny"                   # or "smollm2-135m", or any local Hugging Face folder
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()        # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 CONTEXT = 64 if FAST else 256    # cached tokens before the k new ones
 KS = [1, 2, 4, 8, 16, 32] if FAST else [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 REPEATS = 3 if FAST else 10
@@ -112,14 +113,15 @@ assert torch.allclose(new_logits, full, atol=1e-4)
 
 # %%
 def latency_by_hand(lm, context, ks, repeats):
-    ids = torch.randint(3, lm.vocab_size, (1, context + max(ks)), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(lm.device)
+    ids = torch.randint(3, lm.vocab_size, (1, context + max(ks)), device=lm.device,
+                        generator=torch.Generator(device=lm.device).manual_seed(0))
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)  # GPU calls return before they finish
     _, cache = lm.forward(ids[:, :context])
     out = {}
     for k in ks:
         ts = []
         for _ in range(repeats):
-            t0 = time.perf_counter(); lm.forward(ids[:, context:context + k], cache); ts.append(time.perf_counter() - t0)
+            sync(); t0 = time.perf_counter(); lm.forward(ids[:, context:context + k], cache); sync(); ts.append(time.perf_counter() - t0)
             lm.crop(cache, context)
         out[k] = statistics.median(ts)
     return out

@@ -27,10 +27,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                    # CI default
 MODEL = "tiny"                 # any zoo name or local Hugging Face folder
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()      # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 NEW_TOKENS = 24 if FAST else 128
 PROMPT = "And God said unto Moses,"
 SHOW_SOLUTIONS = False
@@ -81,7 +82,7 @@ print("greedy next token:", repr(lm.tokenizer.decode([greedy_id])))
 # %%
 def probs_top_k(logits, k, T=1.0):
     kth = logits.topk(k).values[-1]
-    return torch.softmax(torch.where(logits >= kth, logits, torch.tensor(float("-inf"))) / T, -1)
+    return torch.softmax(torch.where(logits >= kth, logits, torch.tensor(float("-inf"), device=logits.device)) / T, -1)
 
 for k in (1, 5, 50):
     assert torch.allclose(probs_top_k(logits, k), sampling.probs(logits, 1.0, top_k=k), atol=1e-6)
@@ -136,7 +137,7 @@ print(before, "->", shown)
 # `generate` in `refimpl` takes `generator=`.
 
 # %%
-g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+g1, g2 = torch.Generator(device=DEVICE).manual_seed(7), torch.Generator(device=DEVICE).manual_seed(7)   # on the logits' device
 a = sampling.sample(logits.expand(10, -1), 0.9, generator=g1)
 b = sampling.sample(logits.expand(10, -1), 0.9, generator=g2)
 print([lm.tokenizer.decode([t]) for t in a.tolist()])
@@ -150,17 +151,18 @@ assert torch.equal(a, b)
 # return the first to ring, `argmax_i p_i / E_i`. `E_i / p_i` is exponential with rate `p_i`, and
 # the first of independent exponential alarms is alarm `i` with probability `rate_i / sum(rates)
 # = p_i`. Built by hand with the same generator, it reproduces the library's draws exactly. (The
-# generator lives on the CPU, so the probabilities are copied there, as `refimpl.sampling` does.)
+# generator lives on the device of the probabilities, `DEVICE`, and the race is drawn there: a
+# CUDA generator gives a different stream than a CPU one, so both sides use the same device.)
 
 # %%
 def draw_by_hand(pr, gen):                                 # pr (..., V) -> (...)
-    pr = pr.float().cpu()
-    e = torch.empty(pr.shape).exponential_(1.0, generator=gen)   # one Exp(1) per token, from the generator
+    pr = pr.float()
+    e = torch.empty(pr.shape, device=pr.device).exponential_(1.0, generator=gen)   # one Exp(1) per token, from the generator
     return (pr / e).argmax(-1)
 
 pr9 = sampling.probs(logits, 0.9).expand(10, -1)
-mine = draw_by_hand(pr9, torch.Generator().manual_seed(7))
-assert torch.equal(mine, a.cpu()), "the race must reproduce refimpl's seeded draws"
+mine = draw_by_hand(pr9, torch.Generator(device=DEVICE).manual_seed(7))
+assert torch.equal(mine, a), "the race must reproduce refimpl's seeded draws"
 print("by hand == refimpl.sampling.sample, draw for draw:", mine.tolist())
 
 # %% [markdown]
@@ -391,8 +393,9 @@ if SHOW_SOLUTIONS:
 # classic one is the inverse CDF: draw one uniform `u` per row from the generator and return the
 # first token whose cumulative probability exceeds `u`. Write `my_sample(pr, gen)` for
 # probabilities `pr` of shape `(B, V)`, returning `(B,)` token ids, with every random number taken
-# from `gen` (a CPU `torch.Generator`). It will not reproduce the race's draws one by one, but it
-# must draw from the same distribution and be just as reproducible.
+# from `gen` (a `torch.Generator` on the device of `pr`: make your uniforms there). It will not
+# reproduce the race's draws one by one, but it must draw from the same distribution and be just
+# as reproducible.
 
 # %%
 @exercise("01", "my_sample")
@@ -408,15 +411,15 @@ def my_sample(pr, gen):
 # %%
 from scipy.stats import chisquare
 
-pr8 = sampling.probs(logits, 0.8, top_k=8).cpu()                          # (V,) eight tokens > 0
+pr8 = sampling.probs(logits, 0.8, top_k=8)                                # (V,) eight tokens > 0
 keep = pr8.nonzero()[:, 0]
 small = pr8[keep][None].expand(20000, -1).contiguous()                    # (20000, 8)
 
 def pvalue(draws):                                                        # draws: indices into `keep`
-    e = pr8[keep].double()
-    return chisquare(torch.bincount(draws.cpu(), minlength=8).double(), e / e.sum() * len(draws)).pvalue
+    e = pr8[keep].double().cpu()                                          # scipy reads CPU arrays
+    return chisquare(torch.bincount(draws, minlength=8).double().cpu(), e / e.sum() * len(draws)).pvalue  # scipy reads CPU arrays
 
-u = torch.rand(20000, 1, generator=torch.Generator().manual_seed(5))
+u = torch.rand(20000, 1, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(5))
 off_by_one = ((small.cumsum(-1) <= u).sum(-1) + 1).clamp(max=7)          # WRONG on purpose
 assert pvalue(off_by_one) < 1e-3, "the test must reject a wrong sampler"
 print(f"negative control (off-by-one inverse CDF): p-value {pvalue(off_by_one):.1e}")
@@ -427,11 +430,12 @@ print(f"negative control (off-by-one inverse CDF): p-value {pvalue(off_by_one):.
 
 # %%
 def check_my_sample():
-    first = my_sample(small[:50], torch.Generator().manual_seed(1))
-    assert torch.equal(first, my_sample(small[:50], torch.Generator().manual_seed(1))), "same seed, same draws"
-    full = my_sample(pr8[None].expand(200, -1), torch.Generator().manual_seed(3)).cpu()
+    gen = lambda seed: torch.Generator(device=DEVICE).manual_seed(seed)   # on the device of the probabilities
+    first = my_sample(small[:50], gen(1))
+    assert torch.equal(first, my_sample(small[:50], gen(1))), "same seed, same draws"
+    full = my_sample(pr8[None].expand(200, -1), gen(3))
     assert bool((full[:, None] == keep).any(1).all()), "drew a token of probability 0"
-    pv = pvalue(my_sample(small, torch.Generator().manual_seed(4)))
+    pv = pvalue(my_sample(small, gen(4)))
     assert pv > 1e-3, f"20,000 draws are not distributed as sampling.probs (chi-square p-value {pv:.1e})"
 
 

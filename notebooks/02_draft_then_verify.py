@@ -36,11 +36,12 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                       # CI default: short generations
 TARGET = "tiny"                   # any zoo name or local Hugging Face folder
 DRAFT = "tiny-draft"              # falls back to the target's first layers if absent
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()         # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 NEW_TOKENS = 32 if FAST else 128
 GAMMAS = [1, 2, 3, 4, 6, 8] if FAST else list(range(1, 13))
 PROMPT = "And it came to pass, when the king heard"
@@ -412,15 +413,15 @@ def my_verify_greedy(draft, logits):
 
 # %%
 def planted(B=200, gamma=5, V=50, seed=0):
-    gg = torch.Generator().manual_seed(seed)
-    logits = torch.randn(B, gamma + 1, V, generator=gg)
+    gg = torch.Generator(device=DEVICE).manual_seed(seed)                             # made where the kernel runs
+    logits = torch.randn(B, gamma + 1, V, generator=gg, device=DEVICE)
     top = logits.argmax(-1)[:, :gamma]
-    m = torch.randint(0, gamma + 1, (B, 1), generator=gg)              # planted prefix length
-    pos = torch.arange(gamma)[None]
-    wrong = (top + torch.randint(1, V, top.shape, generator=gg)) % V   # never the argmax
-    later = torch.rand(B, gamma, generator=gg) < 0.5                   # agree again after the mismatch?
+    m = torch.randint(0, gamma + 1, (B, 1), generator=gg, device=DEVICE)              # planted prefix length
+    pos = torch.arange(gamma, device=DEVICE)[None]
+    wrong = (top + torch.randint(1, V, top.shape, generator=gg, device=DEVICE)) % V   # never the argmax
+    later = torch.rand(B, gamma, generator=gg, device=DEVICE) < 0.5                   # agree again after the mismatch?
     draft = torch.where((pos < m) | ((pos > m) & later), top, wrong)
-    return draft.to(DEVICE), logits.to(DEVICE)
+    return draft, logits
 
 # %% [markdown]
 # The check:
@@ -431,8 +432,8 @@ def check_verify_greedy():
     for k, (d, lg) in enumerate(cases):
         n, nxt = my_verify_greedy(d, lg)
         kn, knxt = kernels.verify_greedy(d, lg)
-        assert n.shape == kn.shape and torch.equal(n.long().cpu(), kn.cpu()), f"case {k}: accepted lengths differ from the kernel's, e.g. rows {(n.long().cpu() != kn.cpu()).nonzero()[:3, 0].tolist()}"
-        assert torch.equal(nxt.long().cpu(), knxt.cpu()), f"case {k}: the accepted lengths match but the next tokens do not"
+        assert n.shape == kn.shape and torch.equal(n.long(), kn), f"case {k}: accepted lengths differ from the kernel's, e.g. rows {(n.long() != kn).nonzero()[:3, 0].tolist()}"
+        assert torch.equal(nxt.long(), knxt), f"case {k}: the accepted lengths match but the next tokens do not"
 
 
 check("Exercise 1", check_verify_greedy)
@@ -471,8 +472,9 @@ if SHOW_SOLUTIONS:
 # **3. tau from alpha and gamma, by simulation.** Under the i.i.d. model each draft of a step is
 # accepted with probability `alpha`, left to right, until the first rejection; the step emits the
 # accepted drafts plus the target's own token. Write `simulate_tau(alpha, gamma, steps, gen)`:
-# simulate `steps` steps with random numbers from `gen` (a `torch.Generator`) and return the mean
-# tokens per step. The check compares with the closed form `speculative.expected_tau`.
+# simulate `steps` steps with random numbers from `gen` (a `torch.Generator`: draw on its device,
+# `gen.device`) and return the mean tokens per step. The check compares with the closed form
+# `speculative.expected_tau`.
 
 # %%
 @exercise("02", "simulate_tau")
@@ -487,7 +489,7 @@ def simulate_tau(alpha, gamma, steps, gen):
 # %%
 def check_simulate_tau():
     for alpha, gm in [(0.8, 4), (0.5, 2), (0.95, 8), (0.3, 1), (0.0, 3)]:
-        sim = float(simulate_tau(alpha, gm, 20000, torch.Generator().manual_seed(gm)))
+        sim = float(simulate_tau(alpha, gm, 20000, torch.Generator(device="cpu").manual_seed(gm)))   # a host-side simulation
         want = speculative.expected_tau(alpha, gm)
         tol = 4 * gm / 2 / 20000 ** 0.5 + 1e-9
         assert abs(sim - want) <= tol, f"alpha={alpha}, gamma={gm}: your simulation gives {sim:.3f}, the formula {want:.3f}"

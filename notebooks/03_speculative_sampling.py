@@ -36,11 +36,12 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                       # CI default: small sample sizes
 TARGET = "tiny"                   # any zoo name or local Hugging Face folder
 DRAFT = "tiny-draft"              # falls back to the target's first layers if absent
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()         # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 TEMPERATURE, TOP_K, TOP_P = 0.8, None, None
 GAMMA = 4
 NEW_TOKENS = 40 if FAST else 128
@@ -134,8 +135,8 @@ def emitted(p, q, rule="correct"):
     return q * acc + (q * (1 - acc)).sum() * after_reject
 
 
-g = torch.Generator().manual_seed(SEED)
-p6, q6 = torch.softmax(torch.randn(6, generator=g, dtype=torch.float64) * 1.5, 0), torch.softmax(torch.randn(6, generator=g, dtype=torch.float64) * 1.5, 0)
+g = torch.Generator(device=DEVICE).manual_seed(SEED)   # p6 and q6 meet the kernel below: made on its device
+p6, q6 = (torch.softmax(torch.randn(6, generator=g, dtype=torch.float64, device=DEVICE) * 1.5, 0) for _ in range(2))
 for rule in ("correct", "accept-all", "resample-from-p"):
     err = (emitted(p6, q6, rule) - p6).abs().max().item()
     print(f"{rule:16s} max |P - p| = {err:.2e}")
@@ -168,15 +169,15 @@ def my_one_position(p, q, x, u0, u1):
 # %%
 from scipy.stats import chisquare
 
-gg = torch.Generator().manual_seed(5)
-p_ex, q_ex = torch.rand(6, generator=gg, dtype=torch.float64), torch.rand(6, generator=gg, dtype=torch.float64)
+gg = torch.Generator(device="cpu").manual_seed(5)   # a host-side simulation: 20,000 Python calls, counted for scipy
+p_ex, q_ex = (torch.rand(6, generator=gg, dtype=torch.float64, device="cpu") for _ in range(2))
 p_ex, q_ex = p_ex / p_ex.sum(), q_ex / q_ex.sum()
 
 
 def emitted_pvalue(rule, n=20000, seed=3):
-    g_ = torch.Generator().manual_seed(seed)
+    g_ = torch.Generator(device="cpu").manual_seed(seed)
     xs_ = torch.multinomial(q_ex.float(), n, replacement=True, generator=g_).tolist()
-    us = torch.rand(n, 2, generator=g_, dtype=torch.float64).tolist()
+    us = torch.rand(n, 2, generator=g_, dtype=torch.float64, device="cpu").tolist()
     out = [rule(p_ex, q_ex, x, u0, u1) for x, (u0, u1) in zip(xs_, us)]
     return chisquare([out.count(t) for t in range(6)], (p_ex * n).tolist()).pvalue
 
@@ -212,12 +213,12 @@ if SHOW_SOLUTIONS:
 import os
 from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 
-mc_sampler = kernels.rejection_sample if torch.cuda.is_available() else rejection_sample_reference
+mc_sampler = kernels.rejection_sample if DEVICE.type == "cuda" else rejection_sample_reference
 n_rows = 200_000 if FAST else 2_000_000
 P = torch.stack([p6, p6]).float()[None].expand(n_rows, 2, 6).contiguous()   # (R, gamma + 1, V)
 Q = q6.float()[None, None].expand(n_rows, 1, 6).contiguous()                # (R, gamma, V)
 x = torch.multinomial(q6.float(), n_rows, replacement=True, generator=g)[:, None]
-u = torch.rand(n_rows, 2, generator=g)
+u = torch.rand(n_rows, 2, generator=g, device=DEVICE)
 n_acc, nxt = mc_sampler(x, P, Q, u)
 first = torch.where(n_acc == 1, x[:, 0], nxt)
 freq = torch.bincount(first, minlength=6).double() / n_rows
@@ -233,15 +234,14 @@ assert (freq - p6).abs().max() < 0.005
 
 # %%
 B, gm, V = 8, 4, target.vocab_size
-pp = torch.softmax(torch.randn(B, gm + 1, V, generator=g) * 3, -1)
-qq = torch.softmax(pp[:, :gm].log() + torch.randn(B, gm, V, generator=g), -1)
+pp = torch.softmax(torch.randn(B, gm + 1, V, generator=g, device=DEVICE) * 3, -1)
+qq = torch.softmax(pp[:, :gm].log() + torch.randn(B, gm, V, generator=g, device=DEVICE), -1)
 xx = torch.multinomial(qq.view(-1, V), 1, generator=g).view(B, gm)
-uu = torch.rand(B, gm + 1, generator=g)
+uu = torch.rand(B, gm + 1, generator=g, device=DEVICE)
 ref_n, ref_t = rejection_sample_reference(xx, pp, qq, uu)
-if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":   # a real kernel run
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    tri = rejection_sample_triton(xx.to(dev), pp.to(dev), qq.to(dev), uu.to(dev))
-    assert torch.equal(tri[0].cpu(), ref_n) and torch.equal(tri[1].cpu(), ref_t)
+if DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":   # a real kernel run
+    tri = rejection_sample_triton(xx, pp, qq, uu)
+    assert torch.equal(tri[0], ref_n) and torch.equal(tri[1], ref_t)
     print("Triton kernel == torch reference, draw for draw")
 print("accepted per row:", ref_n.tolist(), "| next tokens:", ref_t.tolist())
 
@@ -303,7 +303,7 @@ def speculative_sampling(target, draft, prompt, gamma, max_new, gen):
         xs, qs, dc = draft_samples(draft, dc, d_feed, g, gen) if g else ([], [], dc)
         logits, tc = target.forward(torch.tensor([t_feed + xs], device=DEVICE), tc)
         ps = sampling.probs(logits[0, -(g + 1):], TEMPERATURE, TOP_K, TOP_P)   # (g + 1, V)
-        u = torch.rand((1, g + 1), generator=gen)[0]
+        u = torch.rand((1, g + 1), generator=gen, device=DEVICE)[0]
         n, nxt = verify_block(xs, qs, ps, u, betas)
         out += xs[:n] + [nxt]; steps.append((n, g))
         LM.crop(tc, len(prompt) + len(out) - 1); t_feed = out[-1:]
@@ -315,9 +315,9 @@ def speculative_sampling(target, draft, prompt, gamma, max_new, gen):
 # Same seed, same tokens as `refimpl.speculative.generate`:
 
 # %%
-mine, steps, betas = speculative_sampling(target, draft, prompt, GAMMA, NEW_TOKENS, torch.Generator().manual_seed(SEED))
+mine, steps, betas = speculative_sampling(target, draft, prompt, GAMMA, NEW_TOKENS, torch.Generator(device=DEVICE).manual_seed(SEED))
 ref = speculative.generate(target, draft, prompt, gamma=GAMMA, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE,
-                           top_k=TOP_K, top_p=TOP_P, generator=torch.Generator().manual_seed(SEED), eos_token_id=[])
+                           top_k=TOP_K, top_p=TOP_P, generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[])
 assert mine == ref.tokens[0], "hand-built and refimpl must agree draw for draw"
 assert [n for n, _ in steps] == [a[0] for a in ref.stats.accepted]
 print(repr(target.decode(mine)))
@@ -332,8 +332,8 @@ print(repr(target.decode(mine)))
 
 # %%
 K, stat_prompt = 8, encode_prompt(target, "Blessed are the")
-p_first = sampling.probs(target.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
-q_first = sampling.probs(draft.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()
+p_first = sampling.probs(target.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()  # scipy and matplotlib read host arrays
+q_first = sampling.probs(draft.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()   # (the counts are host-side too)
 support = p_first.nonzero()[:, 0]
 exp = p_first[support].double() * SAMPLES                   # expected counts
 
@@ -353,15 +353,15 @@ def pvalue(counts):                                         # a sample outside t
 
 # %%
 def accept_all(x, p, q, u, valid):   # WRONG on purpose: the output then follows q
-    rows = torch.arange(len(valid))
+    rows = torch.arange(len(valid), device=valid.device)
     return valid, kernels.rejection_sample(x[:, :0], p[rows, valid][:, None], q[:, :0], u[:, -1:])[1]
 
 
 def first_token_counts(rule):
     proposer = speculative.DraftModel(draft, speculative.FixedGamma(1))   # what speculative.generate builds
     r = speculative.decode(target, proposer, [stat_prompt] * SAMPLES, max_new_tokens=2, temperature=1.0,
-                           top_k=K, generator=torch.Generator().manual_seed(SEED), eos_token_id=[], rule=rule)
-    return torch.bincount(torch.tensor([t[0] for t in r.tokens]), minlength=p_first.numel()).double()
+                           top_k=K, generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[], rule=rule)
+    return torch.bincount(torch.tensor([t[0] for t in r.tokens], device="cpu"), minlength=p_first.numel()).double()   # counted on the host
 
 
 with kernels.references():   # the torch references on a CPU (the interpreter is slow for 1000 rows)
@@ -378,7 +378,7 @@ import matplotlib.pyplot as plt
 
 labels = [repr(target.decode([int(i)])) for i in support]
 w = 0.2
-xs_ = torch.arange(len(support)).float()
+xs_ = torch.arange(len(support), device="cpu").float()   # bar positions for matplotlib
 fig, ax = plt.subplots(figsize=(8, 3.2))
 ax.bar(xs_ - 1.5 * w, p_first[support], w, label="target p (exact)")
 ax.bar(xs_ - 0.5 * w, q_first[support], w, label="draft q (exact)")
@@ -404,7 +404,7 @@ plt.show()
 # %%
 gammas, measured, predicted = [1, 2, 4, 6] if FAST else list(range(1, 11)), [], []
 for gm in gammas:
-    _, st, bs = speculative_sampling(target, draft, prompt, gm, NEW_TOKENS, torch.Generator().manual_seed(SEED + gm))
+    _, st, bs = speculative_sampling(target, draft, prompt, gm, NEW_TOKENS, torch.Generator(device=DEVICE).manual_seed(SEED + gm))
     full = [n for n, g_ in st if g_ == gm]
     measured.append(sum(n + 1 for n in full) / len(full))
     predicted.append(speculative.expected_tau((sum(bs) / len(bs)), gm))
@@ -435,7 +435,7 @@ LEGEND = " ".join(f'<span style="background:{c}">{k}</span>' for k, c in COLOURS
 def play(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
     global shown
     r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
-                             generator=torch.Generator().manual_seed(seed), eos_token_id=[])
+                             generator=torch.Generator(device=DEVICE).manual_seed(seed), eos_token_id=[])
     spans, i, toks = [], 0, r.tokens[0]
     for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):
         for k in range(min(n + 1, len(toks) - i)):
@@ -473,9 +473,9 @@ def acceptance(p, q):
 
 
 def check_acceptance():
-    gg = torch.Generator().manual_seed(1)
+    gg = torch.Generator(device=DEVICE).manual_seed(1)                     # on the device of p6 and q6
     xs_ = torch.multinomial(q6.float(), 20000, replacement=True, generator=gg)
-    u0 = torch.rand(20000, generator=gg, dtype=torch.float64)
+    u0 = torch.rand(20000, generator=gg, dtype=torch.float64, device=DEVICE)
     sim = (u0 * q6[xs_] < p6[xs_]).double().mean().item()
     assert abs(acceptance(p6, p6) - 1) < 1e-9, "p == q: every draft is accepted"
     assert abs(acceptance(p6, q6) - sim) < 0.02, f"you say {acceptance(p6, q6):.3f}, 20,000 simulated drafts say {sim:.3f}"

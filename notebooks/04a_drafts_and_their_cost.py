@@ -32,11 +32,12 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                    # CI default: a few live training steps, short generations
 TARGET = "tiny"                # the target model (zoo name)
 DRAFT = "tiny-draft"           # its distilled draft (committed weights)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()      # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 NEW_TOKENS = 32 if FAST else 128
 LIVE_STEPS = 4 if FAST else 150
 SHOW_SOLUTIONS = False
@@ -106,7 +107,7 @@ def distill_by_hand(s_logits, t_logits, labels, T=2.0, ce_weight=0.1):
     return (kl + ce_weight * ce).mean()
 
 
-s, t, y = torch.randn(6, 50), torch.randn(6, 50), torch.randint(0, 50, (6,))
+s, t, y = torch.randn(6, 50, device=DEVICE), torch.randn(6, 50, device=DEVICE), torch.randint(0, 50, (6,), device=DEVICE)
 assert torch.allclose(distill_by_hand(s, t, y), drafts.distill_loss(s, t, y, temperature=2.0, ce_weight=0.1))
 print("loss at random:", round(float(distill_by_hand(s, t, y)), 3), "| at the teacher:", float(drafts.distill_loss(t, t, ce_weight=0)))
 
@@ -136,7 +137,7 @@ from refimpl import data
 from refimpl.train import encode_docs, random_windows
 
 stream = encode_docs(target.tokenizer, data.kjv_chapters()[:200], target.eos_token_id)
-opt, gen = torch.optim.AdamW(student.parameters(), lr=1e-3), torch.Generator().manual_seed(0)
+opt, gen = torch.optim.AdamW(student.parameters(), lr=1e-3), torch.Generator(device="cpu").manual_seed(0)   # picks offsets in the host-side stream
 student.train()
 for step in range(LIVE_STEPS):
     x = random_windows(stream, 8, 64, gen).to(DEVICE)   # (B, T)
@@ -221,7 +222,8 @@ def rate_from_alpha(alpha, gamma):
 
 # %%
 def simulated_rate(alpha, gamma, rounds=200_000, seed=0):
-    ok = torch.rand(rounds, gamma, generator=torch.Generator().manual_seed(seed)) < alpha   # (R, gamma)
+    gen = torch.Generator(device="cpu").manual_seed(seed)                                    # a host-side simulation
+    ok = torch.rand(rounds, gamma, generator=gen, device="cpu") < alpha                      # (R, gamma)
     accepted = ok.long().cumprod(1).sum(1)                                                   # leading run
     return accepted.sum().item() / (rounds * gamma)
 

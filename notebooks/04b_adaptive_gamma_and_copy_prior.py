@@ -32,11 +32,12 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                            # CI default: short generations, one prompt per category
 TARGET, DRAFT = "tiny", "tiny-draft"   # the adaptive-gamma part
 COPY_TARGET, COPY_DRAFT = "smollm2-135m", "smollm2-135m-draft"   # the copy part: a target that copies
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()              # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 NEW_TOKENS = 32 if FAST else 128
 COPY_TOKENS = 16 if FAST else 64
 SHOW_SOLUTIONS = False
@@ -71,8 +72,8 @@ print(f"{DRAFT} on {TARGET}: c = {c:.2f}")
 # %%
 ids = torch.tensor([prompts[0] + ref.tokens[0]], device=DEVICE)                  # (1, T)
 q = torch.softmax(draft.logits(ids)[0, len(prompts[0]) - 1:-1], -1)             # (N, V) predicts each new token
-conf = q.amax(-1).cpu()                                                           # (N,) max q
-agrees = (q.argmax(-1).cpu() == torch.tensor(ref.tokens[0])).tolist()
+conf = q.amax(-1).cpu()                                                           # (N,) max q; matplotlib plots host arrays
+agrees = (q.argmax(-1) == torch.tensor(ref.tokens[0], device=q.device)).tolist()
 fig, ax = plt.subplots(figsize=(8, 2.8))
 ax.bar(range(len(conf)), conf, color=["#52b788" if a else "#e76f51" for a in agrees])
 ax.axhline(0.3, color="k", ls="--", lw=0.8, label="a threshold")
@@ -230,10 +231,10 @@ def expected_reward(alpha, gamma, c_, gammas=(1, 2, 4, 6, 8)):
     return drafts.expected_tau(alpha, gamma) / (1 + gamma * c_) / best
 
 def simulate(bandit, steps=300, alpha=0.7, seed=0):
-    gen, chosen = torch.Generator().manual_seed(seed), []
+    gen, chosen = torch.Generator(device="cpu").manual_seed(seed), []              # a host-side simulation
     for _ in range(steps):
         gm = bandit.cap()
-        n = int((torch.rand(gm, generator=gen) < alpha).long().cumprod(0).sum())   # accepted drafts
+        n = int((torch.rand(gm, generator=gen, device="cpu") < alpha).long().cumprod(0).sum())   # accepted drafts
         bandit.update(n + 1, gm); chosen.append(gm)
     return chosen
 
@@ -385,7 +386,7 @@ print(big.name, "|", small_plain.name)
 
 # %%
 def drill(vocab, span, gap, gen):
-    pick = lambda n: vocab[torch.randint(0, len(vocab), (n,), generator=gen)]
+    pick = lambda n: vocab[torch.randint(0, len(vocab), (n,), generator=gen, device=vocab.device)]
     S = pick(span)
     return torch.cat([pick(span - gap), S, pick(gap), S])                       # (3·span,)
 
@@ -405,8 +406,8 @@ def copy_accuracy_by_hand(lm, rows, span):
 # %%
 span, gaps = 24, (0, 7, 15, 24)
 for t_, d_ in ((target, draft), (big, small_plain)):
-    vocab = getattr(d_, "kept_ids", torch.arange(d_.vocab_size)).cpu()             # the draft's head
-    gen = torch.Generator().manual_seed(0)
+    vocab = getattr(d_, "kept_ids", torch.arange(d_.vocab_size, device=d_.device))  # the draft's head, on its device
+    gen = torch.Generator(device=vocab.device).manual_seed(0)
     rows = [drill(vocab, span, gap, gen) for gap in gaps]
     for lm in (t_, d_):
         print(f"{lm.name:24s} copies {copy_accuracy_by_hand(lm, rows, span):.0%} of the second showing")
@@ -435,7 +436,7 @@ def lookup_by_hand(history, max_n=3, min_n=2):
 
 row = rows[1].tolist()
 mine = [lookup_by_hand(row[: t + 1]) for t in range(len(row))]
-lib = copy_candidates(torch.tensor(row), torch.arange(len(row))).tolist()
+lib = copy_candidates(torch.tensor(row, device=DEVICE), torch.arange(len(row), device=DEVICE)).tolist()
 assert [-1 if m is None else m for m in mine] == lib
 second = range(2 * span, len(row) - 1)
 print(f"lookup candidate = next token on the second showing: {sum(lib[t] == row[t + 1] for t in second) / len(second):.0%}")
@@ -446,7 +447,7 @@ print(f"lookup candidate = next token on the second showing: {sum(lib[t] == row[
 # distance, whatever the gap; in the noise, chance matches of two tokens are rare.
 
 # %%
-src = lookup_positions(torch.tensor(row), torch.arange(len(row) - 1))            # (T - 1,) -1 = no match
+src = lookup_positions(torch.tensor(row, device=DEVICE), torch.arange(len(row) - 1, device=DEVICE))   # (T - 1,) -1 = no match
 fig, ax = plt.subplots(figsize=(7, 3.2))
 ax.axhspan(span - gaps[1] - 0.5, 2 * span - gaps[1] - 0.5, color="0.9", label="first showing (y)")
 ax.axvspan(2 * span - 0.5, 3 * span - 0.5, color="#e0f0ff", label="second showing (x)")

@@ -32,10 +32,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                      # CI default: few timing repeats
 TARGET, DRAFT = "tiny", "tiny-draft"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()        # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 REPEATS = 9 if FAST else 25      # timing repeats (medians: a shared machine is noisy)
 NEW_TOKENS = 24 if FAST else 96
 SHOW_SOLUTIONS = False
@@ -57,7 +58,7 @@ from solutions import exercise, check, show
 
 torch.set_grad_enabled(False)
 target, draft = models.load(TARGET, device=DEVICE), models.load(DRAFT, device=DEVICE)
-on_cpu = {lm.name: lm if DEVICE == "cpu" else models.load(lm.name, device="cpu") for lm in (target, draft)}
+on_cpu = {lm.name: lm if DEVICE.type == "cpu" else models.load(lm.name, device="cpu") for lm in (target, draft)}
 prompts = [encode_prompt(target, t) for t in ("And God said", "The LORD is my shepherd")]
 ref = autoregressive.generate(target, prompts, max_new_tokens=NEW_TOKENS)
 agree = drafts.greedy_agreement(target, draft, prompts, NEW_TOKENS)
@@ -135,10 +136,10 @@ print(f"v(5) from the matrix products: MKL {v_mkl:.2f}, prepacked {v_packed:.2f}
 # operators; `cpu_linear.PrepackedLinear` wraps them. One layer of the target, on the CPU:
 
 # %%
-lin = copy.deepcopy(target.model.model.layers[0].mlp.up_proj).cpu()     # (out, in) weight
+lin = copy.deepcopy(target.model.model.layers[0].mlp.up_proj).cpu()     # (out, in) weight; oneDNN packing is a CPU path
 if cpu_linear.available():
     packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight.contiguous(), batch_size=None)
-    x = torch.randn(5, lin.in_features)                                  # (rows, in)
+    x = torch.randn(5, lin.in_features, device="cpu")                    # (rows, in), next to the CPU copy
     y_hand = torch.ops.mkldnn._linear_pointwise(x, packed, lin.bias, "none", [], "")
     assert torch.allclose(y_hand, F.linear(x, lin.weight, lin.bias), atol=1e-5)
     assert torch.equal(y_hand, cpu_linear.PrepackedLinear(lin)(x))
@@ -170,7 +171,7 @@ if cpu_linear.available():
 plain_cpu = on_cpu[target.name]
 packed_lm = models.LM(copy.deepcopy(plain_cpu.model), plain_cpu.tokenizer, name=f"{TARGET}-prepacked")
 print("linear layers swapped:", cpu_linear.prepack_linears(packed_lm.model))
-ids = torch.tensor([prompts[0] + ref.tokens[0]])
+ids = torch.tensor([prompts[0] + ref.tokens[0]], device=plain_cpu.device)   # the CPU copies
 assert torch.allclose(packed_lm.logits(ids), plain_cpu.logits(ids), atol=1e-4)
 greedy = lambda lm: autoregressive.generate(lm, prompts, max_new_tokens=NEW_TOKENS).tokens
 assert greedy(packed_lm) == greedy(plain_cpu)
@@ -314,9 +315,9 @@ def write_kv(buf, length, new):
 
 # %%
 def check_write_kv():
-    gen, buf, length, lib, ptrs = torch.Generator().manual_seed(0), None, 0, lean_llama.KVCache(1), set()
+    gen, buf, length, lib, ptrs = torch.Generator(device=DEVICE).manual_seed(0), None, 0, lean_llama.KVCache(1), set()
     for step in range(100):
-        new = torch.randn(1, 2, 1 + step % 3, 8, generator=gen)
+        new = torch.randn(1, 2, 1 + step % 3, 8, generator=gen, device=DEVICE)   # where the draft's cache lives
         buf, view = write_kv(buf, length, new)
         want, _ = lib.write(0, new, new)
         lib.length = length = length + new.shape[2]
@@ -337,7 +338,7 @@ if SHOW_SOLUTIONS:
 # only the time per draft step moves.
 
 # %%
-trim = drafts.trim_vocab(draft, torch.arange(draft.vocab_size))
+trim = drafts.trim_vocab(draft, torch.arange(draft.vocab_size, device=draft.device))
 lean = lean_llama.LeanTrimmedLM.of(trim)
 g_hf = speculative.generate(target, trim, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
 g_lean = speculative.generate(target, lean, prompts, gamma=4, max_new_tokens=NEW_TOKENS)

@@ -12,9 +12,9 @@ def probs_min_p(logits, min_p):
 
 def my_sample(pr, gen):
     """Inverse CDF: one uniform per row from ``gen``; the first token whose cumulative mass exceeds it."""
-    pr = pr.float().cpu()
+    pr = pr.float()
     cum = pr.cumsum(-1)                                             # (B, V)
-    u = torch.rand(pr.shape[0], 1, generator=gen) * cum[:, -1:]     # (B, 1), scaled to the row's total
+    u = torch.rand(pr.shape[0], 1, generator=gen, device=pr.device) * cum[:, -1:]   # (B, 1), scaled to the row's total
     idx = (cum <= u).sum(-1)                                        # first index with cum > u
     last = pr.shape[-1] - 1 - (pr.flip(-1) > 0).long().argmax(-1)  # last token with p > 0 (rounding guard)
     return torch.minimum(idx, last)

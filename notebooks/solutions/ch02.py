@@ -21,6 +21,6 @@ def self_draft_calls(new_tokens, gamma):
 def simulate_tau(alpha, gamma, steps, gen):
     """Mean tokens per step: accepted drafts (Bernoulli(alpha) left to right until the first
     failure) plus the target's own token."""
-    ok = torch.rand(steps, gamma, generator=gen) < alpha                # (steps, gamma)
+    ok = torch.rand(steps, gamma, generator=gen, device=gen.device) < alpha   # (steps, gamma)
     accepted = ok.long().cumprod(-1).sum(-1)                           # (steps,)
     return (accepted + 1).float().mean().item()

@@ -12,7 +12,7 @@ def agreement(target, draft, prompts, n):
         new = autoregressive.generate(target, [p], max_new_tokens=n, eos_token_id=[]).tokens[0]
         ids = torch.tensor([p + new], device=draft.device)                   # (1, T)
         guess = draft.logits(ids)[0, len(p) - 1: len(p) - 1 + len(new)].argmax(-1)   # predicts each new token
-        hits += int((guess.cpu() == torch.tensor(new)).sum())
+        hits += int((guess == torch.tensor(new, device=guess.device)).sum())
         total += len(new)
     return hits / total
 
