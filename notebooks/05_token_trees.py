@@ -36,10 +36,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                        # CI default: short generations, few samples
 MODEL, DRAFT = "tiny", "tiny-draft"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 NEW_TOKENS = 32 if FAST else 128
 SAMPLES = 600 if FAST else 5000    # for the losslessness check
 WIDTHS = (2, 2)                    # top-2 at depth 1, top-2 below each: 6 nodes
@@ -77,8 +78,8 @@ print("prompt lengths", [len(p) for p in prompts], "|", repr(lm.decode(ar[0])[:8
 
 # %%
 ctx = prompts[0]
-dprob = torch.softmax(dr.logits(torch.tensor([ctx]))[0, -1], -1)
-tprob = torch.softmax(lm.logits(torch.tensor([ctx]))[0, -1], -1)
+dprob = torch.softmax(dr.logits(torch.tensor([ctx], device=DEVICE))[0, -1], -1)
+tprob = torch.softmax(lm.logits(torch.tensor([ctx], device=DEVICE))[0, -1], -1)
 for t in dprob.topk(3).indices.tolist():
     print(f"{lm.decode([t])!r:12s} draft {dprob[t]:.2f}  target {tprob[t]:.2f}")
 print("target's argmax:", repr(lm.decode([int(tprob.argmax())])))
@@ -130,11 +131,11 @@ by_hand = torch.tensor([[1, 0, 0, 0, 0, 0],     # a
                         [1, 0, 0, 1, 0, 0],     # ab
                         [0, 1, 0, 0, 1, 0],     # ba
                         [0, 1, 0, 0, 0, 1]],    # bb
-                       dtype=torch.bool)
+                       dtype=torch.bool, device=DEVICE)  # where the target uses it
 depth = by_hand.sum(-1)
 assert parents == [-1, -1, 0, 0, 1, 1], "WIDTHS = (2, 2) gives this shape"
-assert torch.equal(tree.ancestors(torch.tensor([parents]))[0], by_hand)
-assert torch.equal(tree.Tree(torch.tensor([parents])).depth[0], depth)
+assert torch.equal(tree.ancestors(torch.tensor([parents], device=DEVICE))[0], by_hand)
+assert torch.equal(tree.Tree(torch.tensor([parents], device=DEVICE)).depth[0], depth)
 print("depth", depth.tolist(), "== refimpl.tree")
 
 # %% [markdown]
@@ -148,7 +149,7 @@ from figures import draw_tree   # notebooks/figures.py: x = depth, leaves stacke
 
 fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw=dict(width_ratios=[1.2, 1]))
 draw_tree([repr(t) for t in labels], parents, a0, root=repr(lm.decode(ctx[-1:]))); a0.set_title("the draft's top-2 x top-2 tree", fontsize=9)
-a1.imshow(torch.cat([torch.full((6, 3), 0.5), by_hand.float()], 1), cmap="Greys", vmin=0, vmax=1)
+a1.imshow(torch.cat([torch.full((6, 3), 0.5, device=DEVICE), by_hand.float()], 1).tolist(), cmap="Greys", vmin=0, vmax=1)
 a1.set_xticks(range(9), ["ctx", "...", "ctx"] + labels, rotation=60); a1.set_yticks(range(6), labels)
 a1.set_title("attention mask: context + ancestors", fontsize=9)
 plt.tight_layout(); plt.show()
@@ -165,13 +166,14 @@ plt.tight_layout(); plt.show()
 # %%
 def score_tree(lm, ctx, tokens, parents):
     """-> logits (1 + m, V): after the root, then after each node; and the cache (context + nodes)."""
-    before, cache = lm.forward(torch.tensor([ctx]))                  # the context, cached
-    anc = tree.ancestors(torch.tensor([parents]))[0]                  # (m, m), checked above
+    dev = lm.device                                                   # every tensor next to the model
+    before, cache = lm.forward(torch.tensor([ctx], device=dev))      # the context, cached
+    anc = tree.ancestors(torch.tensor([parents], device=dev))[0]      # (m, m), checked above
     L, m = len(ctx), len(tokens)
-    allow = torch.cat([torch.ones(m, L, dtype=torch.bool), anc], 1)  # (m, L + m)
-    mask = torch.zeros(m, L + m).masked_fill(~allow, float("-inf"))
+    allow = torch.cat([torch.ones(m, L, dtype=torch.bool, device=dev), anc], 1)  # (m, L + m)
+    mask = torch.zeros(m, L + m, device=dev).masked_fill(~allow, float("-inf"))
     pos = L - 1 + anc.sum(-1)                                         # root position + depth
-    out, cache = lm.forward(torch.tensor([tokens]), cache, position_ids=pos[None], attention_mask=mask[None, None])
+    out, cache = lm.forward(torch.tensor([tokens], device=dev), cache, position_ids=pos[None], attention_mask=mask[None, None])
     return torch.cat([before[0, -1:], out[0]]), cache
 
 # %% [markdown]
@@ -188,7 +190,7 @@ def path_to(i, parents):
 
 logits, cache = score_tree(lm, ctx, tokens, parents)
 for i in range(len(tokens)):
-    plain = lm.logits(torch.tensor([ctx + [tokens[j] for j in path_to(i, parents)]]))[0, -1]
+    plain = lm.logits(torch.tensor([ctx + [tokens[j] for j in path_to(i, parents)]], device=DEVICE))[0, -1]
     assert torch.allclose(logits[i + 1], plain, atol=1e-3), f"node {i} differs"
 print(f"{len(tokens)} nodes scored in one forward == {len(tokens)} separate forwards | cache length {lm.cache_length(cache)}")
 
@@ -211,15 +213,17 @@ for level in (1, 2):
     path.append(kid); node = kid
 nxt = best[node + 1]
 print("accepted:", [labels[i] for i in path], "+ the target's", repr(lm.decode([nxt])))
-n, t, p = tree.Tree(torch.tensor([parents])).verify(torch.tensor([tokens]), logits[None], torch.tensor([len(tokens)]), None, speculative.Sampling())
+on_dev = lambda rows: torch.tensor(rows, device=DEVICE)     # the verification's inputs sit next to the logits
+n, t, p = tree.Tree(on_dev([parents])).verify(on_dev([tokens]), logits[None], on_dev([len(tokens)]), None, speculative.Sampling())
 assert int(n[0]) == len(path) and p[0, : len(path)].tolist() == path and int(t[0]) == nxt
 assert [tokens[i] for i in path] + [nxt] == ar[0][: len(path) + 1], "the walk emits greedy tokens"
 
 # %% [markdown]
 # ### Exercise 1: the ancestor mask of any tree
 # Write `ancestor_mask(parents)`: `parents` a list (`parents[i] < i`, `-1` for the root's
-# children) -> a bool tensor `(m, m)` with `[i, j]` True when node `j` is node `i` or one of its
-# ancestors. The check compares it with `refimpl.tree.ancestors` on random trees.
+# children) -> a bool tensor `(m, m)` on the CPU (made from a Python list) with `[i, j]` True when
+# node `j` is node `i` or one of its ancestors. The check compares it with `refimpl.tree.ancestors`
+# on random trees.
 
 # %%
 @exercise("05", "ancestor_mask")
@@ -242,7 +246,7 @@ def check_mask():
     rng = random.Random(SEED)
     for _ in range(200):
         par = random_parents(rng, rng.randrange(0, 13))
-        got, want = ancestor_mask(par), tree.ancestors(torch.tensor([par], dtype=torch.long))[0]
+        got, want = ancestor_mask(par), tree.ancestors(torch.tensor([par], dtype=torch.long, device="cpu"))[0]   # your mask: a host tensor
         assert torch.is_tensor(got) and got.dtype == torch.bool, "return a bool tensor"
         assert torch.equal(got, want), f"parents {par}: got\n{got.int()}\nexpected\n{want.int()}"
 
@@ -270,12 +274,12 @@ def greedy_path(tokens, parents, best):
 
 # %%
 def check_walk():
-    rng, gen = random.Random(SEED), torch.Generator().manual_seed(SEED)
+    rng, gen = random.Random(SEED), torch.Generator(device=DEVICE).manual_seed(SEED)
     for _ in range(200):
         m = rng.randrange(1, 12)
         par, toks = random_parents(rng, m), [rng.randrange(3) for _ in range(m)]
-        lg = torch.randn(1, m + 1, 3, generator=gen)
-        n, t, p = tree.Tree(torch.tensor([par])).verify(torch.tensor([toks]), lg, torch.tensor([m]), None, speculative.Sampling())
+        lg = torch.randn(1, m + 1, 3, generator=gen, device=DEVICE)
+        n, t, p = tree.Tree(on_dev([par])).verify(on_dev([toks]), lg, on_dev([m]), None, speculative.Sampling())
         want = (p[0, : int(n[0])].tolist(), int(t[0]))
         got = greedy_path(toks, par, lg[0].argmax(-1).tolist())
         assert tuple(got) == want, f"tokens {toks}, parents {par}: got {got}, expected {want}"
@@ -296,11 +300,11 @@ if SHOW_SOLUTIONS:
 # %%
 L, keep = len(ctx), path_to(len(tokens) - 1, parents)            # e.g. nodes [1, 5]: 'b' then 'bb'
 _, cache = score_tree(lm, ctx, tokens, parents)
-lm.move_slots(cache, L, torch.tensor([[L + i for i in keep]]))   # slot L + i -> L, L + 1, ...
+lm.move_slots(cache, L, on_dev([[L + i for i in keep]]))         # slot L + i -> L, L + 1, ...
 lm.crop(cache, L + len(keep))
 text = ctx + [tokens[i] for i in keep]
-step, cache = lm.forward(torch.tensor([[ar[0][0]]]), cache)       # one more token on the compacted cache
-fresh, fresh_cache = lm.forward(torch.tensor([text + [ar[0][0]]]))
+step, cache = lm.forward(on_dev([[ar[0][0]]]), cache)             # one more token on the compacted cache
+fresh, fresh_cache = lm.forward(on_dev([text + [ar[0][0]]]))
 assert torch.allclose(step[0, -1], fresh[0, -1], atol=1e-3)
 assert torch.allclose(cache.layers[0].keys, fresh_cache.layers[0].keys, atol=1e-4)
 print(f"kept nodes {keep} -> slots {L}..{L + len(keep) - 1}; next-token logits == a fresh forward")
@@ -308,10 +312,10 @@ print(f"kept nodes {keep} -> slots {L}..{L + len(keep) - 1}; next-token logits =
 # %% [markdown]
 # ## A tree proposer for the verification core
 # `speculative.decode` drives any proposer with `start / propose / accept / select` (chapter 02).
-# A tree proposer returns `tree.pack(rows)`: per row `(tokens, parents)`, padded into a
-# `Proposal(tokens, valid, q=None, calls, tree=Tree(parents))`; the core then does what we did
-# by hand: `Tree.feed` (one forward with the ancestor mask), `Tree.verify` (the walk) and
-# `Tree.compact` (move_slots). `accept` gets the accepted node indices in `verdict.path`.
+# A tree proposer returns `tree.pack(rows, device)`: per row `(tokens, parents)`, padded into a
+# `Proposal(tokens, valid, q=None, calls, tree=Tree(parents))` on the target's device (`start`
+# reads it off the prompt ids); the core then does what we did by hand: `Tree.feed` (one forward
+# with the ancestor mask), `Tree.verify` (the walk) and `Tree.compact` (move_slots). `accept` gets the accepted node indices in `verdict.path`.
 # The tree's depth is capped by what a row still needs (`caps`).
 
 # %%
@@ -321,11 +325,12 @@ class TopKTree:
 
     def start(self, ids, mask, settings):                  # left-padded prompts -> each row's real tokens
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.ctx = [row[k].tolist() for row, k in zip(ids.cpu(), real.cpu())]
+        self.ctx = [row[k].tolist() for row, k in zip(ids, real)]
+        self.device = ids.device                           # the target's: the proposal is built there
 
     def propose(self, caps):
         self.rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
-        return tree.pack(self.rows, calls=min(len(self.widths), max(caps)))
+        return tree.pack(self.rows, self.device, calls=min(len(self.widths), max(caps)))
 
     def accept(self, v):
         for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
@@ -404,7 +409,7 @@ def grow_dynamic(draft, ctx, depth, topk):
             for l, t in zip(ls, ts):
                 paths[len(T)] = paths[n] + [t]; level.append(len(T))
                 T.append(t); P.append(n); S.append(value(n) + l); D.append(d)
-    return torch.tensor([T]), torch.tensor([P]), torch.tensor([S]), torch.tensor(D)
+    return tuple(torch.tensor(v, device=draft.device) for v in ([T], [P], [S], D))
 
 # %% [markdown]
 # Re-rank to `TOTAL` nodes and compare with the library. `DynamicDraftTree` is a proposer like
@@ -425,7 +430,7 @@ lib.start(torch.tensor([dctx], device=DEVICE), None, None)
 step1 = lib.propose([DEPTH])                                                  # its first step after the prompt
 assert lib.rows[0] == kept, "the library's tree == the hand-grown one"
 assert max(abs(a - b) for a, b in zip(lib.scores[0], kept_v)) < 1e-3
-kept_depth = tree.Tree(torch.tensor([kept[1]])).depth[0].tolist()
+kept_depth = tree.Tree(on_dev([kept[1]])).depth[0].tolist()
 print(f"grown {gt.shape[1]} nodes in {DEPTH} draft calls (per depth {[int((gd == d).sum()) for d in range(1, DEPTH + 1)]});",
       f"kept {len(kept[0])}, per depth {[kept_depth.count(d) for d in range(1, DEPTH + 1)]} == the library's,",
       f"which stopped after {step1.calls} calls")
@@ -446,8 +451,8 @@ def verified(toks, par):                                   # -> cumulative draft
     conf = []
     for t, p in zip(toks, par):
         conf.append((1.0 if p == ROOT else conf[p]) * float(lp[p + 1, t].exp()))
-    n, nx, path = tree.Tree(torch.tensor([par])).verify(torch.tensor([toks]), score_tree(lm, dctx, toks, par)[0][None],
-                                                         torch.tensor([len(toks)]), None, speculative.Sampling())
+    n, nx, path = tree.Tree(on_dev([par])).verify(on_dev([toks]), score_tree(lm, dctx, toks, par)[0][None],
+                                                   on_dev([len(toks)]), None, speculative.Sampling())
     return conf, path[0, : int(n[0])].tolist(), int(nx[0])
 
 
@@ -456,7 +461,7 @@ for ax, (name, (toks, par)) in zip(axes, [(f"static {STATIC}", tree.grow(dr, dct
     conf, acc, nx = verified(toks, par)
     sc = draw_scored_tree([repr(lm.decode([t])) for t in toks], par, conf, ax, root=repr(lm.decode(dctx[-1:])), green=set(acc) | {ROOT})
     ax.set_ylim(ax.get_ylim()[0], ax.get_ylim()[1] + 0.5)                         # room for the top labels
-    ax.set_title(f"{name}: {len(toks)} nodes, depth {max(tree.Tree(torch.tensor([par])).depth[0].tolist())}; accepted {len(acc)} + {lm.decode([nx])!r}", fontsize=9)
+    ax.set_title(f"{name}: {len(toks)} nodes, depth {max(tree.Tree(on_dev([par])).depth[0].tolist())}; accepted {len(acc)} + {lm.decode([nx])!r}", fontsize=9)
 fig.colorbar(sc, ax=axes, fraction=0.02, label="cumulative draft confidence"); plt.show()
 
 # %% [markdown]
@@ -485,6 +490,9 @@ def settled(values, level, total, floor):
 # The check (the recording subclass overrides `settled` to log and never stop):
 
 # %%
+import math
+
+
 class Levels(dynamic_tree.DynamicDraftTree):
     def settled(self, score, lvl, d, caps):                 # score: (B, grown so far); lvl: the level's (lo, hi)
         self.seen += [(row, lvl) for row in score.tolist()]
@@ -502,7 +510,7 @@ def check_settled():
             want, got = lib.settled(torch.tensor([values], device=DEVICE), lvl, 1, [DEPTH + 1]), settled(values, lvl, total, floor)
             best, kth = max(values[lvl[0]:lvl[1]]), sorted(values, reverse=True)[min(total, len(values)) - 1]
             assert bool(got) == want, (f"total {total}, floor {floor}: {len(values)} nodes grown, the level's best value {best:.3f} "
-                                       f"(confidence {torch.tensor(best).exp():.3f}; value ranked {min(total, len(values))} among all grown: "
+                                       f"(confidence {math.exp(best):.3f}; value ranked {min(total, len(values))} among all grown: "
                                        f"{kth:.3f}): the library says {want}, you say {got}")
 
 
@@ -611,7 +619,7 @@ for r in b["rows"]:
 # after the first prompt and children = the draft's top 3 plus a duplicate of the first:
 
 # %%
-p = torch.softmax(lm.logits(torch.tensor([ctx]))[0, -1].double(), -1)
+p = torch.softmax(lm.logits(torch.tensor([ctx], device=DEVICE))[0, -1].double(), -1)
 kids = dprob.topk(3).indices.tolist()
 kids.append(kids[0])                                          # a duplicate sibling
 
@@ -635,8 +643,8 @@ print("children", [lm.decode([x]) for x in kids], "| p:", [round(float(p[x]), 3)
 # never be accepted; the frequency of each child must be `p(child)` within sampling noise.
 
 # %%
-settings = speculative.Sampling(temperature=1.0, generator=torch.Generator().manual_seed(SEED))
-star = tree.Tree(torch.tensor([[ROOT] * 4]))                   # four children of the root
+settings = speculative.Sampling(temperature=1.0, generator=torch.Generator(device=DEVICE).manual_seed(SEED))   # draws next to p
+star = tree.Tree(on_dev([[ROOT] * 4]))                         # four children of the root
 P = p.float()[None].expand(5, -1)                             # only row 0 (after the root) matters here
 counts = [0] * 5
 for _ in range(SAMPLES):

@@ -40,10 +40,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                          # CI default: seconds of training, few samples
 MODEL, DRAFT = "tiny", "tiny-draft"  # the target; chapter 04a's chain draft
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()            # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 HEADS = None                         # None: the zoo's trained heads (models/medusa-tiny); or a folder
 EAGLE_DRAFT = None                   # None: the zoo's EAGLE draft (models/eagle-tiny); or a folder
 NEW_TOKENS = 48 if FAST else 128
@@ -122,14 +123,15 @@ def head_logits(weight, bias, lm_head, h):
 
 
 def check_head():
-    gen = torch.Generator().manual_seed(SEED)
-    rnd = medusa.MedusaHeads(W.cpu(), K)
+    gen = torch.Generator(device=DEVICE).manual_seed(SEED)
+    rnd = medusa.MedusaHeads(W, K).to(DEVICE)                  # random heads, next to the target's states
     for b in rnd.blocks:
-        b.weight.copy_(0.1 * torch.randn(b.weight.shape, generator=gen)); b.bias.copy_(torch.randn(b.bias.shape, generator=gen))
-    hs = hid[0].cpu()                                           # (L, H) real hidden states of prompt 0
+        b.weight.copy_(0.1 * torch.randn(b.weight.shape, generator=gen, device=DEVICE))
+        b.bias.copy_(torch.randn(b.bias.shape, generator=gen, device=DEVICE))
+    hs = hid[0]                                                 # (L, H) real hidden states of prompt 0
     for k, b in enumerate(rnd.blocks):
         for x in (hs, hs[-1]):
-            got = head_logits(b.weight, b.bias, W.cpu(), x)
+            got = head_logits(b.weight, b.bias, W, x)
             assert got.shape == x.shape[:-1] + (W.shape[0],), f"shape {tuple(got.shape)}, expected {x.shape[:-1] + (W.shape[0],)}"
             assert torch.allclose(got, rnd(x)[k], atol=1e-3), f"head {k + 1}: logits differ by {float((got - rnd(x)[k]).abs().max()):.3g}"
 
@@ -184,7 +186,7 @@ print(f"{len(rows)} answers, {sum(r[2].shape[0] for r in rows)} positions (hidde
 from refimpl.train.medusa import pairs
 
 Htr, src = torch.cat([r[2] for r in train_rows]).float(), sources(train_rows, K)   # (N, H) features, sources
-assert torch.equal(torch.stack([src, src + K], 1).cpu(), pairs(train_rows, K))
+assert torch.stack([src, src + K], 1).tolist() == pairs(train_rows, K).tolist()   # pairs() indexes on the host
 
 
 def kl_loss(heads, i):                                         # (K,) KL(target at i + k || head k at i)
@@ -225,7 +227,7 @@ def hits(heads, k, r):                                         # P(answer token 
 
 
 sets = {"untrained": fresh, "FAST (ours)": fast, "zoo": zoo}
-acc = {n: rank_accuracy(copy.deepcopy(hd).cpu(), Hh.cpu(), toks.cpu(), held_rows) for n, hd in sets.items()}  # (counts on CPU)
+acc = {n: rank_accuracy(hd, Hh, toks, held_rows) for n, hd in sets.items()}    # on the same device as hits() below
 for n, hd in sets.items():
     for k in range(1, K + 1):
         assert abs(hits(hd, k, 1) - acc[n][k - 1][0]) < 1e-6 and abs(hits(hd, k, 5) - sum(acc[n][k - 1][:5])) < 1e-6
@@ -281,7 +283,7 @@ def medusa_step(prompt, heads, choices):
     nodes = sorted(choices, key=lambda c: (len(c), c))                                 # 2. parents first
     top = heads.top(hstate[None], 1 + max(max(c) for c in nodes))[0].tolist()         # (K, width) token ids
     toks, pars = [top[len(c) - 1][c[-1]] for c in nodes], [nodes.index(c[:-1]) if len(c) > 1 else -1 for c in nodes]
-    assert medusa.tree_rows(nodes, torch.tensor([top]), [K]) == [(toks, pars)]
+    assert medusa.tree_rows(nodes, torch.tensor([top], device=DEVICE), [K]) == [(toks, pars)]
     x, m = torch.tensor([toks], device=DEVICE), torch.tensor([len(toks)], device=DEVICE)
     lg, hd = tree.Tree(torch.tensor([pars], device=DEVICE)).feed(slots, t.view(1, 1), None, x, m, hidden=True)  # 3.
     best = lg[0].argmax(-1).tolist()                                                   # best[i + 1]: after node i
@@ -322,7 +324,7 @@ fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw=dict(width_rat
 draw_tree([f"{lm.decode([t])!r} h{len(c)}#{c[-1]}" for c, t in zip(nodes, toks)], pars, a0,
           root=f"t = {lm.decode(emitted[:1])!r}", green=set(path) | {-1}, fontsize=8)
 a0.set_title(f"prompt {demo}: accepted {len(path)} + the target's {lm.decode(emitted[-1:])!r}", fontsize=9)
-a1.imshow(tree.ancestors(torch.tensor([pars]))[0].float(), cmap="Greys", vmin=0, vmax=1)
+a1.imshow(tree.ancestors(torch.tensor([pars], device=DEVICE))[0].float().tolist(), cmap="Greys", vmin=0, vmax=1)
 short = [lm.decode([t]) for t in toks]
 a1.set_xticks(range(len(toks)), short, rotation=60, fontsize=8); a1.set_yticks(range(len(toks)), short, fontsize=8)
 a1.set_title("node attends to node (ancestors + itself)", fontsize=9)
@@ -482,10 +484,11 @@ def typical_accept(p, x, eps=0.09, delta=0.3):
 
 
 def library_accepts(p, x, eps, delta):                         # the check's referee (not for you to edit)
-    t = medusa.TypicalTree(torch.tensor([[-1]]))              # the root and one child, token x
+    dev = p.device                                             # the verifier's inputs sit next to p
+    t = medusa.TypicalTree(torch.tensor([[-1]], device=dev))  # the root and one child, token x
     t.eps, t.delta = eps, delta
-    n, _, _ = t.verify(torch.tensor([[x]]), p.log().expand(1, 2, -1), torch.tensor([1]), None,
-                       speculative.Sampling(temperature=1.0, generator=torch.Generator().manual_seed(0)))
+    n, _, _ = t.verify(torch.tensor([[x]], device=dev), p.log().expand(1, 2, -1), torch.tensor([1], device=dev), None,
+                       speculative.Sampling(temperature=1.0, generator=torch.Generator(device=dev).manual_seed(0)))
     return bool(n[0] == 1)
 
 # %% [markdown]
@@ -493,13 +496,14 @@ def library_accepts(p, x, eps, delta):                         # the check's ref
 
 # %%
 def check_typical():
-    gen = torch.Generator().manual_seed(SEED)
-    uniform, peaked = torch.full((20,), 0.05), torch.cat([torch.tensor([0.9]), torch.full((19,), 0.1 / 19)])
+    gen, dev = torch.Generator(device=DEVICE).manual_seed(SEED), DEVICE   # distributions as the target's would be
+    uniform = torch.full((20,), 0.05, device=dev)
+    peaked = torch.cat([torch.tensor([0.9], device=dev), torch.full((19,), 0.1 / 19, device=dev)])
     assert library_accepts(uniform, 7, 0.09, 0.3), "(the planted case: typical takes a token of probability 0.05)"
     cases = [(uniform, 7, 0.09, 0.3), (peaked, 0, 0.09, 0.3), (peaked, 5, 0.09, 0.3)]
     for i in range(90):                                        # flat to peaked p, three (eps, delta) pairs
-        p = torch.softmax(torch.randn(12, generator=gen) * (0.5, 2.0, 5.0)[i % 3], -1)
-        cases.append((p, int(torch.randint(12, (1,), generator=gen)), *[(0.09, 0.3), (0.3, 0.9), (0.02, 0.3)][i // 30]))
+        p = torch.softmax(torch.randn(12, generator=gen, device=dev) * (0.5, 2.0, 5.0)[i % 3], -1)
+        cases.append((p, int(torch.randint(12, (1,), generator=gen, device=dev)), *[(0.09, 0.3), (0.3, 0.9), (0.02, 0.3)][i // 30]))
     for p, x, eps, delta in cases:
         want = library_accepts(p, x, eps, delta)
         assert bool(typical_accept(p, x, eps, delta)) == want, f"p(x) = {float(p[x]):.4f}, eps={eps}, delta={delta}: the library says {want}"
@@ -533,7 +537,7 @@ for i, a in enumerate(firsts):
     H = float(-(r * r.clamp_min(1e-30).log()).sum())                                 # entropy of p(. | t1)
     bar = min(medusa.TYPICAL_EPS, medusa.TYPICAL_DELTA * math.exp(-H))
     c = next((c for c in depth1 if float(r[c]) > bar), None)
-    typ[i] = p1[a] * (r if c is None else torch.nn.functional.one_hot(torch.tensor(c), r.shape[0]).to(r))
+    typ[i] = p1[a] * (r if c is None else torch.nn.functional.one_hot(torch.tensor(c, device=r.device), r.shape[0]).to(r))
     print(f"t1 = {lm.decode([a])!r:10s} P {float(p1[a]):.3f} | H {H:.2f}, bar {bar:.3f} | typical t2 = "
           + ("sampled from p" if c is None else f"{lm.decode([c])!r} always (p = {float(r[c]):.2f})"))
 tv, ent = lambda a, b: 0.5 * float((a - b).abs().sum()), lambda j: float(-(j[j > 0] * j[j > 0].log()).sum())
@@ -565,7 +569,7 @@ def joint(run):                                                # empirical P(t1,
 
 
 def pvalue(emp, ref):                                          # chi-square, cells with < 5 expected pooled
-    o, e = (emp * SAMPLES).flatten().cpu(), (ref * SAMPLES).flatten().cpu()
+    o, e = (emp * SAMPLES).flatten().cpu(), (ref * SAMPLES).flatten().cpu()   # scipy reads CPU arrays
     big = e >= 5
     o, e = torch.cat([o[big], o[~big].sum()[None]]), torch.cat([e[big], e[~big].sum()[None]])
     return float(chisquare(o, e * o.sum() / e.sum()).pvalue)
@@ -599,11 +603,12 @@ order = exact.flatten().argsort(descending=True)[:12].tolist()
 V2 = exact.shape[1]
 names = [f"{lm.decode([firsts[i // V2]])!r} {lm.decode([i % V2])!r}" for i in order]
 fig, ax = plt.subplots(figsize=(10, 3.2))
-xs = torch.arange(len(order))
-ax.bar(xs - 0.2, exact.flatten()[order].cpu(), 0.4, color="0.7", label="exact (target)")
-ax.bar(xs + 0.2, typ.flatten()[order].cpu(), 0.4, color="#f4a261", label="typical, exact")
-ax.scatter(xs - 0.2, emp["lossless"].flatten()[order].cpu(), color="#2a9d8f", zorder=3, label=f"lossless, {SAMPLES} samples")
-ax.scatter(xs + 0.2, emp["typical"].flatten()[order].cpu(), color="#e76f51", marker="x", zorder=3, label=f"typical, {SAMPLES} samples")
+xs = torch.arange(len(order), device="cpu")                    # bar positions for matplotlib
+cells = lambda j: j.flatten()[order].tolist()                  # the plotted cells, as Python floats
+ax.bar(xs - 0.2, cells(exact), 0.4, color="0.7", label="exact (target)")
+ax.bar(xs + 0.2, cells(typ), 0.4, color="#f4a261", label="typical, exact")
+ax.scatter(xs - 0.2, cells(emp["lossless"]), color="#2a9d8f", zorder=3, label=f"lossless, {SAMPLES} samples")
+ax.scatter(xs + 0.2, cells(emp["typical"]), color="#e76f51", marker="x", zorder=3, label=f"typical, {SAMPLES} samples")
 ax.set_xticks(xs, names, rotation=45, fontsize=7); ax.set_ylabel("P(t1, t2)"); ax.legend(fontsize=7)
 ax.set_title(f"first two tokens after prompt 1 (T = {TEMPERATURE}, top-{TOP_K}): TV(typical, exact) = {tv(typ, exact):.2f}", fontsize=9)
 plt.tight_layout(); plt.show()
@@ -671,9 +676,9 @@ from refimpl.train.eagle import features, train_draft, accept_rates, batch_of
 train_seqs, held_seqs = features(lm, train_rows, progress=False), features(lm, held_rows, progress=False)  # (ids, f, n_prompt)
 torch.manual_seed(SEED)                                        # the fresh layer's initialisation
 with torch.enable_grad():
-    fast_draft, _ = train_draft(eagle.new_draft(lm).cpu(), train_seqs, steps=EAGLE_STEPS, batch=16, progress=False)
-drafts = {"untrained": eagle.new_draft(lm).cpu(), "FAST (ours)": fast_draft, "zoo": copy.deepcopy(draft).cpu()}
-tk, ft, tgt, msk, at = batch_of(held_seqs, 0.0, None)          # teacher forcing, no noise; at: answer positions
+    fast_draft, _ = train_draft(eagle.new_draft(lm).cpu(), train_seqs, steps=EAGLE_STEPS, batch=16, progress=False)  # train_draft batches on the host
+drafts = {"untrained": eagle.new_draft(lm).cpu(), "FAST (ours)": fast_draft, "zoo": copy.deepcopy(draft).cpu()}  # host copies: features() keeps the rows there
+tk, ft, tgt, msk, at = batch_of(held_seqs, 0.0, None)          # teacher forcing, no noise; at: answer positions (a host batch)
 held_l1 = {n: float(torch.nn.functional.smooth_l1_loss(d(tk, ft, msk)[at], tgt[at])) for n, d in drafts.items()}
 print("held-out Smooth-L1:", {n: round(v, 4) for n, v in held_l1.items()})
 assert held_l1["FAST (ours)"] < held_l1["untrained"] and held_l1["zoo"] < held_l1["FAST (ours)"]
@@ -700,8 +705,8 @@ report = json.load(open(os.path.join(folder, "config.json")))["report"]["accept_
 fig, ax = plt.subplots(figsize=(9, 3.4))
 for (n, v), c in zip(eagle_acc.items(), ("#f4a261", "#2a9d8f")):
     ax.plot(range(1, DEPTH + 1), v, "o-", color=c, label=f"EAGLE {n}: guesses 1..d all right")
-ax.plot(range(1, K + 1), right.cumprod(0).mean(1).cpu(), "s-", color="#e76f51", label="Medusa zoo: heads 1..d all right")
-ax.plot(range(1, K + 1), right.mean(1).cpu(), "s--", color="#e76f51", alpha=0.45, label="Medusa zoo: head d alone")
+ax.plot(range(1, K + 1), right.cumprod(0).mean(1).tolist(), "s-", color="#e76f51", label="Medusa zoo: heads 1..d all right")
+ax.plot(range(1, K + 1), right.mean(1).tolist(), "s--", color="#e76f51", alpha=0.45, label="Medusa zoo: head d alone")
 ax.scatter(range(1, len(report) + 1), report, marker="_", s=300, color="k", label="EAGLE zoo, its report")
 ax.set_xlabel("distance d beyond the target's next token"); ax.set_ylabel("accuracy"); ax.set_ylim(0, 1)
 ax.set_xticks(range(1, DEPTH + 1)); ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -768,7 +773,7 @@ def grow_by_hand(tok, feat):                                   # -> (1, N) token
                 ctx[len(nodes)] = (torch.cat([ctx[n][0], torch.tensor([c], device=DEVICE)]), torch.cat([ctx[n][1], fh[None]]))
                 new.append(len(nodes)); nodes.append((c, n, value(n) + l, d))
         level = new
-    return [torch.tensor([list(x)]) for x in zip(*nodes)]
+    return [torch.tensor([list(x)], device=DEVICE) for x in zip(*nodes)]
 
 
 ids = torch.tensor([prompts[DEMO] + ar[DEMO][:done]], device=DEVICE)
@@ -801,7 +806,7 @@ def check_rerank():
     tie = ([5, 6, 7, 8], [-1, 0, -1, 1], [-1.0, -1.0, -0.5, -2.0], [1, 2, 1, 3])       # node 1 as sure as node 0
     for t, p, v, dep in (grown, tie):
         for cap, total in ((DEPTH, TOTAL), (2, TOTAL), (DEPTH, 2), (DEPTH, 5), (1, 3), (DEPTH, 500)):
-            want = tree.keep_best(torch.tensor([t]), torch.tensor([p]), torch.tensor([v]), torch.tensor(dep), [cap], total)[0][0]
+            want = tree.keep_best(*(torch.tensor(z, device=DEVICE) for z in ([t], [p], [v], dep)), [cap], total)[0][0]
             got = tuple([int(x) for x in part] for part in rerank(t, p, v, dep, cap, total))
             case = f"{len(t)} nodes, cap {cap}, total {total}"
             assert got[0] == want[0], f"{case}: you keep the tokens {got[0]}, EAGLE-2 keeps {want[0]} (in grown order)"

@@ -36,10 +36,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                        # CI default: few tokens, few samples
 MODEL = "tiny"                     # any zoo name or local Hugging Face folder
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 PROMPTS = ["Blessed are the poor in spirit", "And God said, Let there be light",
            "The LORD is my shepherd; I shall not want. He maketh me", "In the beginning God created the heaven and the earth."]
 WINDOW = 6                         # Jacobi window: guesses per iteration
@@ -112,7 +113,8 @@ def jacobi_update(lm, prefix_ids, guesses):
 
 # %%
 def check_update(fn):
-    guesses = torch.randint(0, lm.vocab_size, (5,), generator=torch.Generator().manual_seed(SEED + 1)).tolist()
+    host = torch.Generator(device="cpu").manual_seed(SEED + 1)                     # random guesses, as a Python list
+    guesses = torch.randint(0, lm.vocab_size, (5,), generator=host, device="cpu").tolist()
     calls, hook = [], lm.model.register_forward_hook(lambda *args: calls.append(1))   # counts forward passes
     try:
         new = [int(t) for t in fn(lm, prompt, guesses)]
@@ -145,7 +147,7 @@ def parallel_argmax(prefix, guesses):
 
 n = WINDOW
 assert parallel_argmax(prompt, greedy[:n])[:n] == greedy[:n], "the greedy output is a fixed point"
-y = torch.randint(0, lm.vocab_size, (n,), generator=torch.Generator().manual_seed(SEED)).tolist()
+y = torch.randint(0, lm.vocab_size, (n,), generator=torch.Generator(device="cpu").manual_seed(SEED), device="cpu").tolist()
 for t in range(1, n + 1):
     y = parallel_argmax(prompt, y)[:n]                            # update ALL positions at once
     final = next((i for i in range(n) if y[i] != greedy[i]), n)   # leading positions already right
@@ -173,10 +175,11 @@ assert y == greedy[:n]
 # %%
 def random_context_tokens(ctx, have, k, gen):
     """k fresh guesses for the window's end: tokens drawn uniformly from the context."""
-    return [ctx[i] for i in torch.randint(0, len(ctx), (k,), generator=gen).tolist()]
+    return [ctx[i] for i in torch.randint(0, len(ctx), (k,), generator=gen, device="cpu").tolist()]
 
 def jacobi_by_hand(prompt, n, max_new, seed=SEED, fresh=random_context_tokens):
-    gen, ctx, out, guess, trace = torch.Generator().manual_seed(seed), list(prompt), [], [], []
+    gen = torch.Generator(device="cpu").manual_seed(seed)     # on the host, as refimpl.jacobi: the same guesses on any device
+    ctx, out, guess, trace = list(prompt), [], [], []
     while len(out) < max_new:
         w = min(n, max_new - len(out) - 1)                     # never guess past max_new
         keep = guess[:w]
@@ -345,7 +348,7 @@ for p_ids in prompts:
     wrong = seq.repeat(T - 1, 1)
     wrong[rows, pos] = runner_up                                               # row i: token i made wrong
     after = lm.logits(wrong).argmax(-1)[rows, pos]                             # prediction for token i + 1
-    survived += int((after.cpu() == torch.tensor(g_ids[1:])).sum()); total += T - 1
+    survived += int((after == torch.tensor(g_ids[1:], device=after.device)).sum()); total += T - 1
 print(f"the next greedy token survives a wrong token before it in {survived / total:.0%} of {total} positions")
 
 # %% [markdown]
@@ -384,13 +387,13 @@ def sjd_accept_prob(p_new, p_old):
 def check_accept(fn):
     ctx = encode_prompt(lm, STAT_PROMPT)
     top2 = lm.logits(torch.tensor([ctx], device=DEVICE))[0, -1].topk(2).indices.tolist()
-    p_new, p_old = sampling.probs(lm.logits(torch.tensor([ctx + [t] for t in top2], device=DEVICE))[:, -1], TEMPERATURE).cpu()
-    gen = torch.Generator().manual_seed(SEED)
+    p_new, p_old = sampling.probs(lm.logits(torch.tensor([ctx + [t] for t in top2], device=DEVICE))[:, -1], TEMPERATURE)
+    gen = torch.Generator(device=DEVICE).manual_seed(SEED)                            # draws next to p_old
     x = torch.multinomial(p_old, 20000, replacement=True, generator=gen)              # guesses ~ p_old
-    sim = (torch.rand(20000, generator=gen) * p_old[x] < p_new[x]).float().mean().item()   # u < p_new / p_old
+    sim = (torch.rand(20000, generator=gen, device=DEVICE) * p_old[x] < p_new[x]).float().mean().item()   # u < p_new / p_old
     got = float(fn(p_new, p_old))
     assert abs(got - sim) < 0.02, f"simulating the rule accepts {sim:.3f} of the guesses, you say {got:.3f}"
-    one_hot = torch.nn.functional.one_hot(torch.tensor(top2[1]), p_new.numel()).float()
+    one_hot = torch.nn.functional.one_hot(torch.tensor(top2[1], device=DEVICE), p_new.numel()).float()
     assert abs(float(fn(p_new, one_hot)) - float(p_new[top2[1]])) < 1e-5, "a one-hot guess x is accepted with p_new(x)"
     assert abs(float(fn(p_new, p_new)) - 1) < 1e-5, "when nothing changed (p_old == p_new) every guess is accepted"
 
@@ -419,14 +422,14 @@ if SHOW_SOLUTIONS: show("07", "sjd_accept_prob")
 # %%
 ctx = encode_prompt(lm, STAT_PROMPT)
 top2 = lm.logits(torch.tensor([ctx], device=DEVICE))[0, -1].topk(2).indices.tolist()
-p_new, p_old = sampling.probs(lm.logits(torch.tensor([ctx + [t] for t in top2], device=DEVICE))[:, -1], TEMPERATURE).double().cpu()
+p_new, p_old = sampling.probs(lm.logits(torch.tensor([ctx + [t] for t in top2], device=DEVICE))[:, -1], TEMPERATURE).double()
 
 def emitted(p, q, after_rejection="residual"):      # exact P(emit y) when the guess x ~ q
     accept = torch.where(q > 0, (p / q).clamp(max=1), torch.zeros_like(p))       # P(accept | x)
     after = (p - q).clamp(min=0) if after_rejection == "residual" else p
     return q * accept + (q * (1 - accept)).sum() * after / after.sum()
 
-fixed = torch.nn.functional.one_hot(torch.tensor(top2[1]), p_new.numel()).double()
+fixed = torch.nn.functional.one_hot(torch.tensor(top2[1], device=DEVICE), p_new.numel()).double()
 cases = {"SJD, q = p_old": emitted(p_new, p_old), "a fixed guess, one-hot q": emitted(p_new, fixed),
          "WRONG: resample from p_new": emitted(p_new, p_old, "p_new")}
 for name, e in cases.items():
@@ -443,9 +446,9 @@ assert tv[0] < 1e-6 and tv[1] < 1e-6 and tv[2] > 0.01, "SJD and fixed guesses ar
 
 # %%
 stat_ids = encode_prompt(lm, STAT_PROMPT)
-p1 = sampling.probs(lm.logits(torch.tensor([stat_ids], device=DEVICE))[0, -1], TEMPERATURE, top_k=TOP_K).cpu()
+p1 = sampling.probs(lm.logits(torch.tensor([stat_ids], device=DEVICE))[0, -1], TEMPERATURE, top_k=TOP_K)
 firsts = p1.nonzero()[:, 0].tolist()
-p2 = sampling.probs(lm.logits(torch.tensor([stat_ids + [t] for t in firsts], device=DEVICE))[:, -1], TEMPERATURE, top_k=TOP_K).cpu()
+p2 = sampling.probs(lm.logits(torch.tensor([stat_ids + [t] for t in firsts], device=DEVICE))[:, -1], TEMPERATURE, top_k=TOP_K)
 exact = {(a, b): float(p1[a] * p2[i, b]) for i, a in enumerate(firsts) for b in p2[i].nonzero()[:, 0].tolist()}
 likeliest = sorted(exact, key=exact.get, reverse=True)[:4]
 print(len(exact), "possible pairs; likeliest:", [(lm.decode(list(c)), round(exact[c], 3)) for c in likeliest])
@@ -461,11 +464,12 @@ from refimpl import speculative
 import kernels
 
 opts = dict(max_new_tokens=WINDOW, temperature=TEMPERATURE, top_k=TOP_K, eos_token_id=[])
-rule = None if torch.cuda.is_available() else kernels.rejection_sample_reference
-few = jacobi.generate(lm, [stat_ids] * 8, window=WINDOW, seed=SEED, generator=torch.Generator().manual_seed(SEED), **opts)
-same = speculative.decode(lm, jacobi.Jacobi(WINDOW, SEED), [stat_ids] * 8, generator=torch.Generator().manual_seed(SEED), rule=rule, **opts)
+rule = None if DEVICE.type == "cuda" else kernels.rejection_sample_reference
+seeded = lambda s: torch.Generator(device=DEVICE).manual_seed(s)   # SJD draws where the model's probabilities are
+few = jacobi.generate(lm, [stat_ids] * 8, window=WINDOW, seed=SEED, generator=seeded(SEED), **opts)
+same = speculative.decode(lm, jacobi.Jacobi(WINDOW, SEED), [stat_ids] * 8, generator=seeded(SEED), rule=rule, **opts)
 assert few.tokens == same.tokens, "jacobi.generate runs speculative.decode with the Jacobi proposer"
-sjd = speculative.decode(lm, jacobi.Jacobi(WINDOW, SEED), [stat_ids] * SAMPLES, generator=torch.Generator().manual_seed(SEED + 1), rule=rule, **opts)
+sjd = speculative.decode(lm, jacobi.Jacobi(WINDOW, SEED), [stat_ids] * SAMPLES, generator=seeded(SEED + 1), rule=rule, **opts)
 acc = sjd.stats.accepted                      # acc[call][row]: guesses accepted
 via_p_old = sum(acc[0][b] == 0 and acc[1][b] >= 1 for b in range(SAMPLES)) / SAMPLES
 print(f"tau {sjd.stats.tau:.3f}; second token = an accepted guess drawn from p_old in {via_p_old:.0%} of rows")
@@ -480,8 +484,8 @@ from scipy.stats import chisquare
 cells = list(exact)
 pairs = [tuple(t[:2]) for t in sjd.tokens]
 assert all(pr in exact for pr in pairs), "a pair the top-k model cannot produce"
-counts = torch.tensor([pairs.count(c) for c in cells], dtype=torch.float64)
-expect = torch.tensor([exact[c] for c in cells], dtype=torch.float64) * SAMPLES
+counts = torch.tensor([pairs.count(c) for c in cells], dtype=torch.float64, device="cpu")            # host counts for scipy
+expect = torch.tensor([exact[c] for c in cells], dtype=torch.float64, device="cpu") * SAMPLES
 big = expect >= 5
 obs = torch.cat([counts[big], counts[~big].sum()[None]])
 exp_ = torch.cat([expect[big], expect[~big].sum()[None]])

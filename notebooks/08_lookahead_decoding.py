@@ -34,10 +34,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                        # CI default: short runs, small samples
 MODEL = "tiny"                     # the zoo's 4-layer Llama trained on the King James Bible
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 W, N, G = 7, 5, 7                  # window, n-gram size, guesses
 SMALL = dict(window=4, ngram=4, guesses=3)
 NEW_TOKENS = 32 if FAST else 96
@@ -107,17 +108,17 @@ for l in reversed(range(Ls)):
 # %%
 from refimpl import lookahead
 
-see = torch.zeros(Ls * Ws, Ls * Ws, dtype=torch.bool)
+see = torch.zeros(Ls * Ws, Ls * Ws, dtype=torch.bool, device=DEVICE)   # on the target's device, as the proposer's
 for l in range(Ls):
     for j in range(Ws):
         for jj in range(j + 1):
             see[l * Ws + j, 0 * Ws + jj] = True          # level 0, columns <= j
         for ll in range(l + 1):
             see[l * Ws + j, ll * Ws + j] = True          # own column, levels <= l
-depth = torch.tensor([pos[l][j] for l in range(Ls) for j in range(Ws)])
+depth = torch.tensor([pos[l][j] for l in range(Ls) for j in range(Ws)], device=DEVICE)
 for i in range(Ls * Ws):                                  # one position each, 1 .. depth[i]
     assert sorted(depth[see[i]].tolist()) == list(range(1, int(depth[i]) + 1))
-ref_see, ref_depth = lookahead.window_mask(Ls, Ws)
+ref_see, ref_depth = lookahead.window_mask(Ls, Ws, device=DEVICE)
 assert torch.equal(see, ref_see) and torch.equal(depth, ref_depth)
 print("hand-built staircase == lookahead.window_mask")
 
@@ -141,7 +142,7 @@ class Pool:
 
 
 mine, ref = Pool(3), lookahead.NgramPool(3)
-for gram in torch.randint(0, 4, (300, 3), generator=torch.Generator().manual_seed(SEED)).tolist():
+for gram in torch.randint(0, 4, (300, 3), generator=torch.Generator(device="cpu").manual_seed(SEED), device="cpu").tolist():   # Python n-grams
     mine.add(gram); ref.add(gram)
 assert all(mine.grams.get(k, []) == ref.get(k) for k in range(4))
 print("key 0 ->", ref.get(0))
@@ -202,7 +203,7 @@ print("last harvest:", [lm.decode(g) for g in harvest(s["levels"], s["after"][-1
 step = max(full_steps, key=lambda s: len(tree.trie(s["guesses"])[0]))
 toks, pars = tree.trie(step["guesses"])
 S, M = Ls * Ws, len(toks)
-full = torch.zeros(1 + S + M, 1 + S + M, dtype=torch.bool)
+full = torch.zeros(1 + S + M, 1 + S + M, dtype=torch.bool, device=DEVICE)   # compared with the proposal's mask
 full[:, 0] = True                                   # the root (and the prefix before it)
 full[1:1 + S, 1:1 + S] = see                        # the staircase
 for i in range(M):
@@ -222,12 +223,12 @@ print(f"{1 + S + M} tokens in one forward: root + {S} lookahead + {M} verificati
 # %%
 labels = (["root " + repr(lm.decode([step["root"]]))] + [f"L{i // Ws} c{i % Ws}" for i in range(S)]
           + ["g " + repr(lm.decode([t])) for t in toks])
-colour = torch.tensor([[.6, .6, .6], [0, 0, 0], [.2, .45, .85], [.95, .55, .1]])
-branch = torch.tensor([0, 1] + [2] * S + [3] * M)   # prefix column, root, lookahead, verification
-allow = torch.cat([torch.ones(1 + S + M, 1, dtype=torch.bool), full], 1)      # + a prefix column
-img = torch.where(allow[..., None], colour[branch][None, :, :], torch.ones(3))
+colour = torch.tensor([[.6, .6, .6], [0, 0, 0], [.2, .45, .85], [.95, .55, .1]], device=full.device)
+branch = torch.tensor([0, 1] + [2] * S + [3] * M, device=full.device)   # prefix column, root, lookahead, verification
+allow = torch.cat([torch.ones(1 + S + M, 1, dtype=torch.bool, device=full.device), full], 1)   # + a prefix column
+img = torch.where(allow[..., None], colour[branch][None, :, :], torch.ones(3, device=full.device))
 fig, ax = plt.subplots(figsize=(7.5, 6.5))
-ax.imshow(img.numpy())
+ax.imshow(img.tolist())                             # (rows, columns, RGB) as Python floats: any device
 ax.set_xticks(range(2 + S + M), ["prefix"] + labels, rotation=90, fontsize=7)
 ax.set_yticks(range(1 + S + M), labels, fontsize=7)
 ax.set_title(f"one lookahead step: W={Ws}, N={Ls + 1}, {len(step['guesses'])} guesses")
@@ -284,7 +285,7 @@ plt.tight_layout(); plt.show()
 
 # %%
 import time
-sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
 
 def forward_ms(k, reps=5):
     _, cache = lm.forward(torch.tensor([prompts[1]], device=DEVICE))
@@ -321,10 +322,10 @@ from scipy.stats import chisquare
 from refimpl import sampling
 
 K = 8                                                # top-k = 8 at temperature 1: a small support
-p_first = sampling.probs(lm.logits(torch.tensor([prompts[0]]))[0, -1], 1.0, top_k=K).double().cpu()
+p_first = sampling.probs(lm.logits(torch.tensor([prompts[0]], device=DEVICE))[0, -1], 1.0, top_k=K).double().cpu()  # scipy and matplotlib read host arrays
 r_s = lookahead.generate(lm, [prompts[0]] * SAMPLES, max_new_tokens=2, temperature=1.0, top_k=K,
-                         generator=torch.Generator().manual_seed(SEED), pool_from_prompt=True, eos_token_id=[])
-counts = torch.bincount(torch.tensor([t[0] for t in r_s.tokens]), minlength=lm.vocab_size).double()
+                         generator=torch.Generator(device=DEVICE).manual_seed(SEED), pool_from_prompt=True, eos_token_id=[])
+counts = torch.bincount(torch.tensor([t[0] for t in r_s.tokens], device="cpu"), minlength=lm.vocab_size).double()   # host counts
 support = p_first.nonzero()[:, 0]
 assert counts[support].sum() == SAMPLES
 pv = chisquare(counts[support], p_first[support] / p_first[support].sum() * SAMPLES).pvalue
@@ -346,7 +347,7 @@ wrong, left = torch.zeros_like(p_first), 1.0
 for x in kids:
     wrong[x] += left * p_first[x]; left *= 1 - float(p_first[x])
 wrong += left * p_first
-xs = torch.arange(len(support)).float()
+xs = torch.arange(len(support), device="cpu").float()   # bar positions for matplotlib
 fig, ax = plt.subplots(figsize=(8, 3))
 ax.bar(xs - 0.27, p_first[support], 0.27, label="target p (exact)")
 ax.bar(xs, counts[support] / SAMPLES, 0.27, label=f"lookahead, {SAMPLES} samples")
@@ -439,7 +440,7 @@ def tokens_scored(levels, width, guesses):
 # %%
 def proposal_size(levels, width, guesses):           # a real proposer, put in that state by hand
     la = lookahead.Lookahead(width, levels + 1, max(1, len(guesses)))
-    la.start(torch.tensor([prompts[1]]), None, speculative.Sampling())
+    la.start(torch.tensor([prompts[1]], device=DEVICE), None, speculative.Sampling())
     la.levels = [[[5 + j for j in range(width)] for _ in range(levels)]]
     [la.pools[0].add([prompts[1][-1], *g]) for g in guesses]
     return 1 + int(la.propose([1000]).valid[0])
@@ -475,13 +476,13 @@ def greedy_walk(tokens, parents, best):
 
 # %%
 def check_greedy_walk():
-    gw = torch.Generator().manual_seed(1)
+    gw = torch.Generator(device=DEVICE).manual_seed(1)                             # made where a verifier runs
     for _ in range(200):
-        toks_, pars_ = tree.trie(torch.randint(0, 4, (3, 3), generator=gw).tolist())
-        best = torch.randint(0, 4, (len(toks_) + 1,), generator=gw)
+        toks_, pars_ = tree.trie(torch.randint(0, 4, (3, 3), generator=gw, device=DEVICE).tolist())
+        best = torch.randint(0, 4, (len(toks_) + 1,), generator=gw, device=DEVICE)
         logits = torch.nn.functional.one_hot(best, 4).float()[None]
-        n, nxt, path = tree.Tree(torch.tensor([pars_])).verify(
-            torch.tensor([toks_]), logits, torch.tensor([len(toks_)]), None, speculative.Sampling())
+        n, nxt, path = tree.Tree(torch.tensor([pars_], device=DEVICE)).verify(
+            torch.tensor([toks_], device=DEVICE), logits, torch.tensor([len(toks_)], device=DEVICE), None, speculative.Sampling())
         want = ([toks_[i] for i in path[0, : int(n[0])].tolist()], int(nxt[0]))
         got = greedy_walk(toks_, pars_, best.tolist())
         assert (list(got[0]), int(got[1])) == want, \

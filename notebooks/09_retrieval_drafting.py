@@ -35,10 +35,11 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                        # CI default: short generations, few samples
 MODEL = "tiny"                     # the zoo's 4-layer Llama trained on the King James Bible
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 NEW_TOKENS = 32 if FAST else 160
 SAMPLES = 300 if FAST else 3000    # for the losslessness check
 SEED = 0
@@ -107,14 +108,15 @@ class HandLookup:
 
     def start(self, ids, mask, settings):                 # the prompts, left-padded (mask None: no padding)
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.rows = [NgramIndex(self.max_ngram, row[keep].tolist()) for row, keep in zip(ids.cpu(), real.cpu())]
+        self.rows = [NgramIndex(self.max_ngram, row[keep].tolist()) for row, keep in zip(ids, real)]
+        self.device = ids.device                          # the target's: proposals are built there
 
     def propose(self, caps):
         self.x = [ix.text[a: a + min(self.num_tokens, c)] if (a := ix.lookup(self.min_ngram)) >= 0 else []
                   for ix, c in zip(self.rows, caps)]
         g = max(map(len, self.x))
-        tokens = torch.tensor([x + [0] * (g - len(x)) for x in self.x], dtype=torch.long).view(len(caps), g)
-        return speculative.Proposal(tokens, torch.tensor([len(x) for x in self.x]))
+        tokens = torch.tensor([x + [0] * (g - len(x)) for x in self.x], dtype=torch.long, device=self.device).view(len(caps), g)
+        return speculative.Proposal(tokens, torch.tensor([len(x) for x in self.x], device=self.device))
 
     def accept(self, v):                                  # accepted drafts + the target's token
         for ix, x, n, t in zip(self.rows, self.x, v.n_list, v.next.tolist()):
@@ -170,7 +172,7 @@ def check_lookup():
     for _ in range(300):
         toks, hi = [rng.randrange(3) for _ in range(rng.randrange(1, 25))], rng.randint(1, 4)
         lo = rng.randint(1, hi)
-        want = int(copy_prior.lookup_positions(torch.tensor(toks), torch.tensor([len(toks) - 1]), hi, lo)[0])
+        want = int(copy_prior.lookup_positions(torch.tensor(toks, device=DEVICE), torch.tensor([len(toks) - 1], device=DEVICE), hi, lo)[0])
         assert lookup(toks, hi, lo) == want, f"lookup({toks}, {hi}, {lo}) returned {lookup(toks, hi, lo)}, expected {want}"
 
 
@@ -323,9 +325,9 @@ print(len(draft_tokens), "draft nodes from the template")
 # %%
 from refimpl import tree
 
-prop = tree.pack([(draft_tokens, draft_parents)])
+prop = tree.pack([(draft_tokens, draft_parents)], DEVICE)            # on the target's device
 slots = speculative.SlotCache(lm, 1, lm.device)
-logits = prop.tree.feed(slots, torch.tensor([context], device=DEVICE), None, prop.tokens.to(DEVICE), prop.valid)
+logits = prop.tree.feed(slots, torch.tensor([context], device=DEVICE), None, prop.tokens, prop.valid)
 n, nxt, path = prop.tree.verify(prop.tokens, logits, prop.valid, None, speculative.Sampling(0.0))
 accepted = [draft_tokens[i] for i in path[0].tolist()]
 greedy = autoregressive.generate(lm, [context], max_new_tokens=len(accepted) + 1, eos_token_id=[]).tokens[0]
@@ -472,16 +474,16 @@ from collections import Counter
 from scipy.stats import chisquare
 import kernels
 
-RULE = kernels.rejection_sample if torch.cuda.is_available() else kernels.rejection_sample_reference
+RULE = kernels.rejection_sample if DEVICE.type == "cuda" else kernels.rejection_sample_reference
 refrain = lm.encode("for his mercy endureth for ever. O give thanks unto the LORD: for his mercy")
 
 
 def pair_pvalue(rule):
     r = speculative.decode(lm, retrieval.PromptLookup(), [refrain] * SAMPLES, max_new_tokens=3, temperature=1.0,
-                           generator=torch.Generator().manual_seed(SEED), eos_token_id=[], rule=rule)
+                           generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[], rule=rule)
     pairs = Counter(tuple(t[:2]) for t in r.tokens)
     firsts = sorted({a for a, _ in pairs})
-    p = torch.softmax(lm.logits(torch.tensor([refrain + [a] for a in firsts], device=DEVICE))[:, -2:].float(), -1).cpu()
+    p = torch.softmax(lm.logits(torch.tensor([refrain + [a] for a in firsts], device=DEVICE))[:, -2:].float(), -1)
     exp = {(a, b): SAMPLES * float(p[0, 0, a] * p[firsts.index(a), 1, b]) for a, b in pairs}
     big = [k for k in pairs if exp[k] >= 5]
     obs, e = [pairs[k] for k in big], [exp[k] for k in big]

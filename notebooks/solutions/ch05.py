@@ -5,7 +5,7 @@ import torch
 def ancestor_mask(parents):
     """(m,) parent list -> (m, m) bool: [i, j] True when node j is node i or one of its ancestors."""
     m = len(parents)
-    mask = torch.zeros((m, m), dtype=torch.bool)
+    mask = torch.zeros((m, m), dtype=torch.bool, device="cpu")   # from a Python list: a host tensor
     for i, p in enumerate(parents):        # parents come first: row p is complete when we reach i
         if p >= 0:
             mask[i] = mask[p]
