@@ -30,11 +30,12 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                      # CI default: seconds of training, small evaluations
 MODEL = "tiny-dllm"              # King James masked diffusion LM (python -m refimpl.train tiny-dllm)
 SYNTH = "tiny-dllm-rev"          # digit reversal, exact answers
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()        # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 TRAIN_STEPS = 15 if FAST else 300
 WINDOWS = 16 if FAST else 64     # held-out 128-token windows for the loss pictures
 SEED = 0
@@ -97,7 +98,7 @@ print("hand-built forward process == refimpl.diffusion_lm.forward_mask")
 # %%
 ts = [0.1 * k for k in range(1, 10)]
 grid = torch.cat([forward_mask_by_hand(x0, torch.tensor([tt], device=DEVICE), MASK,
-                                       torch.Generator(DEVICE).manual_seed(SEED))[1] for tt in ts]).cpu()
+                                       torch.Generator(DEVICE).manual_seed(SEED))[1] for tt in ts]).cpu()   # matplotlib plots host arrays
 words = [tok.decode([i]) for i in x0[0].tolist()]
 fig, ax = plt.subplots(figsize=(8, 3.2))
 ax.imshow(grid, cmap="Greys", vmin=-0.3, vmax=1.6, aspect="auto")
@@ -210,7 +211,7 @@ def diffusion_loss(model, x0, t, gen):
 
 # %%
 def check_loss():
-    xb = torch.randint(3, len(tok), (4, 32), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    xb = torch.randint(3, len(tok), (4, 32), generator=torch.Generator(DEVICE).manual_seed(2), device=DEVICE)
     tb = torch.tensor([0.1, 0.4, 0.7, 1.0], device=DEVICE)
     with torch.no_grad():
         mine = diffusion_loss(net, xb, tb, torch.Generator(DEVICE).manual_seed(3))
@@ -230,11 +231,11 @@ if SHOW_SOLUTIONS:
 # so the expected loss is `log V` at *every* `t`.
 
 # %%
-blank = diffusion_lm.DiffusionLM(cfg, tok)
+blank = diffusion_lm.DiffusionLM(cfg, tok).to(DEVICE)
 for p in blank.parameters():
     p.data.zero_()
-xb = torch.randint(3, len(tok), (8, 64), generator=torch.Generator().manual_seed(SEED))
-vals = [diffusion_lm.masked_diffusion_loss(blank, xb, t=torch.full((8,), tt)).item() for tt in (0.3, 1.0)]
+xb = torch.randint(3, len(tok), (8, 64), generator=torch.Generator(DEVICE).manual_seed(SEED), device=DEVICE)
+vals = [diffusion_lm.masked_diffusion_loss(blank, xb, t=torch.full((8,), tt, device=DEVICE)).item() for tt in (0.3, 1.0)]
 print([round(v, 3) for v in vals], "≈ log V =", round(math.log(len(tok)), 3))
 assert all(abs(v - math.log(len(tok))) < 0.15 * math.log(len(tok)) for v in vals)
 
@@ -248,7 +249,7 @@ assert all(abs(v - math.log(len(tok))) < 0.15 * math.log(len(tok)) for v in vals
 train_docs, valid_docs = data.kjv_split()
 stream = encode_docs(tok, train_docs[:200], EOS)
 opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
-gen, losses, t0 = torch.Generator().manual_seed(SEED), [], time.time()
+gen, losses, t0 = torch.Generator(device="cpu").manual_seed(SEED), [], time.time()   # picks offsets in the host-side stream
 net.train()
 for step in range(TRAIN_STEPS):
     loss = diffusion_lm.masked_diffusion_loss(net, random_windows(stream, 8, 64, gen).to(DEVICE))
@@ -309,7 +310,7 @@ fig, ax = plt.subplots(figsize=(6, 3.4))
 ax.fill_between(ratios, ce, alpha=0.15, label=f"area ≈ NELBO per token ({ev['nelbo_per_token']:.2f})")
 ax.plot(ratios, ce, "o-", label="CE(t): 1/t-weighted, per token")
 ax.plot(ratios, [r * c for r, c in zip(ratios, ce)], "s--", label="t · CE(t): unweighted, per token")
-ax.scatter(t_draw.cpu(), single, s=12, c="0.4", label="one sequence, one draw (weighted)")
+ax.scatter(t_draw.tolist(), single, s=12, c="0.4", label="one sequence, one draw (weighted)")
 ax.set_xlabel("mask ratio t"); ax.set_ylabel("nats"); ax.set_ylim(0, max(max(single), max(ce)) * 1.1)
 ax.legend(fontsize=7); ax.set_title("the 1/t weight, on the trained tiny-dllm"); plt.show()
 
@@ -406,7 +407,7 @@ def sft_forward_mask(x0, prompt_len, t, mask_id, gen):
 
 # %%
 def check_sft():
-    xr = torch.randint(3, 50, (3, 20), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    xr = torch.randint(3, 50, (3, 20), generator=torch.Generator(DEVICE).manual_seed(4), device=DEVICE)
     tr = torch.tensor([0.2, 0.6, 1.0], device=DEVICE)
     keep = torch.zeros(3, 20, dtype=torch.bool, device=DEVICE); keep[:, 7:] = True
     a = sft_forward_mask(xr, 7, tr, MASK, torch.Generator(DEVICE).manual_seed(0))
@@ -424,8 +425,9 @@ if SHOW_SOLUTIONS:
 # The dots in the loss picture are the noise of drawing `t` independently per row. Stratified
 # ("low-discrepancy") sampling uses `t_i = (i + u) / B` for one shared `u ~ U(0, 1)`, so every
 # stratum `[i/B, (i+1)/B)` of `(0, 1)` holds exactly one `t` per batch. Write
-# `stratified_t(B, gen)` returning a (B,) tensor. The check tests the strata and the shared
-# offset, and that over 2,000 batches each `t_i` is still uniform on its stratum (its mean and spread).
+# `stratified_t(B, gen)` returning a (B,) tensor on the generator's device (`gen.device`, where the
+# training batches are). The check tests the strata and the shared offset, and that over 2,000
+# batches each `t_i` is still uniform on its stratum (its mean and spread).
 
 # %%
 @exercise("10", "stratified_t")
@@ -439,15 +441,15 @@ def stratified_t(B, gen):
 # %%
 def check_stratified():
     for B in (1, 4, 16):
-        ts_ = stratified_t(B, torch.Generator().manual_seed(B)).sort().values
-        lo = torch.arange(B) / B
+        ts_ = stratified_t(B, torch.Generator(DEVICE).manual_seed(B)).sort().values
+        lo = torch.arange(B, device=DEVICE) / B
         assert bool(((ts_ >= lo) & (ts_ < lo + 1 / B)).all()), f"B = {B}: one t per stratum [i/B, (i+1)/B)"
         assert torch.allclose(ts_ - ts_[0], lo, atol=1e-6), f"B = {B}: the strata must share one offset u"
-    gg = torch.Generator().manual_seed(9)
+    gg = torch.Generator(DEVICE).manual_seed(9)
     draws = torch.stack([stratified_t(4, gg).sort().values for _ in range(2000)])     # (2000, 4)
     mean, sd = draws.mean(0), draws.std(0)                                             # per stratum
-    assert torch.allclose(mean, (torch.arange(4) + 0.5) / 4, atol=0.02), f"means {mean.tolist()}: not uniform"
-    assert torch.allclose(sd, torch.full((4,), 0.25 / 12 ** 0.5), atol=0.01), f"spreads {sd.tolist()}: not uniform"
+    assert torch.allclose(mean, (torch.arange(4, device=DEVICE) + 0.5) / 4, atol=0.02), f"means {mean.tolist()}: not uniform"
+    assert torch.allclose(sd, torch.full((4,), 0.25 / 12 ** 0.5, device=DEVICE), atol=0.01), f"spreads {sd.tolist()}: not uniform"
 
 
 check("Exercise 3", check_stratified)

@@ -37,12 +37,13 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True
 MODEL = "tiny-dllm"              # King James dLLM
 SYNTH = "tiny-dllm-rev"          # digit reversal (exact answers)
 AR_MODEL = "tiny"                # judges text quality (perplexity)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()        # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 GEN = 32                         # answer length for the King James model
 N_PROMPTS = 8 if FAST else 24    # held-out prompts for the quality measurements
 SEEDS = 2 if FAST else 5         # random-remasking seeds per setting
@@ -96,7 +97,7 @@ def schedule_by_hand(m, s):
     return [m // s + (1 if i < m % s else 0) for i in range(s)]
 
 for m, s in [(8, 8), (10, 4), (32, 6), (3, 5)]:
-    assert schedule_by_hand(m, s) == diffusion.num_transfer_tokens(torch.tensor([m]), s)[0].tolist()
+    assert schedule_by_hand(m, s) == diffusion.num_transfer_tokens(torch.tensor([m], device=DEVICE), s)[0].tolist()
     print(m, "tokens in", s, "steps:", schedule_by_hand(m, s))
 
 # %% [markdown]
@@ -120,7 +121,7 @@ def llada_by_hand(model, prompt, gen_length, steps, block_length, exclude_mask=T
             idx = b + c[b: b + block_length].topk(k).indices          # the k most confident of the block
             x[0, P + idx] = pred[idx]
             history.append(x[0, P:].clone())
-    return x[0, P:].tolist(), history, torch.stack(confs).cpu()
+    return x[0, P:].tolist(), history, torch.stack(confs)
 
 # %% [markdown]
 # It must agree with `refimpl.diffusion.generate` token for token (`eos_token_id=[]` so neither
@@ -154,9 +155,9 @@ top = max(c[torch.isfinite(c)].max().item() for c in (c32, c8))
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.6), sharey=True)
 for ax, hist, cf, bl in [(axes[0], h32, c32, GEN), (axes[1], h8, c8, 8)]:
     ax.set_facecolor("0.75")                                                     # NaN (committed) = grey
-    im = ax.imshow(cf.masked_fill(~torch.isfinite(cf), float("nan")), cmap="viridis", vmin=0, vmax=top, aspect="auto")
+    im = ax.imshow(cf.masked_fill(~torch.isfinite(cf), float("nan")).tolist(), cmap="viridis", vmin=0, vmax=top, aspect="auto")
     for s, (a, b) in enumerate(zip(hist, hist[1:])):
-        new = torch.where((a == MASK) & (b != MASK))[0].cpu()                   # committed at step s
+        new = torch.where((a == MASK) & (b != MASK))[0].tolist()                # committed at step s
         ax.plot(new, [s] * len(new), "k.")
     for edge in range(bl, GEN, bl):
         ax.axvline(edge - 0.5, color="w", lw=1.5)
@@ -349,7 +350,7 @@ m = blk_masked[0]
 
 def choice_counts(choose, n=2000, k=2):                 # times each masked position is chosen in n calls
     gg = torch.Generator(DEVICE).manual_seed(7)
-    return torch.stack([choose(k, gg).long().cpu() for _ in range(n)]).sum(0)[m.cpu()]
+    return torch.stack([choose(k, gg).long() for _ in range(n)]).sum(0)[m]
 
 k_ = lambda k: torch.tensor([k], device=DEVICE)
 lib = choice_counts(lambda k, g: diffusion.denoise_step(blk_logits, blk_masked, MASK, k_(k), remasking="random", generator=g)[1][0])
@@ -381,10 +382,10 @@ if SHOW_SOLUTIONS:
 # probability of the sampled token. By hand, with the same generator:
 
 # %%
-lg = torch.randn(4, 50, dtype=torch.float64)
-u = torch.rand(lg.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+lg = torch.randn(4, 50, dtype=torch.float64, device=DEVICE)
+u = torch.rand(lg.shape, generator=torch.Generator(device=DEVICE).manual_seed(7), dtype=torch.float64, device=DEVICE)
 mine = (lg / 0.8 - torch.log(-torch.log(u))).argmax(-1)
-lib = diffusion.gumbel_argmax(lg, 0.8, torch.Generator().manual_seed(7))
+lib = diffusion.gumbel_argmax(lg, 0.8, torch.Generator(device=DEVICE).manual_seed(7))   # the same generator device: the same draws
 assert torch.equal(mine, lib)
 g1 = diffusion.generate(dlm, [prompt], gen_length=16, steps=16, block_length=8, temperature=0.8,
                         generator=torch.Generator(device=DEVICE).manual_seed(1), eos_token_id=[])
@@ -417,7 +418,7 @@ def margin(logits):
 
 # %%
 def check_margin():
-    lg = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(0))
+    lg = torch.randn(3, 5, 40, generator=torch.Generator(device=DEVICE).manual_seed(0), device=DEVICE)
     assert torch.allclose(margin(lg).double(), diffusion.top2_gap(lg)), "p_top1 - p_top2 of the softmax, not of the logits"
     assert torch.allclose(margin(blk_logits).double(), diffusion.top2_gap(blk_logits)), "on the real block"
     assert bool((margin(lg) >= 0).all()) and bool((margin(lg) <= 1).all()), "a gap of probabilities lies in [0, 1]"

@@ -40,12 +40,13 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                        # CI default: few prompts, short answers
 MODEL = "tiny-dllm"                # chapter 10's King James dLLM (unsure of most tokens)
 SYNTH = "tiny-dllm-rev"            # digit reversal (sure of almost every token)
 AR_MODEL = "tiny"                  # judges the King James text (perplexity)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 GEN, BLOCK = 32, 8
 N_PROMPTS = 3 if FAST else 12
 SHOW_SOLUTIONS = False
@@ -79,7 +80,7 @@ def threshold_by_hand(conf, t):                      # conf (N,)
         sel[conf.argmax()] = True
     return sel
 
-conf = torch.tensor([0.97, 0.42, float("-inf"), 0.93, 0.88], dtype=torch.float64)
+conf = torch.tensor([0.97, 0.42, float("-inf"), 0.93, 0.88], dtype=torch.float64, device=DEVICE)
 for t in (0.9, 0.99):
     assert torch.equal(threshold_by_hand(conf.clone(), t), diffusion.select_threshold(conf[None], t)[0])
     print(f"t={t}: commit", threshold_by_hand(conf.clone(), t).nonzero().flatten().tolist())
@@ -113,10 +114,10 @@ def factor_select(conf, f):
 
 # %%
 def check_factor_select():
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device=DEVICE).manual_seed(0)                      # confidences live next to the logits
     for trial in range(30):
-        c = torch.rand(7, generator=g, dtype=torch.float64) ** 0.15          # mostly confident
-        c[torch.rand(7, generator=g) < 0.3] = float("-inf")                  # some already committed
+        c = torch.rand(7, generator=g, dtype=torch.float64, device=DEVICE) ** 0.15   # mostly confident
+        c[torch.rand(7, generator=g, device=DEVICE) < 0.3] = float("-inf")           # some already committed
         for f in (0.1, 0.5, 1.0, 2.0):
             got, want = factor_select(c.clone(), f), diffusion.select_factor(c[None], f)[0]
             assert got.dtype == torch.bool and got.shape == c.shape, "return a bool tensor shaped like conf"
@@ -137,9 +138,9 @@ if SHOW_SOLUTIONS:
 
 # %%
 def factor_vs_joint(f, trials=1000, n=3, V=3, seed=0):
-    g, multi, differ = torch.Generator().manual_seed(seed), 0, 0
+    g, multi, differ = torch.Generator(device=DEVICE).manual_seed(seed), 0, 0
     for _ in range(trials):
-        J = torch.rand((V,) * n, generator=g, dtype=torch.float64) ** 16
+        J = torch.rand((V,) * n, generator=g, dtype=torch.float64, device=DEVICE) ** 16
         J /= J.sum()                                                      # the joint, (V, V, V)
         marg = torch.stack([J.sum(dim=[d for d in range(n) if d != i]) for i in range(n)])  # (n, V)
         conf, guess = marg.max(-1)
@@ -176,7 +177,7 @@ def threshold_sampler(model, prompt, gen_length, block_length, t):
             c[x[0, s: s + block_length] != mask] = -float("inf")
             sel = threshold_by_hand(c, t)
             x[0, s: s + block_length][sel] = pred[sel]
-            trace.append((s - P, c.cpu(), sel.cpu()))                    # one entry per denoiser call
+            trace.append((s - P, c, sel))                                # one entry per denoiser call
     return x[0, P:].tolist(), trace
 
 # %% [markdown]
@@ -207,8 +208,8 @@ for ax, (name, model, prompt, G, b, t) in zip(axes, [("tiny-dllm", dlm, prompts[
     _, trace = threshold_sampler(model, prompt, G, b, t)
     for call, (_, c, sel) in enumerate(trace):
         m = torch.isfinite(c)
-        ax.scatter([call] * int((m & ~sel).sum()), c[m & ~sel], s=12, facecolors="none", edgecolors="0.5")
-        ax.scatter([call] * int(sel.sum()), c[sel], s=16, color="tab:green")
+        ax.scatter([call] * int((m & ~sel).sum()), c[m & ~sel].tolist(), s=12, facecolors="none", edgecolors="0.5")
+        ax.scatter([call] * int(sel.sum()), c[sel].tolist(), s=16, color="tab:green")
     ax.axhline(t, color="tab:red", ls="--", lw=1, label=f"threshold t = {t}")
     ax.set_xlabel("denoiser call"); ax.set_ylabel("confidence"); ax.set_ylim(0, 1.05); ax.legend(fontsize=8)
     ax.set_xticks(range(0, len(trace), max(1, len(trace) // 10)))
@@ -472,12 +473,13 @@ print(before[3:before.index("</b>")], "->", shown[3:shown.index("</b>")])
 class PermutationModel:
     """Exact conditionals of the uniform distribution over permutations of n items."""
     mask_token_id, eos_token_id, pad_token_id = 2, 0, 1
+    device = DEVICE                                          # generate puts the ids here, as for a real model
 
     def __init__(self, n):
         self.n = n
 
     def logits(self, ids):                                   # (B, T) -> (B, T, V)
-        out = torch.full((*ids.shape, self.n + 3), float("-inf"))
+        out = torch.full((*ids.shape, self.n + 3), float("-inf"), device=ids.device)
         ans = ids[:, -self.n:]                               # the answer region
         for b in range(ids.size(0)):
             used = set(ans[b].tolist())
@@ -493,7 +495,7 @@ class PermutationModel:
 # %%
 def valid_rate(n, **kw):
     g = diffusion.generate(PermutationModel(n), [[5]] * 400, gen_length=n, block_length=n, eos_token_id=[],
-                           generator=torch.Generator().manual_seed(0), use_kernel=False, **kw)
+                           generator=torch.Generator(device=DEVICE).manual_seed(0), use_kernel=False, **kw)
     return sum(len(set(t)) == n for t in g.tokens) / len(g.tokens)
 
 n = 3

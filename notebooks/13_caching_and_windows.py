@@ -40,11 +40,12 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                        # CI default: short prompts and answers
 MODEL = "tiny-dllm"
 AR_MODEL = "tiny"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 PROMPT_LEN = 64 if FAST else 128
 GEN, BLOCK = 32 if FAST else 64, 8 if FAST else 16
 SHOW_SOLUTIONS = False
@@ -259,7 +260,8 @@ class Recorder:
         return getattr(self.model, name)
 
     def note(self, fed, cached=()):
-        row = torch.zeros(self.length, dtype=torch.long); row[list(cached)] = 1; row[list(fed)] = 2
+        row = torch.zeros(self.length, dtype=torch.long, device="cpu")   # host bookkeeping for the picture
+        row[list(cached)] = 1; row[list(fed)] = 2
         self.rows.append(row)
 
     def logits(self, ids, attention_mask=None):

@@ -41,9 +41,10 @@
 
 # %%
 import torch
+from refimpl.models import default_device
 
 FAST = True                        # CI default: short generations, few prompts and samples
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 GEN, BLOCK = 32, 8                 # tokens to generate, block length
 N_PROMPTS = 3 if FAST else 12
 SAMPLES = 600 if FAST else 4000    # for the losslessness check
@@ -88,8 +89,8 @@ print(repr(ar.decode(prompts[0])))
 
 # %%
 T, b = 12, 4
-blk = bd.block_ids(T, torch.tensor([b]), torch.tensor([0]))[0]            # (T,) block index per position
-by_hand = torch.zeros(3 * T, 3 * T, dtype=torch.bool)
+blk = bd.block_ids(T, torch.tensor([b], device=DEVICE), torch.tensor([0], device=DEVICE))[0]   # (T,) block index per position
+by_hand = torch.zeros(3 * T, 3 * T, dtype=torch.bool, device=DEVICE)     # where training uses the mask
 for i in range(3 * T):
     ci, pi = divmod(i, T)                                                  # copy (0, 1 noisy; 2 clean), position
     for j in range(3 * T):
@@ -110,7 +111,7 @@ print("hand-built mask == block_diffusion.training_allow")
 
 # %%
 fig, ax = plt.subplots(figsize=(6.2, 6.2))
-ax.imshow(by_hand, cmap="Greens", vmin=0, vmax=1.3)
+ax.imshow(by_hand.tolist(), cmap="Greens", vmin=0, vmax=1.3)
 for k in (T, 2 * T):
     ax.axhline(k - 0.5, color="k", lw=1.2); ax.axvline(k - 0.5, color="k", lw=1.2)
 names = ["noisy x_t", "noisy x_t'", "clean x0"]
@@ -225,7 +226,7 @@ print(repr(ar.decode(mine)))
 
 # %%
 def draw_steps(tokens, steps, ax, title):
-    grid = torch.full((len(steps), len(tokens)), float("nan"))
+    grid = torch.full((len(steps), len(tokens)), float("nan"), device="cpu")   # a picture: host data for matplotlib
     for r, pos in enumerate(steps):
         for p in pos:
             grid[r, p] = r
@@ -421,15 +422,15 @@ q_real = sampling.probs(q_logits, 1.0)
 
 
 def check_acceptance():
-    e = torch.eye(3)
+    e = torch.eye(3, device=DEVICE)                    # distributions where the models' live
     assert abs(first_draft_acceptance(e[0], e[0]) - 1) < 1e-6, "p == q: every draft is accepted"
     assert abs(first_draft_acceptance(e[0], e[1])) < 1e-6, "disjoint p and q: no draft is accepted"
-    got = first_draft_acceptance(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.0, 0.5, 0.5]))
+    got = first_draft_acceptance(torch.tensor([0.5, 0.5, 0.0], device=DEVICE), torch.tensor([0.0, 0.5, 0.5], device=DEVICE))
     assert abs(got - 0.5) < 1e-6, f"p = (.5, .5, 0), q = (0, .5, .5): got {got}, expected 0.5"
     pred = first_draft_acceptance(p_real, q_real)
     with kernels.references():                          # (torch references on a CPU: see chapter 06)
         g = dllm_draft.generate(ar, bdlm, [prompt] * SAMPLES, gamma=1, max_new_tokens=2, temperature=1.0,
-                                generator=torch.Generator().manual_seed(SEED), eos_token_id=[])
+                                generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[])
     rate = sum(g.stats.accepted[0]) / SAMPLES            # drafts accepted at the first step, over the rows
     sd = (pred * (1 - pred) / SAMPLES) ** 0.5
     assert abs(rate - pred) < 4 * sd + 1e-3, f"you predicted {pred:.3f}, {SAMPLES} runs accepted {rate:.3f}"
@@ -456,12 +457,12 @@ exact = {(a, c): float(p1[a] * p2[i, c]) for i, a in enumerate(firsts) for c in 
 
 
 def accept_all(x, p, q, u, valid):                          # WRONG on purpose: keep every draft
-    return valid.clone(), sampling.sample_from_probs(p[torch.arange(len(valid)), valid])
+    return valid.clone(), sampling.sample_from_probs(p[torch.arange(len(valid), device=valid.device), valid])
 
 
 def pair_pvalue(rule=None):
     g = speculative.decode(ar, dllm_draft.DiffusionDraft(bdlm, 2, 1, ar), [prompt] * SAMPLES, max_new_tokens=2,
-                           temperature=1.0, top_k=TOPK, generator=torch.Generator().manual_seed(SEED + 1),
+                           temperature=1.0, top_k=TOPK, generator=torch.Generator(device=DEVICE).manual_seed(SEED + 1),
                            eos_token_id=[], rule=rule)
     pairs = [tuple(t[:2]) for t in g.tokens]
     if not set(pairs) <= set(exact):
@@ -516,7 +517,7 @@ class Frozen:                                      # a "model" whose predictions
     mask_token_id, eos_token_id, pad_token_id, max_length = MASK, None, 1, 512
 
     def __init__(self, logits):
-        self.fixed = logits
+        self.fixed, self.device = logits, logits.device     # generate builds its ids on the model's device
 
     def logits(self, ids):
         return self.fixed[None].expand(ids.shape[0], -1, -1).clone()

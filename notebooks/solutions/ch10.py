@@ -23,5 +23,5 @@ def sft_forward_mask(x0, prompt_len, t, mask_id, gen):
 
 def stratified_t(B, gen):
     """Low-discrepancy mask ratios: t_i = (i + u) / B with one shared u ~ U(0, 1)."""
-    u = torch.rand((), generator=gen)
-    return (torch.arange(B) + u) / B
+    u = torch.rand((), generator=gen, device=gen.device)
+    return (torch.arange(B, device=gen.device) + u) / B

@@ -7,7 +7,7 @@ def decode_allow(n_cache, n_pending, b):
     cached tokens, pending tokens, block slots. Pending: everything cached + pending up to itself
     (causal); block: everything (cache, pending, the whole block)."""
     q = n_pending + b
-    allow = torch.zeros(q, n_cache + q, dtype=torch.bool)
+    allow = torch.zeros(q, n_cache + q, dtype=torch.bool, device="cpu")   # from sizes only: a host tensor
     allow[:, :n_cache] = True                                        # the cache is all committed text
     for i in range(n_pending):
         allow[i, n_cache: n_cache + i + 1] = True                    # causal among the pending tokens
