@@ -333,7 +333,7 @@ print(repr(target.decode(mine)))
 # %%
 K, stat_prompt = 8, encode_prompt(target, "Blessed are the")
 p_first = sampling.probs(target.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()  # scipy and matplotlib read host arrays
-q_first = sampling.probs(draft.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()   # (the counts are host-side too)
+q_first = sampling.probs(draft.logits(torch.tensor([stat_prompt], device=DEVICE))[0, -1], 1.0, top_k=K).cpu()   # scipy and matplotlib read host arrays
 support = p_first.nonzero()[:, 0]
 exp = p_first[support].double() * SAMPLES                   # expected counts
 

@@ -315,7 +315,8 @@ print(f"kept nodes {keep} -> slots {L}..{L + len(keep) - 1}; next-token logits =
 # A tree proposer returns `tree.pack(rows, device)`: per row `(tokens, parents)`, padded into a
 # `Proposal(tokens, valid, q=None, calls, tree=Tree(parents))` on the target's device (`start`
 # reads it off the prompt ids); the core then does what we did by hand: `Tree.feed` (one forward
-# with the ancestor mask), `Tree.verify` (the walk) and `Tree.compact` (move_slots). `accept` gets the accepted node indices in `verdict.path`.
+# with the ancestor mask), `Tree.verify` (the walk) and `Tree.compact` (move_slots). `accept` gets
+# the accepted node indices in `verdict.path`.
 # The tree's depth is capped by what a row still needs (`caps`).
 
 # %%
