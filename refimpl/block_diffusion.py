@@ -78,12 +78,13 @@ def block_diffusion_loss(model, x0: torch.Tensor, mask_token_id: int, generator:
     """
     B, T = x0.shape
     dev = x0.device
-    size = torch.randint(sizes[0], sizes[1] + 1, (B,), generator=generator).to(dev)  # (B,)
-    offset = (torch.rand(B, generator=generator).to(dev) * size).long()  # (B,)
+    gdev = generator.device if generator is not None else dev  # draws happen where the generator lives
+    size = torch.randint(sizes[0], sizes[1] + 1, (B,), generator=generator, device=gdev).to(dev)  # (B,)
+    offset = (torch.rand(B, generator=generator, device=gdev).to(dev) * size).long()  # (B,)
     blk = block_ids(T, size, offset)  # (B, T)
     blk = blk - blk[:, :1]  # 0-based
-    t = torch.rand(B, int(blk.max()) + 1, generator=generator).to(dev)  # (B, blocks) mask ratio per block
-    masked_a = torch.rand(B, T, generator=generator).to(dev) < t.gather(1, blk)  # (B, T)
+    t = torch.rand(B, int(blk.max()) + 1, generator=generator, device=gdev).to(dev)  # (B, blocks) mask ratio per block
+    masked_a = torch.rand(B, T, generator=generator, device=gdev).to(dev) < t.gather(1, blk)  # (B, T)
     masked_b = ~masked_a
     mask_tok = torch.full_like(x0, mask_token_id)
     ids = torch.cat([torch.where(masked_a, mask_tok, x0), torch.where(masked_b, mask_tok, x0), x0], 1)  # (B, 3T)

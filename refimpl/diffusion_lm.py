@@ -66,9 +66,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, device=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
         self.eps = eps
 
     def forward(self, x):
@@ -254,7 +254,7 @@ def masked_diffusion_loss(model, x0: torch.Tensor, maskable: torch.Tensor | None
     if weighting == "mean":
         return (ce * masked).sum() / masked.sum().clamp(min=1)
     weighted = (ce * masked / t[:, None]).sum()
-    denom = maskable.sum() if maskable is not None else torch.tensor(x0.numel())
+    denom = maskable.sum() if maskable is not None else torch.tensor(x0.numel(), device=x0.device)
     return weighted / denom.clamp(min=1)
 
 
@@ -271,7 +271,7 @@ def masked_token_eval(model, x0: torch.Tensor, ratios=(0.15, 0.5, 0.85), seed: i
         tot, n = 0.0, 0
         for i in range(0, x0.size(0), batch):
             xb = x0[i: i + batch]
-            xt, m = forward_mask(xb, torch.full((xb.size(0),), r), model.mask_token_id, generator=gen)
+            xt, m = forward_mask(xb, torch.full((xb.size(0),), r, device=xb.device), model.mask_token_id, generator=gen)
             ce = F.cross_entropy(model(xt).logits.transpose(1, 2), xb, reduction="none")
             tot, n = tot + (ce * m).sum().item(), n + m.sum().item()
         out[f"masked_ce@{r}"] = round(tot / max(n, 1), 4)
@@ -280,7 +280,7 @@ def masked_token_eval(model, x0: torch.Tensor, ratios=(0.15, 0.5, 0.85), seed: i
     for r in grid:
         for i in range(0, x0.size(0), batch):
             xb = x0[i: i + batch]
-            xt, m = forward_mask(xb, torch.full((xb.size(0),), r), model.mask_token_id, generator=gen)
+            xt, m = forward_mask(xb, torch.full((xb.size(0),), r, device=xb.device), model.mask_token_id, generator=gen)
             ce = F.cross_entropy(model(xt).logits.transpose(1, 2), xb, reduction="none")
             nelbo += (ce * m).sum().item() / r / x0.numel() / len(grid)
     out["nelbo_per_token"] = round(nelbo, 4)

@@ -39,8 +39,9 @@ def synthetic_split(seed: int = 1234, n_valid: int = 500) -> list[str]:
     return sorted(valid)
 
 
-def synthetic_batch(tok: CharTokenizer, batch: int, rng: random.Random, exclude=frozenset()):
-    """(x0 (B, P + G), maskable (B, P + G)): prompt + answer + EOS padding; only the answer is maskable."""
+def synthetic_batch(tok: CharTokenizer, batch: int, rng: random.Random, exclude=frozenset(), device="cpu"):
+    """(x0 (B, P + G), maskable (B, P + G)) on ``device``: prompt + answer + EOS padding; only the
+    answer is maskable."""
     rows = []
     while len(rows) < batch:
         d = _digits(rng)
@@ -48,7 +49,7 @@ def synthetic_batch(tok: CharTokenizer, batch: int, rng: random.Random, exclude=
             continue
         p, ans = synthetic_problem(d)
         rows.append(tok.encode(p) + tok.encode(ans) + [tok.eos_token_id] * (SYNTH_GEN_LENGTH - len(ans)))
-    x0 = torch.tensor(rows)
+    x0 = torch.tensor(rows, device=device)
     maskable = torch.zeros_like(x0, dtype=torch.bool)
     maskable[:, SYNTH_DIGITS + 1:] = True
     return x0, maskable

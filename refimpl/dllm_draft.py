@@ -63,7 +63,7 @@ class DiffusionDraft:
             return Proposal(self.pending.new_zeros((b, 0)), valid, None, calls=0)
         x = torch.full((b, g), mask_id, dtype=torch.long, device=dev)  # (b, g) the block, all MASK
         q = None if s.greedy else torch.zeros(b, g, self.dlm.vocab_size, device=dev)  # (b, g, V)
-        chunks = num_transfer_tokens(torch.tensor([g]), min(self.draft_steps, g))[0].tolist()
+        chunks = num_transfer_tokens(torch.tensor([g], device=dev), min(self.draft_steps, g))[0].tolist()
         lo, calls, first = 0, 0, None
         for k in chunks:  # left to right: chunk i conditions only on the prefix and chunks < i
             lp, lb = block_step(self.sc, self.pending, self.pmask, x)

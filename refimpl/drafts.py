@@ -103,7 +103,7 @@ def exit_layer_agreement(lm: LM, prompts, max_new_tokens: int = 32) -> list[floa
     (``alpha_L`` = 1).
     """
     inner = decoder_of(lm.model)
-    hits = torch.zeros(lm.num_layers)
+    hits = torch.zeros(lm.num_layers, device=lm.device)
     total = 0
     for ids, sl in greedy_continuations(lm, prompts, max_new_tokens):
         out = inner(input_ids=ids, output_hidden_states=True, use_cache=False)
@@ -314,7 +314,7 @@ def trim_vocab(lm: LM, kept_ids, context_vocab: bool = False) -> TrimmedLM:
     """VocabTrim any Llama-like ``lm``: same layers (shared), a head with only the ``kept_ids`` rows.
 
     ``context_vocab=True``: cached steps also score the context's tokens (see :class:`TrimmedLM`)."""
-    kept = torch.as_tensor(kept_ids, dtype=torch.long).unique()  # sorted, no repeats
+    kept = torch.as_tensor(kept_ids, dtype=torch.long, device=lm.device).unique()  # sorted, no repeats
     if kept.numel() == 0 or int(kept.min()) < 0 or int(kept.max()) >= lm.vocab_size:
         raise ValueError(f"kept_ids must be non-empty token ids in [0, {lm.vocab_size})")
     cfg = copy.deepcopy(lm.model.config)
@@ -331,14 +331,15 @@ def trim_vocab(lm: LM, kept_ids, context_vocab: bool = False) -> TrimmedLM:
 def frequent_tokens(lm: LM, texts, k: int) -> torch.Tensor:
     """The ``k`` most frequent token ids of ``texts`` under ``lm``'s tokenizer (EOS always kept)."""
     rows = [(lm.encode(t) + [lm.eos_token_id], None) for t in texts]
-    return top_tokens(rows, k, always=(lm.eos_token_id,))
+    return top_tokens(rows, k, always=(lm.eos_token_id,), device=lm.device)
 
 
-def top_tokens(data, k: int, always=()) -> torch.Tensor:
-    """The ``k`` most frequent token ids in the rows ``(ids, ...)`` (``always`` included first), sorted."""
+def top_tokens(data, k: int, always=(), device="cpu") -> torch.Tensor:
+    """The ``k`` most frequent token ids in the rows ``(ids, ...)`` (``always`` included first), sorted,
+    on ``device`` (default the CPU: a vocabulary list; :func:`frequent_tokens` puts it on ``lm``'s)."""
     counts: dict[int, int] = {}
     for row in data:
         for t in row[0]:
             counts[t] = counts.get(t, 0) + 1
     ranked = [t for t in always] + [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1]) if t not in always]
-    return torch.tensor(sorted(ranked[:k]), dtype=torch.long)
+    return torch.tensor(sorted(ranked[:k]), dtype=torch.long, device=device)

@@ -84,7 +84,7 @@ class Growth:
 
     def keep(self, caps: list[int], total: int):
         """EAGLE-2's re-rank of everything grown: :func:`refimpl.tree.keep_best`."""
-        return keep_best(self.toks, self.par, self.score, torch.tensor(self.depth), caps, total)
+        return keep_best(self.toks, self.par, self.score, torch.tensor(self.depth, device=self.score.device), caps, total)
 
 
 class DynamicDraftTree:
@@ -116,6 +116,7 @@ class DynamicDraftTree:
     def start(self, ids, mask, settings) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.history = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed tokens
+        self.device = ids.device  # the target's: proposals are built there
         self.pending = [list(h) for h in self.history]  # committed but not yet fed to the draft
         self.slots = SlotCache(self.draft, ids.shape[0], self.draft.device)
 
@@ -154,7 +155,7 @@ class DynamicDraftTree:
         B, D, k = len(caps), min(self.depth, max(caps)), self.topk
         if D <= 0:
             self.rows = [([], [])] * B
-            return pack(self.rows)
+            return pack(self.rows, self.device)
         dev = self.draft.device
         feed, fmask = left_pad(self.pending, 0, dev)  # (B, L) each
         fmask = None if bool(fmask.all()) else fmask  # (a feed mask means holes to SlotCache)
@@ -184,7 +185,7 @@ class DynamicDraftTree:
                 paths[b] += [node_paths[b][i] + [t] for i in range(e) for t in C[b][i]]
         self.draft.crop(self.slots.cache, P0)  # forget the tree: only committed tokens stay cached
         self.rows, self.scores = grown.keep(caps, self.total)
-        return pack(self.rows, calls=D)
+        return pack(self.rows, self.device, calls=D)
 
     def accept(self, v) -> None:
         path = None if v.path is None else v.path.tolist()

@@ -192,6 +192,7 @@ class EagleProposer:
         self.toks = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed + the root
         self.feats = None  # per row (n, H): the target's feature after each committed token but the root
         self.pmask, self.rows = real, None
+        self.device = ids.device  # the target's: proposals are built there
         self.kv = None  # the draft cache: (k, v), each (B, heads, P, d), of the inputs run so far (rotary applied)
         self.kmask = None  # (B, P) bool: which cached keys are real (left padding, gaps left by ragged steps)
         self.done = None  # per row: inputs in the cache (= the position of the next one)
@@ -247,11 +248,11 @@ class EagleProposer:
         D = min(self.depth, max(caps))
         if self.feats is None or D <= 0:
             self.rows = None
-            return pack([([], [])] * B)
+            return pack([([], [])] * B, self.device)
         root, past, kmask, n = self.encode()
         rows, self.scores = self.grow(root, past, kmask, n, caps, D)
         self.rows = rows
-        prop = pack(rows, calls=D)
+        prop = pack(rows, self.device, calls=D)
         if prop.tree is not None and self.kind is not Tree:
             prop = prop._replace(tree=self.kind(prop.tree.parents, prop.tree.depth, prop.tree.see))
         return prop

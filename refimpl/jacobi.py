@@ -42,14 +42,15 @@ class Jacobi:
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.context = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
-        self.settings, self.vocab = settings, None
-        self.init = torch.Generator().manual_seed(self.seed)  # the same initial guesses on every run
+        self.settings, self.vocab, self.device = settings, None, ids.device
+        # a host generator: the same initial guesses on every run, whatever the device
+        self.init = torch.Generator(device="cpu").manual_seed(self.seed)
         self.guess: list[list[int]] = [[] for _ in self.context]  # y_1..y_k per row
         self.p_old: list[list[torch.Tensor | None]] = [[] for _ in self.context]  # q of each guess; None = one-hot
 
     def fresh(self, row: int, k: int) -> list[int]:
         ctx = self.context[row]
-        picks = torch.randint(0, len(ctx), (k,), generator=self.init).tolist()
+        picks = torch.randint(0, len(ctx), (k,), generator=self.init, device="cpu").tolist()
         return [ctx[i] for i in picks]
 
     def propose(self, caps: list[int]) -> Proposal:
@@ -60,7 +61,8 @@ class Jacobi:
             self.guess[b], self.p_old[b] = g + fill, q + [None] * len(fill)
         valid = [len(g) for g in self.guess]
         width = max(valid)
-        x = torch.tensor([g + [0] * (width - len(g)) for g in self.guess], dtype=torch.long).view(len(valid), width)
+        x = torch.tensor([g + [0] * (width - len(g)) for g in self.guess], dtype=torch.long,
+                         device=self.device).view(len(valid), width)
         q = None
         if not self.settings.greedy and width and self.vocab is not None:
             q = torch.nn.functional.one_hot(x, self.vocab).float()  # (b, g, V) random guesses: one-hot
@@ -68,7 +70,7 @@ class Jacobi:
                 for i, qi in enumerate(qs):
                     if qi is not None:
                         q[b, i] = qi.to(q.device)
-        return Proposal(x, torch.tensor(valid), q)
+        return Proposal(x, torch.tensor(valid, device=self.device), q)
 
     def accept(self, v: Verdict) -> None:
         logits, s = v.logits, self.settings

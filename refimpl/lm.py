@@ -12,19 +12,32 @@ in :mod:`refimpl.models`.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 
 def default_device() -> torch.device:
+    """The device the course runs on: ``$REFIMPL_DEVICE`` when set (``cpu``, ``cuda``, ``cuda:1``),
+    else CUDA when present, else the CPU. Every notebook's setup cell and ``models.load`` ask here,
+    so one variable moves the whole course (``REFIMPL_DEVICE=cpu`` on a GPU machine, say)."""
+    name = os.environ.get("REFIMPL_DEVICE", "").strip()
+    if name:
+        try:
+            dev = torch.device(name)
+        except RuntimeError as e:
+            raise ValueError(f"REFIMPL_DEVICE must name a torch device (cpu, cuda, cuda:1), got {name!r}") from e
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"REFIMPL_DEVICE={name!r} but torch sees no CUDA device")
+        return dev
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def as_token_batch(input_ids) -> torch.Tensor:
     """Token ids as a (B, T) long tensor: a list or a 1-D tensor becomes one row."""
     if not isinstance(input_ids, torch.Tensor):
-        input_ids = torch.tensor(input_ids, dtype=torch.long)
+        input_ids = torch.tensor(input_ids, dtype=torch.long, device="cpu")  # the caller moves it
     return input_ids[None] if input_ids.dim() == 1 else input_ids
 
 
@@ -155,12 +168,10 @@ class LM:
 def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged prompts -> (ids (B, L), mask (B, L)) with pads on the left (mask 0 on pads)."""
     L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), L), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[b, L - len(p):] = 1
-    return ids.to(device), mask.to(device)
+    rows = [[pad_id] * (L - len(p)) + list(p) for p in prompts]
+    mask = [[0] * (L - len(p)) + [1] * len(p) for p in prompts]
+    return (torch.tensor(rows, dtype=torch.long, device=device).view(len(prompts), L),
+            torch.tensor(mask, dtype=torch.long, device=device).view(len(prompts), L))
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:

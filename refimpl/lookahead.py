@@ -33,11 +33,11 @@ from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, SIDE, Tree, ancestors, trie
 
 
-def window_mask(levels: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def window_mask(levels: int, width: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The lookahead branch's attention among itself and positions: (levels * W, levels * W) bool
     ``see[i, k]`` (node i = l * W + j attends to node k) and (levels * W,) depth j + l + 1."""
-    lv = torch.arange(levels).repeat_interleave(width)  # (S,) level of each node
-    col = torch.arange(width).repeat(levels)  # (S,) column
+    lv = torch.arange(levels, device=device).repeat_interleave(width)  # (S,) level of each node
+    col = torch.arange(width, device=device).repeat(levels)  # (S,) column
     first = (lv[None, :] == 0) & (col[None, :] <= col[:, None])  # level-0 tokens of columns <= j
     above = (col[None, :] == col[:, None]) & (lv[None, :] <= lv[:, None])  # own column, levels <= l
     return first | above, col + lv + 1
@@ -80,10 +80,11 @@ class Lookahead:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.context = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
         self.pools = [NgramPool(self.G) for _ in self.context]
-        gen = torch.Generator().manual_seed(self.seed)
+        self.device = ids.device  # the target's: proposals are built there
+        gen = torch.Generator(device="cpu").manual_seed(self.seed)  # host: the same first window on any device
         self.levels = []  # per row: list of levels, each W tokens; every row has the same count
         for ctx, pool in zip(self.context, self.pools):
-            picks = torch.randint(0, len(ctx), (self.W,), generator=gen).tolist()
+            picks = torch.randint(0, len(ctx), (self.W,), generator=gen, device="cpu").tolist()
             self.levels.append([[ctx[i] for i in picks]])
             if self.pool_from_prompt:
                 for i in range(len(ctx) - self.N + 1):
@@ -91,7 +92,7 @@ class Lookahead:
 
     def propose(self, caps: list[int]) -> Proposal:
         L = len(self.levels[0])
-        see_w, depth_w = window_mask(L, self.W)
+        see_w, depth_w = window_mask(L, self.W, self.device)
         S = L * self.W
         rows = []
         for b, cap in enumerate(caps):
@@ -100,15 +101,16 @@ class Lookahead:
             side = [t for level in self.levels[b] for t in level]
             rows.append((side + toks, [SIDE] * S + [p + S if p >= 0 else ROOT for p in pars]))
         m = max(len(t) for t, _ in rows)
-        x = torch.tensor([t + [0] * (m - len(t)) for t, _ in rows], dtype=torch.long)  # (b, m)
-        parents = torch.tensor([p + [ROOT] * (m - len(p)) for _, p in rows], dtype=torch.long)
+        dev = self.device
+        x = torch.tensor([t + [0] * (m - len(t)) for t, _ in rows], dtype=torch.long, device=dev)  # (b, m)
+        parents = torch.tensor([p + [ROOT] * (m - len(p)) for _, p in rows], dtype=torch.long, device=dev)
         anc = ancestors(torch.where(parents >= S, parents - S, torch.full_like(parents, ROOT))[:, S:])  # (b, m-S, m-S)
-        see = torch.zeros((len(rows), m, m), dtype=torch.bool)
+        see = torch.zeros((len(rows), m, m), dtype=torch.bool, device=dev)
         see[:, :S, :S] = see_w
         see[:, S:, S:] = anc
         depth = torch.cat([depth_w.expand(len(rows), S), anc.sum(-1)], 1)  # (b, m)
         self.x = x
-        return Proposal(x, torch.tensor([len(t) for t, _ in rows]), None, 0, Tree(parents, depth, see))
+        return Proposal(x, torch.tensor([len(t) for t, _ in rows], device=dev), None, 0, Tree(parents, depth, see))
 
     def accept(self, v: Verdict) -> None:
         L, W = len(self.levels[0]), self.W

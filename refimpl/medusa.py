@@ -263,14 +263,14 @@ class MedusaDraft:
         self.kind = TypicalTree if acceptance == "typical" else Tree
 
     def start(self, ids, mask, settings) -> None:
-        self.h = None
+        self.h, self.device = None, ids.device
 
     def propose(self, caps: list[int]) -> object:
         if self.h is None or max(caps) <= 0:
-            return pack([([], [])] * len(caps))
+            return pack([([], [])] * len(caps), self.device)
         top = self.heads.top(self.h, self.width)  # (b, K, width)
         rows = tree_rows(self.choices, top.cpu(), caps)
-        prop = pack(rows)
+        prop = pack(rows, self.device)
         if prop.tree is not None and self.kind is not Tree:
             prop = prop._replace(tree=self.kind(prop.tree.parents, prop.tree.depth, prop.tree.see))
         return prop

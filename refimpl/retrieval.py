@@ -50,18 +50,19 @@ class PromptLookup:
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.rows = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed tokens
+        self.device = ids.device  # the target's: proposals are built there
 
     def propose(self, caps: list[int]) -> Proposal:
-        lens = torch.tensor([len(r) for r in self.rows])
-        hist = torch.full((len(self.rows), int(lens.max())), -1, dtype=torch.long)  # (b, S), -1 = none
-        for b, r in enumerate(self.rows):
-            hist[b, : len(r)] = torch.tensor(r)
+        # the history lives on the host (Python lists); the lookup runs there, once per step
+        lens = torch.tensor([len(r) for r in self.rows], device="cpu")
+        S = int(lens.max())
+        hist = torch.tensor([r + [-1] * (S - len(r)) for r in self.rows], dtype=torch.long, device="cpu")  # (b, S), -1 = none
         at = lookup_positions(hist, (lens - 1)[:, None], self.max_ngram, self.min_ngram)[:, 0].tolist()  # (b,)
         props = [r[a: a + min(self.num_tokens, c)] if a >= 0 else [] for r, a, c in zip(self.rows, at, caps)]
         g = max(len(p) for p in props)
         self.x = [p + [0] * (g - len(p)) for p in props]
-        return Proposal(torch.tensor(self.x, dtype=torch.long).view(len(props), g),
-                        torch.tensor([len(p) for p in props]))
+        return Proposal(torch.tensor(self.x, dtype=torch.long, device=self.device).view(len(props), g),
+                        torch.tensor([len(p) for p in props], device=self.device))
 
     def accept(self, v: Verdict) -> None:
         for r, x, n, t in zip(self.rows, self.x, v.n_list, v.next.tolist()):
@@ -190,6 +191,7 @@ class SuffixAndRecycling:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         rows = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
         self.last = [r[-1] for r in rows]
+        self.device = ids.device  # the target's: proposals are built there
         self.prompts = rows  # the recycling table starts from the prompt's own scores (first verdict)
         self.automata = [SuffixAutomaton(r) for r in rows] if self.sam else None
         self.tables = [RecyclingTable(self.template) for _ in rows] if self.recycling else None
@@ -204,7 +206,7 @@ class SuffixAndRecycling:
                 rows.append((chain, list(range(-1, len(chain) - 1))))
             else:
                 rows.append(self.tables[b].draft(self.last[b], cap))
-        self.prop = pack(rows, as_tree=self.recycling)  # SAM alone: chains only, the core's chain path
+        self.prop = pack(rows, self.device, as_tree=self.recycling)  # SAM alone: chains only, the core's chain path
         return self.prop
 
     def accept(self, v: Verdict) -> None:

@@ -154,10 +154,9 @@ class Tree:
     def outcome(walks, device):
         """Per-row walks ``(path, token)`` -> ``(n (b,), next (b,), path (b, max n))``, -1 past a row's n."""
         n = [len(w[0]) for w in walks]
-        path = torch.full((len(walks), max(n)), -1, dtype=torch.long)
-        for r, (w, _) in enumerate(walks):
-            path[r, : len(w)] = torch.tensor(w, dtype=torch.long)
-        return torch.tensor(n, device=device), torch.tensor([w[1] for w in walks], device=device), path.to(device)
+        path = torch.tensor([w + [-1] * (max(n) - len(w)) for w, _ in walks], dtype=torch.long, device=device)
+        return (torch.tensor(n, device=device), torch.tensor([w[1] for w in walks], device=device),
+                path.view(len(walks), max(n)))
 
     @staticmethod
     def walk(parents: list, valid: int, choose, final):
@@ -229,16 +228,16 @@ def trie(paths: list[list[int]]) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-def pack(rows: list[tuple[list[int], list[int]]], q=None, calls: int = 0, as_tree: bool = True):
+def pack(rows: list[tuple[list[int], list[int]]], device, q=None, calls: int = 0, as_tree: bool = True):
     """Per-row ``(tokens, parents)`` -> a :class:`~refimpl.speculative.Proposal` with a :class:`Tree`
-    (rows padded to the widest; ``valid`` = each row's node count). No nodes at all, or
-    ``as_tree=False`` (every row a chain: the core's cheaper chain path) -> a chain proposal."""
+    on ``device`` (the target's: rows padded to the widest; ``valid`` = each row's node count). No nodes
+    at all, or ``as_tree=False`` (every row a chain: the core's cheaper chain path) -> a chain proposal."""
     width = max((len(t) for t, _ in rows), default=0)
-    x = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.long).view(len(rows), width)
-    valid = torch.tensor([len(t) for t, _ in rows])
+    x = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.long, device=device).view(len(rows), width)
+    valid = torch.tensor([len(t) for t, _ in rows], device=device)
     if width == 0 or not as_tree:
         return Proposal(x, valid, None, calls)
-    parents = torch.tensor([p + [ROOT] * (width - len(p)) for _, p in rows], dtype=torch.long)
+    parents = torch.tensor([p + [ROOT] * (width - len(p)) for _, p in rows], dtype=torch.long, device=device)
     return Proposal(x, valid, q, calls, Tree(parents))
 
 
@@ -304,10 +303,11 @@ class DraftTree:
     def start(self, ids, mask, settings) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.ctx = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        self.device = ids.device
 
     def propose(self, caps: list[int]) -> Proposal:
         self.rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
-        return pack(self.rows, calls=min(len(self.widths), max(caps)))
+        return pack(self.rows, self.device, calls=min(len(self.widths), max(caps)))
 
     def accept(self, v) -> None:
         for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):

@@ -35,7 +35,7 @@ class Method:
 class Context:
     target: object
     draft: object = None
-    generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    generator: torch.Generator = field(default_factory=lambda: torch.Generator(device="cpu").manual_seed(0))
     model_name: str = ""
     memo: dict = field(default_factory=dict)  # what a row builds once per run (an early-exit draft, ...)
 
@@ -140,8 +140,8 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
 def latency_curve(lm, context: int = 128, ks=None, repeats: int = 5) -> list[dict]:
     """Median seconds to score k new tokens on top of a cached ``context``-token prefix."""
     ks = ks or [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64]
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, lm.vocab_size, (1, context + max(ks)), generator=g).to(lm.device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(3, lm.vocab_size, (1, context + max(ks)), generator=g, device="cpu").to(lm.device)
     _, cache = lm.forward(ids[:, :context])
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
     rows = []

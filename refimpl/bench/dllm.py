@@ -111,7 +111,7 @@ def ar_perplexity(ar, prompts, generations) -> float:
     for p, gen in zip(prompts, generations):
         if not gen:
             continue
-        ids = torch.tensor([p + gen])
+        ids = torch.tensor([p + gen], device=ar.device)
         logp = torch.log_softmax(ar.logits(ids)[0, len(p) - 1: -1].double(), -1)  # (len(gen), V)
         nll -= logp.gather(-1, torch.tensor(gen, device=logp.device)[:, None]).sum().item()
         count += len(gen)
@@ -154,7 +154,7 @@ def confidence_by_distance(model, windows, context: int, block: int) -> list[dic
     a block of ``block`` MASKs follows (one :func:`refimpl.block_diffusion.block_step`); per distance
     ``d = 1..block`` from the committed text: the mean top-1 probability, the fraction above 0.9 and
     0.5, and how often the top-1 token is the true one (``windows`` (N, >= context + block))."""
-    x = torch.as_tensor(windows)[:, : context + block].to(model.device)
+    x = torch.as_tensor(windows, device=model.device)[:, : context + block]
     sc = SlotCache(model, x.shape[0], model.device)
     masks = torch.full((x.shape[0], block), model.mask_token_id, device=model.device)
     lp, lb = block_diffusion.block_step(sc, x[:, :context], None, masks)

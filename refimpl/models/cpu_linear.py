@@ -127,7 +127,7 @@ def matmul_cost(model: nn.Module, rows=(1, 2, 3, 4, 5, 6, 9), repeats: int = 15)
     out = []
     with torch.no_grad():
         for r in rows:
-            xs = [torch.randn(r, m.in_features) for m in lins]
+            xs = [torch.randn(r, m.in_features, device="cpu") for m in lins]  # a CPU measurement
             row = {"rows": r}
             for label, mods, fn in (("mkl_ms", lins, lambda m, x: F.linear(x, m.weight, m.bias)),
                                     ("prepacked_ms", packed, lambda m, x: m(x))):

@@ -31,7 +31,7 @@ def train_tiny(out_dir: str, steps: int = 800, batch: int = 16, length: int = 12
     print(f"tokens: train {train_stream.numel():,}, valid {valid_stream.numel():,}")
 
     model = LlamaForCausalLM(tiny_config(len(tok)))
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     t0 = time.time()
 
     def next_token_loss(step):
@@ -75,7 +75,7 @@ def train_tiny_draft(out_dir: str, steps: int = 180, batch: int = 16, length: in
     student = LlamaForCausalLM(tiny_config(teacher_lm.vocab_size, num_hidden_layers=1))
     init_from_target(student, teacher_lm.model, layers=(0,))
     opt = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     t0 = time.time()
 
     def distil_step(step):

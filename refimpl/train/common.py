@@ -49,12 +49,12 @@ def encode_docs(tokenizer, docs, eos_id: int) -> torch.Tensor:
     for enc in tokenizer(docs, add_special_tokens=False)["input_ids"]:
         ids.extend(enc)
         ids.append(eos_id)
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long, device="cpu")  # a host stream; batches move to the model
 
 
 def random_windows(stream: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
     """(batch, length) windows cut at random offsets from a 1-D token stream."""
-    starts = torch.randint(0, stream.numel() - length, (batch,), generator=generator)
+    starts = torch.randint(0, stream.numel() - length, (batch,), generator=generator, device=generator.device)
     return torch.stack([stream[s : s + length] for s in starts.tolist()])
 
 

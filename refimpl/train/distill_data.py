@@ -75,7 +75,7 @@ def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int 
         cache = lm.new_cache()
         feed, feed_pos = ids, pos
         hs, toks = [], []  # per step: (B, H) hidden, (B,) token
-        alive = torch.ones(B, dtype=torch.bool)
+        alive = torch.ones(B, dtype=torch.bool, device=lm.device)
         for _ in range(max_new_tokens):
             h = inner(input_ids=feed, past_key_values=cache, position_ids=feed_pos, attention_mask=mask,
                       use_cache=True).last_hidden_state[:, -1]  # (B, H)
@@ -182,7 +182,7 @@ def self_instruct_questions(lm, n: int = 2000, seed: int = 0, batch: int = 96, t
 
 
     rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     bench, seen, out = bench_texts(), set(), []
     bar = tqdm(total=n, desc="self-instruct questions", disable=not progress)
     for _ in range(2 * n // batch + 1):

@@ -48,7 +48,7 @@ def train_tiny_dllm(out_dir: str, steps: int = 1000, batch: int = 16, length: in
                     max_length=256, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
                     pad_token_id=tok.pad_token_id)
     model = DiffusionLM(cfg, tok, name="tiny-dllm")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     t0 = time.time()
     train_loop(model, lambda s: masked_diffusion_loss(model, random_windows(train_stream, batch, length, gen),
                                                        generator=gen), steps, lr, "train tiny-dllm")
@@ -74,7 +74,7 @@ def train_tiny_dllm_rev(out_dir: str, steps: int = 400, batch: int = 128, lr: fl
                     pad_token_id=tok.pad_token_id, abs_pos=True)
     model = DiffusionLM(cfg, tok, name="tiny-dllm-rev")
     rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     valid = synthetic_split()
     exclude = frozenset(valid)
     t0 = time.time()
@@ -109,7 +109,7 @@ def train_tiny_bdlm(out_dir: str, steps: int = 700, batch: int = 16, length: int
     train_stream = encode_docs(tok, train_docs, tok.eos_token_id)
     valid_stream = encode_docs(tok, valid_docs, tok.eos_token_id)
     ppl_before = causal_lm_perplexity(base.logits, valid_stream)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     t0 = time.time()
 
     def step_loss(s):
@@ -122,7 +122,7 @@ def train_tiny_bdlm(out_dir: str, steps: int = 700, batch: int = 16, length: int
     save_half(model, out_dir)
     tok.save_pretrained(out_dir)
     lm = load_folder(out_dir, device="cpu")  # report on the fp16 round trip
-    vgen = torch.Generator().manual_seed(1)
+    vgen = torch.Generator(device="cpu").manual_seed(1)
     with torch.no_grad():
         parts = [block_diffusion_loss(lm.model, random_windows(valid_stream, batch, length, vgen), tok.mask_token_id,
                                       generator=vgen)[1] for _ in range(8)]

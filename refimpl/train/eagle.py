@@ -57,23 +57,25 @@ def features(target, rows, batch: int = 32, progress: bool = True):
             a = f[n_prompt - 1:n_prompt - 1 + hid.shape[0]]
             if not torch.allclose(a, hid.float(), atol=3e-2, rtol=1e-2):
                 raise AssertionError("recomputed features disagree with the rows' answer features")
-            out.append((torch.tensor(list(row_ids)), f, n_prompt))
+            out.append((torch.tensor(list(row_ids), device="cpu"), f, n_prompt))  # host rows, like f
     return out
 
 
-def batch_of(seqs, noise: float, gen):
-    """Right-padded teacher-forcing batch: inputs (x_{t+1}, f_t), targets f_{t+1}, loss mask (answers)."""
+def batch_of(seqs, noise: float, gen, device="cpu"):
+    """Right-padded teacher-forcing batch on ``device``: inputs (x_{t+1}, f_t), targets f_{t+1}, loss
+    mask (answers)."""
     L = max(len(s[0]) for s in seqs) - 1
     H = seqs[0][1].shape[1]
-    B = len(seqs)
-    tok, feat, tgt = torch.zeros((B, L), dtype=torch.long), torch.zeros(B, L, H), torch.zeros(B, L, H)  # (B, L[, H])
-    mask, loss_at = torch.zeros((B, L), dtype=torch.long), torch.zeros((B, L), dtype=torch.bool)
+    B, dev = len(seqs), device
+    tok = torch.zeros((B, L), dtype=torch.long, device=dev)  # (B, L)
+    feat, tgt = torch.zeros(B, L, H, device=dev), torch.zeros(B, L, H, device=dev)  # (B, L, H)
+    mask, loss_at = torch.zeros((B, L), dtype=torch.long, device=dev), torch.zeros((B, L), dtype=torch.bool, device=dev)
     for r, (ids, f, n_prompt) in enumerate(seqs):
         n = len(ids) - 1
         tok[r, :n], feat[r, :n], tgt[r, :n], mask[r, :n] = ids[1:], f[:-1], f[1:], 1
         loss_at[r, max(n_prompt - 2, 0):n] = True  # predicted f_{t+1} with t + 1 >= n_prompt - 1: answer logits
     if noise:
-        feat = feat + (torch.rand(feat.shape, generator=gen) * 2 - 1) * noise
+        feat = feat + (torch.rand(feat.shape, generator=gen, device=gen.device).to(dev) * 2 - 1) * noise
     return tok, feat, tgt, mask, loss_at
 
 
@@ -106,7 +108,7 @@ def train_draft(draft: EagleDraft, seqs, steps: int = 600, batch: int = 16, lr: 
     keys = texts if texts is not None else [str(i) for i in range(len(seqs))]
     held = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout == 0]
     train = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout != 0]
-    gen, rng = torch.Generator().manual_seed(seed), random.Random(seed)
+    gen, rng = torch.Generator(device="cpu").manual_seed(seed), random.Random(seed)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     t0, hist = time.time(), []
     bar = tqdm(range(steps), desc="eagle draft", disable=not progress)
@@ -165,7 +167,7 @@ def answer_seqs(rows):
     for ids, n_prompt, hid, *_ in rows:
         n = hid.shape[0]
         if n >= 3:
-            out.append((torch.tensor(list(ids[n_prompt - 1:n_prompt - 1 + n])), hid.float(), 1))
+            out.append((torch.tensor(list(ids[n_prompt - 1:n_prompt - 1 + n]), device=hid.device), hid.float(), 1))
     return out
 
 

@@ -33,15 +33,15 @@ def pairs(rows, k: int) -> torch.Tensor:
     for ids, n_prompt, hidden, *_ in rows:
         n = hidden.shape[0]
         if n > k:
-            i = torch.arange(start, start + n - k)
+            i = torch.arange(start, start + n - k, device="cpu")  # flat indices: host bookkeeping
             out.append(torch.stack([i, i + k], 1))
         start += n
-    return torch.cat(out) if out else torch.zeros((0, 2), dtype=torch.long)
+    return torch.cat(out) if out else torch.zeros((0, 2), dtype=torch.long, device="cpu")
 
 
 def answer_tokens(rows) -> torch.Tensor:
     """(N,) the answer token at each flat answer position (hidden[i] predicts answer token i)."""
-    return torch.cat([torch.tensor(ids[n_prompt:n_prompt + hidden.shape[0]]) for ids, n_prompt, hidden, *_ in rows])
+    return torch.cat([torch.tensor(ids[n_prompt:n_prompt + hidden.shape[0]], device=hidden.device) for ids, n_prompt, hidden, *_ in rows])
 
 
 @torch.no_grad()
@@ -77,7 +77,7 @@ def train_heads(rows, lm_head: torch.Tensor, kept: torch.Tensor | None, num_head
     heads = MedusaHeads(lm_head.float(), num_heads, kept)
     W = heads.lm_head  # (V', H) frozen
     opt = torch.optim.AdamW(heads.blocks.parameters(), lr=lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     t0, losses = time.time(), []
     bar = tqdm(range(steps), desc="medusa heads", disable=not progress)
     for step in bar:
@@ -85,7 +85,7 @@ def train_heads(rows, lm_head: torch.Tensor, kept: torch.Tensor | None, num_head
             g["lr"] = cosine_lr(step, steps, lr, warmup=min(30, steps // 10))
         loss = 0.0
         for k in range(num_heads):
-            pick = P[k][torch.randint(len(P[k]), (batch,), generator=gen)]
+            pick = P[k][torch.randint(len(P[k]), (batch,), generator=gen, device="cpu")]
             h_src, h_dst = H[pick[:, 0]], H[pick[:, 1]]
             teacher = torch.softmax(h_dst @ W.T, -1)  # (batch, V') the target's distribution k on
             block = heads.blocks[k]

@@ -79,12 +79,13 @@ def draft_batch(rows, pick, pad_id: int, head: torch.Tensor | None = None):
     """Right-padded inputs (B, T), the loss positions (B, T) bool and the teacher's logits (N, K)
     on the kept tokens (``head`` = their embedding rows (K, H); None: no logits)."""
     T = max(len(rows[i][0]) for i in pick) - 1
-    x = torch.full((len(pick), T), pad_id, dtype=torch.long)
-    m = torch.zeros(len(pick), T, dtype=torch.bool)
+    dev = "cpu" if head is None else head.device  # the teacher's logits are computed where its head lives
+    x = torch.full((len(pick), T), pad_id, dtype=torch.long, device=dev)
+    m = torch.zeros(len(pick), T, dtype=torch.bool, device=dev)
     hs = []
     for b, i in enumerate(pick):
         ids, n, h = rows[i][:3]
-        x[b, : len(ids) - 1] = torch.tensor(ids[:-1])
+        x[b, : len(ids) - 1] = torch.tensor(ids[:-1], device=dev)
         m[b, n - 1 : len(ids) - 1] = True  # position t predicts ids[t + 1]: the answer tokens
         hs.append(h)
     if head is None:
@@ -108,36 +109,38 @@ def copy_drill(kept: torch.Tensor, text_ids: torch.Tensor | None, batch: int, sp
     draft that cannot copy scores ~0; the target, scored on the same kept tokens, ~82% (its induction heads
     sit in layers 17-18).
     """
-    K = kept.numel()
-    index = torch.full((int(kept.max()) + 1,), -100, dtype=torch.long)
-    index[kept] = torch.arange(K)
+    K, dev, gdev = kept.numel(), kept.device, gen.device  # rows live with ``kept``; draws where ``gen`` lives
+    index = torch.full((int(kept.max()) + 1,), -100, dtype=torch.long, device=dev)
+    index[kept] = torch.arange(K, device=dev)
     n_rand = batch if text_ids is None else batch // 2
-    first = kept[torch.randint(0, K, (n_rand, span), generator=gen)]  # (b, span)
+    first = kept[torch.randint(0, K, (n_rand, span), generator=gen, device=gdev).to(dev)]  # (b, span)
     if n_rand < batch:
-        starts = torch.randint(0, max(len(text_ids) - span, 1), (batch - n_rand,), generator=gen)
-        first = torch.cat([first, torch.stack([text_ids[s: s + span] for s in starts.tolist()])])  # (B, span)
-    x = kept[torch.randint(0, K, (batch, 3 * span), generator=gen)]  # (B, 3*span) noise
-    gaps = torch.randint(0, span + 1, (batch,), generator=gen)
+        starts = torch.randint(0, max(len(text_ids) - span, 1), (batch - n_rand,), generator=gen, device=gdev)
+        first = torch.cat([first, torch.stack([text_ids[s: s + span] for s in starts.tolist()]).to(dev)])  # (B, span)
+    x = kept[torch.randint(0, K, (batch, 3 * span), generator=gen, device=gdev).to(dev)]  # (B, 3*span) noise
+    gaps = torch.randint(0, span + 1, (batch,), generator=gen, device=gdev)
     for b, g in enumerate(gaps.tolist()):
         x[b, span - g: 2 * span - g] = first[b]
     x[:, 2 * span:] = first
     nxt = x[:, 1:].clamp(max=len(index) - 1)
     lab = torch.where(x[:, 1:] < len(index), index[nxt], torch.full_like(nxt, -100))  # (B, 3*span-1)
     lab[:, : 2 * span] = -100  # position t predicts x[t+1]: score only inside the second showing
-    labels = torch.cat([lab, torch.full((batch, 1), -100, dtype=torch.long)], dim=1)
+    labels = torch.cat([lab, torch.full((batch, 1), -100, dtype=torch.long, device=dev)], dim=1)
     return x, labels
 
 
 def drill_text_ids(tokenizer, chapters: int = 400) -> torch.Tensor:
     """Human text for :func:`copy_drill`: KJV chapters and standard-library docstrings, tokenized (1-D)."""
     texts = data.kjv_chapters()[:chapters] + distill_prompts.human_passages()
-    return torch.tensor([t for s in texts for t in tokenizer(s + "\n", add_special_tokens=False)["input_ids"]])
+    return torch.tensor([t for s in texts for t in tokenizer(s + "\n", add_special_tokens=False)["input_ids"]], device="cpu")
 
 
 @torch.no_grad()
 def copy_accuracy(model, kept: torch.Tensor, span: int = 40, batch: int = 8, seed: int = 1) -> float:
     """Top-1 accuracy on the second showing of random spans (:func:`copy_drill` without text)."""
-    x, labels = copy_drill(kept, None, batch, span, torch.Generator().manual_seed(seed))
+    params = getattr(model, "parameters", None)  # any callable model; the drill goes where its weights are
+    dev = next(params(), kept).device if params is not None else kept.device
+    x, labels = copy_drill(kept.to(dev), None, batch, span, torch.Generator(device="cpu").manual_seed(seed))  # on dev
     pred = model(input_ids=x).logits.argmax(-1)  # (B, T) kept indices
     m = labels >= 0
     return float((pred[m] == labels[m]).float().mean())
@@ -150,9 +153,11 @@ def heldout_agreement(model, rows, head_ids: torch.Tensor, pad_id: int, batch: i
     for j in range(0, len(rows), batch):
         pick = list(range(j, min(j + batch, len(rows))))
         x, m, _ = draft_batch(rows, pick, pad_id)
+        dev = model.lm_head.weight.device
+        x, m = x.to(dev), m.to(dev)
         h = model.model(input_ids=x).last_hidden_state[m]  # (N, H)
-        pred = head_ids[model.lm_head(h).argmax(-1)]  # (N,) token ids
-        nxt = torch.cat([torch.tensor(rows[i][0][rows[i][1]:]) for i in pick])  # (N,) greedy = target argmax
+        pred = head_ids.to(dev)[model.lm_head(h).argmax(-1)]  # (N,) token ids
+        nxt = torch.cat([torch.tensor(rows[i][0][rows[i][1]:], device=pred.device) for i in pick])  # (N,) greedy = target argmax
         hit += int((pred == nxt).sum())
         n += nxt.numel()
     return hit / max(n, 1)
@@ -237,7 +242,7 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
     alpha0 = heldout_agreement(model, valid, kept, pad)
     copy0 = copy_accuracy(model, kept)
     drill_ids = drill_text_ids(tokenizer) if drill_batch else None
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     t0 = time.time()
     bar = tqdm(range(steps), desc="distil smollm2-135m-draft", disable=not progress)
     model.train()
@@ -245,7 +250,7 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
         frac = max(step / steps, (time.time() - t0) / train_seconds)  # the budget used so far
         for g in opt.param_groups:
             g["lr"] = cosine_lr(int(frac * steps), steps, lr, warmup=20)
-        pick = torch.randint(0, len(rows), (batch,), generator=gen).tolist()
+        pick = torch.randint(0, len(rows), (batch,), generator=gen, device="cpu").tolist()
         x, m, t_logits = draft_batch(rows, pick, pad, head)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             h = model.model(input_ids=x).last_hidden_state[m]  # (N, H): answer positions only
