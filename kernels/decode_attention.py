@@ -17,6 +17,11 @@ Semantics (shared by the kernel and the reference):
 where with ``mask=None`` and ``causal=True`` query i (of Q) sees keys j <= K - Q + i. A row whose
 every key is blocked (-inf) returns zeros; masks use large negative numbers or -inf.
 
+Precision: fp32 inputs use ``tf32x3`` dots (fp32-accurate on tensor cores, where a plain dot would
+round to TF32), fp16/bf16 their own; softmax statistics and the accumulator are fp32. Triton 3.7's
+CPU interpreter gets bf16 ``tl.dot`` wrong (it multiplies the bit patterns), so there, and only
+there, bf16 operands are upcast first.
+
 Triad: ``decode_attention_triton`` (kernels + host wrapper),
 ``decode_attention_reference`` (torch), ``decode_attention`` (dispatcher). Only torch and
 triton are imported: copy this file into your project as it is.
@@ -42,6 +47,7 @@ def _decode_attention_partial(
     smb, smh, smq, smk,
     Hkv, G, NQ, NK, D, split_len, scale,
     HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)  # (batch, kv head)
@@ -61,6 +67,8 @@ def _decode_attention_partial(
 
     q = tl.load(Q + b * sqb + hq[:, None] * sqh + qi[:, None] * sqm + d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (M, D)
+    if DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16 bit patterns
+        q = q.to(tl.float32)
     m_i = tl.full((BLOCK_M,), NEG_INIT, tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -72,7 +80,9 @@ def _decode_attention_partial(
         col_ok = cols < end
         k = tl.load(K + b * skb + hk * skh + cols[None, :] * skn + d[:, None] * skd,
                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # (D, N)
-        s = tl.dot(q, k) * scale  # (M, N)
+        if DOT_F32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # (M, N)
         valid = row_ok[:, None] & col_ok[None, :]
         if HAS_MASK:
             s += tl.load(Mask + b * smb + hq[:, None] * smh + qi[:, None] * smq + cols[None, :] * smk,
@@ -86,7 +96,9 @@ def _decode_attention_partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + d[None, :] * svd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # (N, D)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     base = (pid_bh * n_splits + pid_s) * R
@@ -216,6 +228,8 @@ def decode_attention_triton(q, k, v, mask=None, scale=None, causal=True, num_spl
         *q.stride(), *k.stride(), *v.stride(), *mstr,
         Hkv, G, NQ, NK, D, split_len, scale,
         HAS_MASK=mask is not None, CAUSAL=(mask is None and causal),
+        DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
+        DOT_F32=q.dtype == torch.bfloat16 and not q.is_cuda,  # only the interpreter runs on CPU tensors
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
     )
     _decode_attention_combine[(B * Hkv, m_tiles)](
@@ -251,7 +265,8 @@ def aot_specs():
                                             "svn", "svd", "smb", "smh", "smq", "smk", "Hkv", "G", "NQ", "NK", "D",
                                             "split_len"]})
             sig["scale"] = "fp32"
-            cx = {"HAS_MASK": has_mask, "CAUSAL": not has_mask, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_D": 64}
+            cx = {"HAS_MASK": has_mask, "CAUSAL": not has_mask,
+                  "DOT_PRECISION": "tf32x3" if dt == "fp32" else "tf32", "DOT_F32": False, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_D": 64}
             sig.update({n: "constexpr" for n in cx})
             specs.append((_decode_attention_partial, sig, cx))
         sig = {"Opart": "*fp32", "Mpart": "*fp32", "Lpart": "*fp32", "Out": f"*{dt}"}

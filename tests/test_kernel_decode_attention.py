@@ -80,3 +80,19 @@ def test_tiny_model_through_triton_matches_default(tiny, tiny_prompts):
     # cached decoding with a ragged batch (4-D padding masks) gives the same tokens
     prompts = tiny_prompts[:3]
     assert ar.generate(tri, prompts, max_new_tokens=6).tokens == ar.generate(tiny, prompts, max_new_tokens=6).tokens
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_bfloat16_under_the_interpreter(splits):
+    """Triton 3.7's CPU interpreter multiplies the raw bits of bf16 ``tl.dot`` operands; the
+    kernel upcasts them there (only there), so bf16 decodes the same on the CPU as on a GPU."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    q, k, v = (torch.randn(2, 4, n, 40, generator=g).to(torch.bfloat16) for n in (3, 60, 60))
+    k, v = k[:, :2], v[:, :2]
+    mask = torch.zeros(2, 1, 3, 60, dtype=torch.bfloat16)
+    mask[0, :, :, :6] = float("-inf")  # left padding
+    for m in (None, mask):
+        out = decode_attention_triton(q, k, v, m, num_splits=splits)
+        assert out.dtype == torch.bfloat16
+        ref = decode_attention_reference(q.float(), k.float(), v.float(), None if m is None else m.float())
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
