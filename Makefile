@@ -29,10 +29,19 @@ test: setup
 test-fast: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests
 
-# on a machine with a CUDA GPU (the self-hosted job of .github/workflows/ci.yml): the native kernels
-# against their references, kernel benchmarks, end-to-end decoding on the GPU (tests/test_gpu.py)
+# on a machine with a CUDA GPU (the self-hosted job of .github/workflows/ci.yml), interpreter off:
+# the native kernels against their references, kernel benchmarks, every decoding method on the GPU
+# (tests/test_gpu.py), then every chapter notebook under nbval (FAST mode, DEVICE = CUDA), then a
+# table of what ran natively (tests/gpu_report.py). Both runs go on if the other fails; the target
+# fails if either did.
+GPU_ENV := env -u TRITON_INTERPRET COURSE_ANSWERS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+GPU_OUT := bench_results/gpu
 test-gpu: setup
-	env -u TRITON_INTERPRET COURSE_ANSWERS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests/test_gpu.py
+	mkdir -p $(GPU_OUT)
+	$(GPU_ENV) $(BIN)/python -m pytest -q -rs tests/test_gpu.py --junitxml=$(GPU_OUT)/checks.xml; a=$$?; \
+	$(GPU_ENV) $(BIN)/python -m pytest -q --nbval-lax notebooks/[0-9]*.ipynb --junitxml=$(GPU_OUT)/notebooks.xml; b=$$?; \
+	$(GPU_ENV) $(BIN)/python tests/gpu_report.py $(GPU_OUT)/checks.xml $(GPU_OUT)/notebooks.xml | tee $(GPU_OUT)/table.md; \
+	test $$a -eq 0 && test $$b -eq 0 || { echo "make test-gpu failed: checks exit $$a, notebooks exit $$b (5: no test ran, e.g. no CUDA device)"; exit 1; }
 
 bench: setup
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite latency --model smollm2-135m

@@ -1,8 +1,10 @@
 """The CI workflows (.github/workflows/ci.yml) run what the README says: the CPU job runs `.ci/run`
 (which runs `make test`), the GPU job runs `make test-gpu` on a self-hosted GPU runner, and that
 target exists and runs the GPU checks without the interpreter."""
+import glob
 import os
 import re
+import subprocess
 
 import yaml
 
@@ -40,10 +42,50 @@ def test_both_run_on_push_and_pull_request():
     assert {"push", "pull_request"} <= set(triggers)
 
 
+def gpu_recipe() -> list[str]:
+    """The shell lines of ``make test-gpu`` with make's variables expanded (``make -n``: printed, not run)."""
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", "setup", "test-gpu"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [ln for ln in out.replace("\\\n", " ").splitlines() if ln.strip()]
+
+
 def test_make_test_gpu_runs_the_gpu_checks_natively():
     make = open(os.path.join(ROOT, "Makefile")).read()
-    m = re.search(r"^test-gpu:.*\n((?:\t.*\n)+)", make, re.M)
-    assert m, "Makefile has a test-gpu target"
-    recipe = m.group(1)
-    assert "tests/test_gpu.py" in recipe and "env -u TRITON_INTERPRET" in recipe
+    assert re.search(r"^test-gpu:", make, re.M), "Makefile has a test-gpu target"
+    recipe = " ; ".join(gpu_recipe())
+    runs = [c.strip() for c in recipe.split(";") if "pytest" in c]
+    checks = [c for c in runs if "tests/test_gpu.py" in c]
+    books = [c for c in runs if "--nbval-lax" in c]
+    assert checks and books, f"test-gpu runs tests/test_gpu.py and the notebooks under nbval: {runs}"
+    for c in checks + books:
+        assert "env -u TRITON_INTERPRET" in c and "TRITON_INTERPRET=1" not in c, f"interpreter off: {c}"
+    # every chapter notebook, the checks before the notebooks, the table at the end
+    glob_arg = next(a for a in books[0].split() if a.startswith("notebooks/"))
+    assert sorted(glob.glob(os.path.join(ROOT, glob_arg))) == sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9]*.ipynb")))
+    assert recipe.index("tests/test_gpu.py") < recipe.index("--nbval-lax") < recipe.index("tests/gpu_report.py")
+    assert "FAST = False" not in recipe and "COURSE_FAST=0" not in recipe
     assert os.path.exists(os.path.join(ROOT, "tests", "test_gpu.py"))
+
+
+def test_gpu_report_tabulates_kernels_methods_and_notebooks(tmp_path):
+    """The table ``make test-gpu`` prints, from JUnit files like pytest's (a failing cell shows)."""
+    import gpu_report
+
+    checks, books = tmp_path / "checks.xml", tmp_path / "notebooks.xml"
+    checks.write_text('''<testsuites><testsuite>
+<testcase classname="tests.test_gpu" name="test_tree_attention_native" time="1.5"/>
+<testcase classname="tests.test_gpu" name="test_every_decoding_method_runs_on_the_gpu[dynamic tree]" time="0.7"/>
+<testcase classname="tests.test_gpu" name="test_every_decoding_method_runs_on_the_gpu[eagle]" time="0.2">
+<failure message="assert [[1]] == [[2]]">trace</failure></testcase></testsuite></testsuites>''')
+    books.write_text('''<testsuites><testsuite>
+<testcase classname="notebooks.05_token_trees.ipynb" name="Cell 0" time="1.0"/>
+<testcase classname="notebooks.05_token_trees.ipynb" name="Cell 1" time="2.0"><failure message="boom">x</failure></testcase>
+<testcase classname="notebooks.00_why_decoding_is_slow.ipynb" name="Cell 0" time="3.0"/>
+</testsuite></testsuites>''')
+    text = gpu_report.table([str(checks), str(books), str(tmp_path / "absent.xml")])
+    rows = {tuple(c.strip() for c in ln.strip("|").split("|")[:3]) for ln in text.splitlines() if ln.startswith("| ")}
+    assert ("kernels", "tree attention native", "passed") in rows
+    assert ("decoding", "dynamic tree", "passed") in rows and ("decoding", "eagle", "FAILED") in rows
+    assert ("notebooks", "05_token_trees.ipynb", "FAILED") in rows
+    assert ("notebooks", "00_why_decoding_is_slow.ipynb", "passed") in rows
+    assert "failed: Cell 1" in text and "1/2 cells" in text and "MISSING" in text
