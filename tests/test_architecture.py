@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAPTERS = ["autoregressive", "speculative", "tree", "drafts", "copy_prior", "adaptive", "dynamic_tree", "medusa", "eagle",
             "jacobi",
             "lookahead", "retrieval",
-            "diffusion_lm", "diffusion_steps", "free_draft", "diffusion", "digit_reversal", "block_diffusion", "dllm_draft"]
+            "diffusion_lm", "diffusion_steps", "free_draft", "diffusion", "digit_reversal", "block_diffusion", "dllm_draft",
+            "cllm"]
 CORE_FILES = {"refimpl", "refimpl.lm", "refimpl.generation", "refimpl.sampling", "refimpl.data", "refimpl.prompts",
               "refimpl.slot_cache"}
 MAX_LINES = 400

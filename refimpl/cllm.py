@@ -1,0 +1,144 @@
+"""Consistency LLMs (chapter 15): fine-tune an AR model so that Jacobi decoding jumps to the fixed point.
+
+Paper: Kou et al., "CLLMs: Consistency Large Language Models", arXiv 2403.00835.
+
+- §3.1, trajectory collection: for a context ``x`` and an ``n``-token block ``y^(0)`` of initial
+  guesses, greedy Jacobi iterates ``y^(j+1)_i = argmax p(. | x, y^(j)_<i)`` for every ``i`` at
+  once until nothing changes. The states ``y^(0), y^(1), ..., y*`` are the *Jacobi trajectory*;
+  the fixed point ``y*`` is the greedy continuation of ``x``, and the paper appends it to ``x``
+  and collects the next block the same way.
+- §3.2, eq. 4, the *global consistency* loss: for a random state ``y`` of a trajectory,
+  ``L_GC = sum_i D( q_{theta^-}(. | x, y*_<i) || q_theta(. | x, y_<i) )``: the model reading the
+  (partly wrong) state should predict what it predicts reading the fixed point. ``theta^-`` is
+  the model itself with the gradient stopped; ``D`` a forward KL per position, summed over the
+  block. Eq. 5, the *local* variant, puts the next state ``y^(j+1)`` where ``y*`` is.
+- §3.2, the AR loss ``L_AR = -sum_i log q_theta(l_i | x, l_<i)`` keeps the model's text where it
+  was; here ``l`` is the original model's own greedy text ``y*`` (self-distillation: the fine-tuned
+  model's greedy output should stay close to the original's). Total ``L = L_GC + w * L_AR``.
+
+A fine-tuned model is a *different* model: Jacobi and lookahead decoding of it are still exact
+(the verification core checks every guess), exact with respect to its own greedy output. How far
+that output moved from the original's is measured, not assumed (``refimpl.bench``'s CLLM rows:
+perplexity under the original, agreement with its greedy text, repeated n-grams).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .generation import check_positive_int
+
+
+def check_block(context: torch.Tensor, block: torch.Tensor, name: str = "block") -> None:
+    if context.dim() != 2 or block.dim() != 2 or context.shape[0] != block.shape[0]:
+        raise ValueError(f"context (B, L) and {name} (B, n) must be 2-D with the same rows; "
+                         f"got {tuple(context.shape)} and {tuple(block.shape)}")
+    if context.shape[1] == 0 or block.shape[1] == 0:
+        raise ValueError(f"context and {name} must be non-empty; got {tuple(context.shape)} and {tuple(block.shape)}")
+
+
+def block_logits(model, context: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """(B, n, V): position ``i`` of the block predicted from ``[context, block_<i]`` in one call.
+
+    ``model(input_ids) -> object with .logits`` (a Hugging Face causal LM); context (B, L) and
+    block (B, n) are token ids on the model's device, every row the same length (no padding).
+    """
+    check_block(context, block)
+    L, n = context.shape[1], block.shape[1]
+    ids = torch.cat([context, block[:, :-1]], 1)  # (B, L + n - 1): the last block token predicts nothing here
+    return model(input_ids=ids).logits[:, L - 1: L - 1 + n]  # (B, n, V)
+
+
+@torch.no_grad()
+def jacobi_trajectory(model, context: torch.Tensor, init: torch.Tensor) -> torch.Tensor:
+    """Greedy Jacobi on a fixed block (§3.1): the states ``y^(0) = init, y^(1), ..., y*``, (S, B, n).
+
+    Every row reaches its fixed point within ``n`` iterations (position ``j`` is final after
+    ``j + 1``: its context is then all final); the loop stops once no row changes, so the last
+    state is every row's fixed point = its greedy continuation of ``context``.
+    """
+    check_block(context, init, "init")
+    states = [init]
+    for _ in range(init.shape[1]):
+        new = block_logits(model, context, states[-1]).argmax(-1)  # (B, n): every position updated at once
+        if torch.equal(new, states[-1]):
+            break
+        states.append(new)
+    return torch.stack(states)  # (S, B, n)
+
+
+def context_guesses(context: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """(B, n) initial guesses: tokens drawn uniformly from each row's context, as
+    :class:`refimpl.jacobi.Jacobi` draws its fresh guesses (draws on the host, rows on ``context``'s device)."""
+    B, L = context.shape
+    picks = torch.randint(0, L, (B, n), generator=generator, device="cpu").to(context.device)
+    return context.gather(1, picks)
+
+
+@dataclass
+class Trajectories:
+    """Collected Jacobi trajectories: for block ``b``, ``contexts[b]`` (B, L_b) and ``states[b]``
+    (S_b, B, n) whose last state is the fixed point (``contexts[b + 1]`` = context + fixed point)."""
+
+    contexts: list[torch.Tensor]
+    states: list[torch.Tensor]
+
+    def sample(self, generator: torch.Generator, local: bool = False):
+        """One training batch: a random block, for each row a random non-final state ``y`` and its
+        target (the fixed point, or with ``local`` the next state) -> (context, y, target, fixed)."""
+        b = int(torch.randint(0, len(self.states), (1,), generator=generator, device="cpu"))
+        st, ctx = self.states[b], self.contexts[b]
+        S, B = st.shape[0], st.shape[1]
+        j = torch.randint(0, max(S - 1, 1), (B,), generator=generator, device="cpu").to(st.device)  # (B,)
+        rows = torch.arange(B, device=st.device)
+        nxt = torch.clamp(j + 1, max=S - 1)
+        return ctx, st[j, rows], (st[nxt, rows] if local else st[-1]), st[-1]
+
+
+@torch.no_grad()
+def collect(model, contexts: torch.Tensor, n: int, blocks: int, generator: torch.Generator) -> Trajectories:
+    """§3.1: ``blocks`` consecutive n-token blocks after each context (B, L), each block's
+    trajectory from :func:`context_guesses`, the fixed point appended before the next block."""
+    check_positive_int("n", n)
+    check_positive_int("blocks", blocks)
+    ctxs, states = [], []
+    ctx = contexts
+    for _ in range(blocks):
+        st = jacobi_trajectory(model, ctx, context_guesses(ctx, n, generator))
+        ctxs.append(ctx)
+        states.append(st)
+        ctx = torch.cat([ctx, st[-1]], 1)
+    return Trajectories(ctxs, states)
+
+
+def consistency_loss(model, context: torch.Tensor, state: torch.Tensor, target: torch.Tensor,
+                     teacher=None) -> torch.Tensor:
+    """Eq. 4 (``target`` = the fixed point) or eq. 5 (``target`` = the next state): the forward KL
+    ``D(q_teacher(. | x, target_<i) || q_theta(. | x, state_<i))`` summed over the block's ``n``
+    positions, averaged over rows. ``teacher`` None = the model itself with the gradient stopped
+    (``theta^-``, as in the paper); a frozen model may be passed instead."""
+    check_block(context, state, "state")
+    if target.shape != state.shape:
+        raise ValueError(f"target must have state's shape {tuple(state.shape)}; got {tuple(target.shape)}")
+    with torch.no_grad():
+        t = F.log_softmax(block_logits(model if teacher is None else teacher, context, target).float(), -1)  # (B, n, V)
+    s = F.log_softmax(block_logits(model, context, state).float(), -1)  # (B, n, V)
+    return (t.exp() * (t - s)).sum(-1).sum(-1).mean()
+
+
+def ar_loss(model, context: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    """§3.2's AR loss: mean NLL of ``text`` (B, n) given ``context`` (B, L), token by token."""
+    logits = block_logits(model, context, text).float()  # (B, n, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), text.reshape(-1))
+
+
+def cllm_loss(model, batch, ar_weight: float = 1.0, teacher=None) -> tuple[torch.Tensor, dict]:
+    """``L = L_consistency + ar_weight * L_AR`` on one :meth:`Trajectories.sample` batch."""
+    if ar_weight < 0:
+        raise ValueError(f"ar_weight must be >= 0, got {ar_weight}")
+    context, state, target, fixed = batch
+    lc = consistency_loss(model, context, state, target, teacher)
+    la = ar_loss(model, context, fixed)
+    return lc + ar_weight * la, {"consistency": float(lc.detach()), "ar": float(la.detach())}

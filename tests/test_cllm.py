@@ -1,0 +1,116 @@
+"""CLLMs (chapter 15): trajectories == a step-by-step replay, the losses == brute force, training
+moves them, and Jacobi / lookahead on the fine-tuned model stay exact for its own greedy output."""
+import math
+
+import pytest
+import torch
+
+from refimpl import autoregressive, cllm
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny):
+    """Three equal-length contexts (B, L) of tiny's tokens."""
+    texts = ["And God said, Let there be light", "In the beginning God created the", "The LORD is my shepherd; I"]
+    ids = [tiny.encode(t) for t in texts]
+    L = min(len(i) for i in ids)
+    return torch.tensor([i[:L] for i in ids])
+
+
+def test_trajectory_equals_a_step_by_step_replay_and_ends_at_greedy(tiny, ctx):
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    n = 6
+    init = cllm.context_guesses(ctx, n, gen)
+    states = cllm.jacobi_trajectory(tiny.model, ctx, init)  # (S, B, n)
+    assert states.shape[1:] == (3, n) and 1 <= states.shape[0] <= n + 1
+    for b in range(3):  # replay: one call per position, per iteration, per row
+        y = init[b].tolist()
+        for j in range(1, states.shape[0]):
+            y = [int(tiny.logits(torch.tensor([ctx[b].tolist() + y[:i]]))[0, -1].argmax()) for i in range(n)]
+            assert y == states[j, b].tolist(), (b, j)
+    greedy = autoregressive.generate(tiny, ctx.tolist(), max_new_tokens=n, eos_token_id=[]).tokens
+    assert states[-1].tolist() == greedy, "the fixed point is the greedy continuation"
+    later = cllm.jacobi_trajectory(tiny.model, ctx, states[-1])
+    assert later.shape[0] == 1, "the fixed point does not move"
+
+
+def brute_kl_sum(tiny, ctx, state, target, teacher_model):
+    total = 0.0
+    for b in range(ctx.shape[0]):
+        for i in range(state.shape[1]):
+            t = torch.tensor([ctx[b].tolist() + target[b, :i].tolist()])
+            s = torch.tensor([ctx[b].tolist() + state[b, :i].tolist()])
+            p = torch.softmax(teacher_model(input_ids=t).logits[0, -1].double(), -1)
+            q = torch.softmax(tiny.model(input_ids=s).logits[0, -1].double(), -1)
+            total += float(sum(pi * (math.log(pi) - math.log(qi)) for pi, qi in zip(p.tolist(), q.tolist()) if pi > 0))
+    return total / ctx.shape[0]
+
+
+def test_consistency_and_ar_losses_equal_brute_force(tiny, ctx):
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    n = 4
+    states = cllm.jacobi_trajectory(tiny.model, ctx, cllm.context_guesses(ctx, n, gen))
+    state, fixed = states[0], states[-1]
+    with torch.no_grad():
+        got = float(cllm.consistency_loss(tiny.model, ctx, state, fixed))
+    assert got == pytest.approx(brute_kl_sum(tiny, ctx, state, fixed, tiny.model), rel=1e-4)
+    assert got > 0.01, "a random state is not the fixed point"
+    with torch.no_grad():
+        assert float(cllm.consistency_loss(tiny.model, ctx, fixed, fixed)) == pytest.approx(0.0, abs=1e-6)
+    nll = 0.0  # AR loss: mean over the block's tokens of -log p(token | context, earlier tokens)
+    for b in range(3):
+        for i in range(n):
+            logits = tiny.logits(torch.tensor([ctx[b].tolist() + fixed[b, :i].tolist()]))[0, -1].double()
+            nll -= float(torch.log_softmax(logits, -1)[fixed[b, i]])
+    with torch.no_grad():
+        assert float(cllm.ar_loss(tiny.model, ctx, fixed)) == pytest.approx(nll / (3 * n), rel=1e-4)
+
+
+def test_a_frozen_teacher_and_the_local_target(tiny, ctx):
+    import copy
+
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    other = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)  # a different teacher: the loss must read it, not the student
+    states = cllm.jacobi_trajectory(tiny.model, ctx, cllm.context_guesses(ctx, 3, gen))
+    with torch.no_grad():
+        got = float(cllm.consistency_loss(tiny.model, ctx, states[0], states[-1], teacher=other))
+    assert got == pytest.approx(brute_kl_sum(tiny, ctx, states[0], states[-1], other), rel=1e-4)
+    traj = cllm.Trajectories([ctx], [states])
+    c, y, nxt, fx = traj.sample(torch.Generator(device="cpu").manual_seed(0), local=True)
+    for b in range(3):
+        j = next(j for j in range(states.shape[0]) if torch.equal(states[j, b], y[b]))
+        assert torch.equal(nxt[b], states[min(j + 1, states.shape[0] - 1), b]) and torch.equal(fx[b], states[-1, b])
+
+
+def test_one_step_lowers_the_loss_on_its_batch(tiny, ctx):
+    import copy
+
+    model = copy.deepcopy(tiny.model).train()
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    traj = cllm.collect(model, ctx, 5, 2, gen)
+    assert len(traj.states) == 2 and torch.equal(traj.contexts[1], torch.cat([ctx, traj.states[0][-1]], 1))
+    batch = traj.sample(gen)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before, parts = cllm.cllm_loss(model, batch, ar_weight=1.0)
+    assert set(parts) == {"consistency", "ar"}
+    before.backward()
+    opt.step()
+    with torch.no_grad():
+        after, _ = cllm.cllm_loss(model, batch, ar_weight=1.0)
+    assert float(after) < float(before)
+
+
+def test_bad_arguments_raise(tiny, ctx):
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with pytest.raises(ValueError, match="init"):
+        cllm.jacobi_trajectory(tiny.model, ctx, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="n"):
+        cllm.collect(tiny.model, ctx, 0, 1, gen)
+    with pytest.raises(ValueError, match="blocks"):
+        cllm.collect(tiny.model, ctx, 3, 0, gen)
+    with pytest.raises(ValueError, match="target"):
+        cllm.consistency_loss(tiny.model, ctx, ctx[:, :3], ctx[:, :2])
+    with pytest.raises(ValueError, match="ar_weight"):
+        cllm.cllm_loss(tiny.model, (ctx, ctx[:, :3], ctx[:, :3], ctx[:, :3]), ar_weight=-1.0)
