@@ -19,7 +19,7 @@ Paper: Kou et al., "CLLMs: Consistency Large Language Models", arXiv 2403.00835.
 A fine-tuned model is a *different* model: Jacobi and lookahead decoding of it are still exact
 (the verification core checks every guess), exact with respect to its own greedy output. How far
 that output moved from the original's is measured, not assumed (``refimpl.bench``'s CLLM rows:
-perplexity under the original, agreement with its greedy text, repeated n-grams).
+perplexity under the original, :func:`agreement` with its greedy text, repeated n-grams).
 """
 from __future__ import annotations
 
@@ -142,3 +142,10 @@ def cllm_loss(model, batch, ar_weight: float = 1.0, teacher=None) -> tuple[torch
     lc = consistency_loss(model, context, state, target, teacher)
     la = ar_loss(model, context, fixed)
     return lc + ar_weight * la, {"consistency": float(lc.detach()), "ar": float(la.detach())}
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Fraction of positions where two generations of the same prompts hold the same token (how far a
+    fine-tuned model's text moved from the original's; positions past the shorter row count as different)."""
+    same = sum(sum(x == y for x, y in zip(r, s)) for r, s in zip(a, b))
+    return same / max(sum(max(len(r), len(s)) for r, s in zip(a, b)), 1)

@@ -56,3 +56,17 @@ def kjv_split(valid_every: int = 20) -> tuple[list[str], list[str]]:
     train = [c for i, c in enumerate(chapters) if i % valid_every != valid_every - 1]
     valid = [c for i, c in enumerate(chapters) if i % valid_every == valid_every - 1]
     return train, valid
+
+
+def kjv_prompts(tokenizer, n: int, length: int = 48) -> list[list[int]]:
+    """The first ``length`` tokens of the first ``n`` held-out King James chapters long enough
+    (the dLLM suite's and chapter 15's prompts: text no model of the zoo was trained on)."""
+    _, valid = kjv_split()
+    out = []
+    for chapter in valid:
+        ids = tokenizer.encode(chapter[: 8 * length], add_special_tokens=False)  # enough characters
+        if len(ids) >= length:
+            out.append(ids[:length])
+        if len(out) == n:
+            break
+    return out

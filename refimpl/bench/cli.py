@@ -3,7 +3,7 @@
 Suites (``--suite``): ``decode`` (default; every row of :mod:`refimpl.bench.rows` on the prompt
 set of :mod:`refimpl.prompts`), ``latency`` (latency(k): the cost of scoring k tokens vs 1),
 ``matmul`` (fp32 linear cost per number of rows, MKL vs prepacked oneDNN), ``dllm``
-(:mod:`refimpl.bench.dllm`) and ``kernels`` (each kernel's ``bench()`` with
+(:mod:`refimpl.bench.dllm`), ``learned`` (chapter 15, :mod:`refimpl.bench.learned`) and ``kernels`` (each kernel's ``bench()`` with
 ``triton.testing.do_bench``; skipped without CUDA). Tables are printed as markdown and written as
 JSON + markdown under ``--out``, with the hardware, torch threads and versions.
 
@@ -22,7 +22,7 @@ import torch
 from .. import models
 from ..models import cpu_linear
 from ..prompts import encode_prompt, prompt_set
-from . import dllm
+from . import dllm, learned
 from .decode import DECODE_COLS, Context, category_table, hardware, latency_curve, markdown_table, run_decode
 from .rows import DLLM_FOR, DRAFT_FOR, decode_rows, has_heads, lookahead_sweep_rows
 
@@ -36,7 +36,7 @@ def prepacked(model) -> bool:
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refimpl.bench", description="Benchmark every decoding method.")
-    p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "kernels", "lookahead-sweep"], default="decode")
+    p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "learned", "kernels", "lookahead-sweep"], default="decode")
     p.add_argument("--model", default="tiny", help="target model (zoo name, folder or HF id)")
     p.add_argument("--methods", default=None, help="comma-separated substrings of method names to run")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -70,6 +70,9 @@ def main(argv=None):
     elif args.suite == "dllm":
         rows = dllm.run(fast=args.fast)
         md = markdown_table(rows, dllm.COLS)
+    elif args.suite == "learned":
+        rows = learned.run(fast=args.fast)
+        md = markdown_table(rows, learned.COLS)
     elif args.suite == "matmul":
         lm = models.load(args.model, device="cpu", prepack=False)
         rows = cpu_linear.matmul_cost(lm.model)

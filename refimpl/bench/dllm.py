@@ -27,6 +27,7 @@ import time
 import torch
 
 from .. import autoregressive, block_diffusion, data, diffusion, models
+from ..data import kjv_prompts  # noqa: F401  (re-exported: the notebooks read it here)
 from ..digit_reversal import SYNTH_GEN_LENGTH, synthetic_problem, synthetic_split
 from ..speculative import SlotCache
 
@@ -90,18 +91,6 @@ def run_rev(fast: bool = False, repeats: int = 2) -> list[dict]:
         rows.append(dict(task="rev", method=name, nfe_per_row=nfe_per_row(g), nfe=g.stats.nfe,
                          tokens_per_s=g.stats.new_tokens / dt, seconds=dt, accuracy=acc, perplexity=None))
     return rows
-
-
-def kjv_prompts(tokenizer, n: int, length: int = 48) -> list[list[int]]:
-    _, valid = data.kjv_split()
-    out = []
-    for chapter in valid:
-        ids = tokenizer.encode(chapter[: 8 * length], add_special_tokens=False)  # enough characters
-        if len(ids) >= length:
-            out.append(ids[:length])
-        if len(out) == n:
-            break
-    return out
 
 
 @torch.no_grad()

@@ -59,6 +59,9 @@ ZOO: dict[str, Entry] = {
     "tiny-dllm": Entry(trained("tiny-dllm", load_dllm_dir), "python -m refimpl.train tiny-dllm"),
     "tiny-dllm-rev": Entry(trained("tiny-dllm-rev", load_dllm_dir), "python -m refimpl.train tiny-dllm-rev"),
     "tiny-bdlm": Entry(trained("tiny-bdlm"), "python -m refimpl.train tiny-bdlm (tiny adapted into a block-diffusion LM)"),
+    "tiny-cllm": Entry(trained("tiny-cllm"), "python -m refimpl.train tiny-cllm (tiny fine-tuned on its Jacobi trajectories)"),
+    "tiny-bdlm-dparallel": Entry(trained("tiny-bdlm-dparallel"),
+                                 "python -m refimpl.train tiny-bdlm-dparallel (tiny-bdlm distilled with certainty forcing)"),
 }
 
 

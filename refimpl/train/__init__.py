@@ -9,7 +9,9 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
 - ``smollm2-135m-draft``: :mod:`refimpl.train.smol_draft` on the data of
   :mod:`refimpl.train.distill_data`;
 - ``medusa-tiny``, ``medusa-smollm2-135m`` (heads on a frozen target): :mod:`refimpl.train.medusa`;
-- ``eagle-tiny``, ``eagle-smollm2-135m`` (a feature-level draft on a frozen target): :mod:`refimpl.train.eagle`.
+- ``eagle-tiny``, ``eagle-smollm2-135m`` (a feature-level draft on a frozen target): :mod:`refimpl.train.eagle`;
+- ``tiny-cllm`` (``tiny`` on its Jacobi trajectories), ``tiny-bdlm-dparallel`` (``tiny-bdlm`` with
+  certainty forcing): :mod:`refimpl.train.cllm` (chapter 15).
 
 The helpers every trainer shares (token streams, the optimisation loop, fp16 files) are
 :mod:`refimpl.train.common`, re-exported here.
@@ -29,4 +31,6 @@ TRAINERS: dict[str, str] = {
     "medusa-smollm2-135m": "refimpl.train.medusa:train_medusa_smollm2",
     "eagle-tiny": "refimpl.train.eagle:train_eagle_tiny",
     "eagle-smollm2-135m": "refimpl.train.eagle:train_eagle_smollm2",
+    "tiny-cllm": "refimpl.train.cllm:train_tiny_cllm",
+    "tiny-bdlm-dparallel": "refimpl.train.cllm:train_tiny_bdlm_dparallel",
 }

@@ -1,0 +1,110 @@
+"""Chapter 15's benchmark: models trained to decode in parallel, ``python -m refimpl.bench --suite learned``.
+
+Two workloads on the dLLM suite's King James held-out prompts (:func:`refimpl.data.kjv_prompts`),
+one prompt at a time (batch 1, as a chat user would), rows interleaved per prompt and repeat,
+median time per prompt:
+
+- ``cllm``: AR, Jacobi and lookahead on ``tiny`` and on ``tiny-cllm`` (64 new tokens). Tokens per
+  target call, tokens/s, speed-up vs AR *of the same model*, and exact = the row's tokens equal that
+  model's own AR greedy tokens (the verification core's guarantee).
+- ``dparallel``: ``tiny-bdlm`` and ``tiny-bdlm-dparallel``, 32 new tokens in blocks of 8, one token
+  per step and Fast-dLLM thresholds, each with the exact block cache; speed-up vs AR ``tiny`` (the
+  model ``tiny-bdlm`` was adapted from).
+
+Quality, because a fine-tuned model is a different model: perplexity of the generated tokens under
+``tiny`` (lower = more natural to the original), the fraction of repeated 3-grams (perplexity alone
+rewards repetition) and agreement = the fraction of positions equal to the original's reference
+text (``tiny``'s AR greedy; ``tiny-bdlm``'s one-token-per-step text).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .. import autoregressive, block_diffusion, jacobi, lookahead, models
+from ..cllm import agreement
+from ..data import kjv_prompts
+from .dllm import ar_perplexity, repetition
+
+COLS = [("task", "task", ""), ("model", "model", ""), ("method", "method", ""),
+        ("tokens_per_call", "tokens / call", ".2f"), ("calls_per_row", "calls / row", ".1f"),
+        ("tokens_per_s", "tokens/s", ".0f"), ("speedup", "speed-up vs AR", ".2f"),
+        ("exact", "= own AR greedy", ""), ("perplexity", "ppl under tiny", ".2f"),
+        ("repetition", "repeated 3-grams", ".1%"), ("agreement", "agreement with original", ".1%")]
+
+
+def timed(rows: list[tuple[str, str, object]], prompts, repeats: int) -> dict:
+    """Run every (model, method, fn(prompt) -> Generation) row on every prompt, rows interleaved,
+    ``repeats`` times after one warm-up; -> {(model, method): (median seconds per prompt, generations)}."""
+    times = {(m, n): [[] for _ in prompts] for m, n, _ in rows}
+    outs = {(m, n): [None] * len(prompts) for m, n, _ in rows}
+    for m, n, fn in rows:
+        fn(prompts[0])  # warm-up
+    for _ in range(repeats):
+        for i, p in enumerate(prompts):
+            for m, n, fn in rows:
+                t0 = time.perf_counter()
+                g = fn(p)
+                times[m, n][i].append(time.perf_counter() - t0)
+                outs[m, n][i] = g
+    return {k: ([statistics.median(t) for t in times[k]], outs[k]) for k in times}
+
+
+def summarise(task, results, prompts, tiny, reference, ar_of) -> list[dict]:
+    """One row per (model, method); ``ar_of[model]`` = the results key of the AR row its speed-up and
+    exactness are measured against (exactness only when that row is the model's own AR)."""
+    rows = []
+    for (model, method), (secs, gens) in results.items():
+        toks = [g.tokens[0] for g in gens]
+        base = ar_of[model]
+        ar_secs, ar_gens = results[base]
+        calls = sum(g.stats.target_calls for g in gens)
+        n = sum(len(t) for t in toks)
+        rows.append(dict(task=task, model=model, method=method, tokens_per_call=n / calls, calls_per_row=calls / len(toks),
+                         tokens_per_s=n / sum(secs), speedup=sum(ar_secs) / sum(secs),
+                         exact=toks == [g.tokens[0] for g in ar_gens] if base[0] == model else None,
+                         perplexity=ar_perplexity(tiny, prompts, toks), repetition=repetition(toks),
+                         agreement=agreement(toks, reference)))
+    return rows
+
+
+def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64) -> list[dict]:
+    tiny, cllm = models.load("tiny"), models.load("tiny-cllm")
+    prompts = kjv_prompts(tiny.tokenizer, 2 if fast else 8)
+    rows = []
+    for name, lm in (("tiny", tiny), ("tiny-cllm", cllm)):
+        rows += [(name, "AR (cache)", lambda p, lm=lm: autoregressive.generate(lm, [p], max_new_tokens=new, eos_token_id=[])),
+                 (name, "jacobi (window 8)",
+                  lambda p, lm=lm: jacobi.generate(lm, [p], max_new_tokens=new, window=8, eos_token_id=[])),
+                 (name, "jacobi (window 16)",
+                  lambda p, lm=lm: jacobi.generate(lm, [p], max_new_tokens=new, window=16, eos_token_id=[])),
+                 (name, "lookahead (W=7, N=5, G=7)",
+                  lambda p, lm=lm: lookahead.generate(lm, [p], max_new_tokens=new, eos_token_id=[]))]
+    res = timed(rows, prompts, 1 if fast else repeats)
+    reference = [g.tokens[0] for g in res["tiny", "AR (cache)"][1]]
+    return summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in ("tiny", "tiny-cllm")})
+
+
+def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: int = 8) -> list[dict]:
+    tiny = models.load("tiny")
+    prompts = kjv_prompts(tiny.tokenizer, 2 if fast else 8)
+    rows = [("tiny", "AR (cache)", lambda p: autoregressive.generate(tiny, [p], max_new_tokens=new, eos_token_id=[]))]
+    for name in ("tiny-bdlm", "tiny-bdlm-dparallel"):
+        lm = models.load(name)
+        rows.append((name, "one token per step", lambda p, lm=lm: block_diffusion.generate(
+            lm, [p], gen_length=new, block_length=block, eos_token_id=[])))
+        for t in (0.9, 0.7, 0.5):
+            rows.append((name, f"threshold {t}", lambda p, lm=lm, t=t: block_diffusion.generate(
+                lm, [p], gen_length=new, block_length=block, threshold=t, eos_token_id=[])))
+    res = timed(rows, prompts, 1 if fast else repeats)
+    reference = [g.tokens[0] for g in res["tiny-bdlm", "one token per step"][1]]
+    # a dLLM's speed-up is against AR tiny, the model it was adapted from; exactness does not apply
+    return summarise("dparallel", res, prompts, tiny, reference, dict.fromkeys(("tiny", "tiny-bdlm", "tiny-bdlm-dparallel"),
+                                                                               ("tiny", "AR (cache)")))
+
+
+def run(fast: bool = False) -> list[dict]:
+    torch.manual_seed(0)
+    return run_cllm(fast) + run_dparallel(fast)

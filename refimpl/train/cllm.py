@@ -1,0 +1,135 @@
+"""Chapter 15's trained-to-decode-in-parallel models, fine-tuned from the zoo on this CPU.
+
+- ``tiny-cllm``: ``tiny`` fine-tuned on its own greedy Jacobi trajectories with the consistency
+  + AR loss (:mod:`refimpl.cllm`, CLLMs arXiv 2403.00835 §3);
+- ``tiny-bdlm-dparallel``: ``tiny-bdlm`` distilled on its own one-token-per-step trajectories with
+  certainty forcing (:mod:`refimpl.dparallel`, dParallel arXiv 2509.26488 §3).
+
+Both report what the chapter measures: the speed term (Jacobi tokens per call; threshold-decoding
+calls) before and after, and how far the text moved (agreement with the original's greedy text).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+
+import torch
+
+from .. import block_diffusion, data, jacobi
+from ..cllm import agreement, cllm_loss, collect
+from ..dparallel import certainty_forcing_loss, record
+from ..models import load_folder, zoo_folder
+from .common import causal_lm_perplexity, encode_docs, random_windows, save_half, train_loop, write_report
+
+
+def load_base(name: str):
+    return load_folder(zoo_folder(name, f"train it first: python -m refimpl.train {name}"), device="cpu")
+
+
+def jacobi_tau(lm, prompts, window: int, new: int = 64):
+    g = jacobi.generate(lm, prompts, max_new_tokens=new, window=window, eos_token_id=[])
+    return g.stats.tau, g.tokens
+
+
+def train_tiny_cllm(out_dir: str, steps: int = 600, n: int = 16, contexts: int = 1024, context_length: int = 16,
+                    blocks: int = 2, batch: int = 16, lr: float = 3e-4, ar_weight: float = 4.0,
+                    frozen_teacher: bool = True, seed: int = 0, base: str = "tiny"):
+    """CLLM fine-tune of ``tiny``: collect ``contexts`` greedy Jacobi trajectories (``blocks``
+    consecutive ``n``-token blocks after ``context_length`` King James tokens, guesses drawn from the
+    context), then ``steps`` steps of global consistency + ``ar_weight`` * AR loss. The teacher of the
+    consistency loss is the frozen original (``frozen_teacher``) or the model itself, stop-grad (the
+    paper's theta^-)."""
+    torch.manual_seed(seed)
+    orig = load_base(base)
+    tok = orig.tokenizer
+    train_docs, valid_docs = data.kjv_split()
+    stream = encode_docs(tok, train_docs, tok.eos_token_id)
+    valid_stream = encode_docs(tok, valid_docs, tok.eos_token_id)
+    prompts = data.kjv_prompts(tok, 8)
+    tau_before, text_before = jacobi_tau(orig, prompts, n)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    t0 = time.time()
+    trajs = [collect(orig.model, random_windows(stream, 64, context_length, gen), n, blocks, gen)
+             for _ in range(max(contexts // 64, 1))]
+    collect_s = time.time() - t0
+    model = copy.deepcopy(orig.model)
+    teacher = orig.model if frozen_teacher else None
+
+    def step_loss(s):
+        t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
+        ctx, state, target, fixed = t.sample(gen)
+        idx = torch.randperm(ctx.shape[0], generator=gen)[:batch]
+        return cllm_loss(model, (ctx[idx], state[idx], target[idx], fixed[idx]), ar_weight, teacher)[0]
+
+    train_loop(model, step_loss, steps, lr, f"fine-tune {base} -> tiny-cllm", warmup=20)
+    minutes = (time.time() - t0) / 60
+    os.makedirs(out_dir, exist_ok=True)
+    save_half(model, out_dir)
+    tok.save_pretrained(out_dir)
+    lm = load_folder(out_dir, device="cpu")  # report on the fp16 round trip
+    tau_after, text_after = jacobi_tau(lm, prompts, n)
+    report = {"base": base, "steps": steps, "block": n, "trajectories": len(trajs) * 64 * blocks,
+              "context_length": context_length, "batch": batch, "lr": lr, "ar_weight": ar_weight,
+              "teacher": "frozen original" if frozen_teacher else "self, stop-grad",
+              "jacobi_tokens_per_call_before": round(tau_before, 2), "jacobi_tokens_per_call_after": round(tau_after, 2),
+              "greedy_agreement_with_base": round(agreement(text_after, text_before), 3),
+              "valid_perplexity_before": round(causal_lm_perplexity(orig.logits, valid_stream), 2),
+              "valid_perplexity_after": round(causal_lm_perplexity(lm.logits, valid_stream), 2),
+              "collect_seconds": round(collect_s), "minutes": round(minutes, 1), "threads": torch.get_num_threads()}
+    return write_report(out_dir, report)
+
+
+def threshold_calls(lm, prompts, threshold: float, gen_length: int = 32, block_length: int = 8):
+    calls, outs = 0, []
+    for p in prompts:
+        g = block_diffusion.generate(lm, [p], gen_length=gen_length, block_length=block_length, threshold=threshold,
+                                     eos_token_id=[])
+        calls += g.stats.nfe
+        outs.append(g.tokens[0])
+    return calls / len(prompts), outs
+
+
+def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 2048, context_length: int = 32,
+                              block_length: int = 8, blocks: int = 2, batch: int = 32, lr: float = 2e-4,
+                              beta: float = 1.0, seed: int = 0, base: str = "tiny-bdlm"):
+    """dParallel distillation of ``tiny-bdlm``: record ``contexts`` one-token-per-step trajectories
+    (``blocks`` blocks of ``block_length`` after ``context_length`` King James tokens), then ``steps``
+    steps of certainty forcing (cross-entropy to the trajectory's tokens on every masked position +
+    ``beta`` * entropy where already right)."""
+    torch.manual_seed(seed)
+    orig = load_base(base)
+    tok, mask_id = orig.tokenizer, orig.mask_token_id
+    train_docs, _ = data.kjv_split()
+    stream = encode_docs(tok, train_docs, tok.eos_token_id)
+    prompts = data.kjv_prompts(tok, 8)
+    calls_before, text_before = threshold_calls(orig, prompts, 0.9)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    t0 = time.time()
+    trajs = [record(orig.model, random_windows(stream, 64, context_length, gen), mask_id, block_length, blocks)
+             for _ in range(max(contexts // 64, 1))]
+    collect_s = time.time() - t0
+    model = copy.deepcopy(orig.model)
+
+    def step_loss(s):
+        t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
+        ctx, state, final = t.sample(gen, mask_id)
+        idx = torch.randperm(ctx.shape[0], generator=gen)[:batch]
+        return certainty_forcing_loss(model, ctx[idx], state[idx], final[idx], mask_id, beta=beta)[0]
+
+    train_loop(model, step_loss, steps, lr, f"distil {base} -> tiny-bdlm-dparallel", warmup=20)
+    minutes = (time.time() - t0) / 60
+    os.makedirs(out_dir, exist_ok=True)
+    save_half(model, out_dir)
+    tok.save_pretrained(out_dir)
+    lm = load_folder(out_dir, device="cpu")
+    calls_after, text_after = threshold_calls(lm, prompts, 0.9)
+    one = [block_diffusion.generate(orig, [p], gen_length=32, block_length=8, eos_token_id=[]).tokens[0]
+           for p in prompts]
+    report = {"base": base, "steps": steps, "trajectories": len(trajs) * 64 * blocks, "block_length": block_length,
+              "context_length": context_length, "batch": batch, "lr": lr, "beta": beta,
+              "threshold_0.9_calls_per_32_tokens_before": round(calls_before, 2),
+              "threshold_0.9_calls_per_32_tokens_after": round(calls_after, 2),
+              "agreement_with_base_one_token_per_step": round(agreement(text_after, one), 3),
+              "collect_seconds": round(collect_s), "minutes": round(minutes, 1), "threads": torch.get_num_threads()}
+    return write_report(out_dir, report)

@@ -1,0 +1,124 @@
+"""dParallel (chapter 15): recorded trajectories == the block-diffusion sampler and a step-by-step
+replay, the certainty-forcing loss == brute force, training moves it, bad arguments raise."""
+import copy
+import math
+
+import pytest
+import torch
+
+from refimpl import block_diffusion, dparallel, models
+from refimpl.diffusion_steps import denoise_step
+
+
+@pytest.fixture(scope="module")
+def bdlm():
+    return models.load("tiny-bdlm", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def ctx(bdlm):
+    texts = ["And God said, Let there be light", "In the beginning God created the", "The LORD is my shepherd; I"]
+    ids = [bdlm.encode(t) for t in texts]
+    L = min(len(i) for i in ids)
+    return torch.tensor([i[:L] for i in ids])
+
+
+def test_record_equals_the_sampler_and_a_step_by_step_replay(bdlm, ctx):
+    b, nb = 4, 2
+    traj = dparallel.record(bdlm.model, ctx, bdlm.mask_token_id, b, nb)
+    ref = block_diffusion.generate(bdlm, ctx.tolist(), gen_length=b * nb, block_length=b, eos_token_id=[])
+    assert torch.cat(traj.final, 1).tolist() == ref.tokens
+    one = torch.ones(3, dtype=torch.long)
+    for k in range(nb):
+        assert sorted(traj.order[k][0].tolist()) == list(range(b))
+        for s in range(b):  # from the state after s steps, the sampler commits exactly order == s
+            st = traj.state(k, torch.full((3,), s), bdlm.mask_token_id)
+            assert int((st == bdlm.mask_token_id).sum()) == 3 * (b - s)
+            x0, sel = denoise_step(dparallel.block_logits(bdlm.model, traj.contexts[k], st), st == bdlm.mask_token_id,
+                                   bdlm.mask_token_id, k=one)
+            assert torch.equal(sel, traj.order[k] == s) and torch.equal(x0[sel], traj.final[k][sel])
+    assert torch.equal(traj.contexts[1], torch.cat([ctx, traj.final[0]], 1))
+
+
+@torch.no_grad()
+def brute(bdlm, ctx, state, final, beta, temperature):
+    """Per row and masked position: its own forward with an explicit mask, sums in float64."""
+    mask_id = bdlm.mask_token_id
+    ces, ents = [], []
+    L, b = ctx.shape[1], state.shape[1]
+    for r in range(ctx.shape[0]):
+        ids = torch.tensor([ctx[r].tolist() + state[r].tolist()])
+        allow = torch.zeros(L + b, L + b, dtype=torch.bool)
+        for q in range(L + b):
+            for k in range(L + b):
+                allow[q, k] = k <= q or (q >= L and k >= L)
+        mask = torch.zeros(1, 1, L + b, L + b).masked_fill(~allow, float("-inf"))
+        out = bdlm.model(input_ids=ids, attention_mask=mask).logits[0].double()  # (L + b, V)
+        for i in range(b):
+            if state[r, i] != mask_id:
+                continue
+            lg = out[L - 1 + i]
+            ces.append(-float(torch.log_softmax(lg, -1)[final[r, i]]))
+            if int(lg.argmax()) == int(final[r, i]):
+                p = torch.softmax(lg / temperature, -1).tolist()
+                ents.append(-sum(x * math.log(x) for x in p if x > 0))
+    ent = sum(ents) / len(ents) if ents else 0.0
+    return sum(ces) / len(ces) + beta * ent, len(ents)
+
+
+def test_certainty_forcing_loss_equals_brute_force(bdlm, ctx):
+    traj = dparallel.record(bdlm.model, ctx, bdlm.mask_token_id, 6, 1)
+    state = traj.state(0, torch.tensor([0, 2, 4]), bdlm.mask_token_id)
+    with torch.no_grad():
+        got, parts = dparallel.certainty_forcing_loss(bdlm.model, ctx, state, traj.final[0], bdlm.mask_token_id,
+                                                      beta=0.7, temperature=0.5)
+    want, n_right = brute(bdlm, ctx, state, traj.final[0], 0.7, 0.5)
+    assert n_right > 0, "some masked position is already right (else the entropy term is untested)"
+    assert float(got) == pytest.approx(want, rel=1e-4)
+    assert parts["correct"] == pytest.approx(n_right / int((state == bdlm.mask_token_id).sum()))
+    assert parts["entropy"] > 0
+
+
+def test_one_step_lowers_the_loss(bdlm, ctx):
+    model = copy.deepcopy(bdlm.model).train()
+    traj = dparallel.record(model, ctx, bdlm.mask_token_id, 4, 2)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    batch = traj.sample(gen, bdlm.mask_token_id)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before, _ = dparallel.certainty_forcing_loss(model, *batch, bdlm.mask_token_id)
+    before.backward()
+    opt.step()
+    with torch.no_grad():
+        after, _ = dparallel.certainty_forcing_loss(model, *batch, bdlm.mask_token_id)
+    assert float(after) < float(before)
+
+
+def test_bad_arguments_raise(bdlm, ctx):
+    m = bdlm.mask_token_id
+    with pytest.raises(ValueError, match="block_length"):
+        dparallel.record(bdlm.model, ctx, m, 0, 1)
+    with pytest.raises(ValueError, match="blocks"):
+        dparallel.record(bdlm.model, ctx, m, 4, 0)
+    with pytest.raises(ValueError, match="block"):
+        dparallel.block_logits(bdlm.model, ctx, ctx[:2, :3])
+    full = torch.full((3, 4), m)
+    with pytest.raises(ValueError, match="beta"):
+        dparallel.certainty_forcing_loss(bdlm.model, ctx, full, ctx[:, :4], m, beta=-1)
+    with pytest.raises(ValueError, match="temperature"):
+        dparallel.certainty_forcing_loss(bdlm.model, ctx, full, ctx[:, :4], m, temperature=0)
+    with pytest.raises(ValueError, match="same shape"):
+        dparallel.certainty_forcing_loss(bdlm.model, ctx, full, ctx[:, :3], m)
+    with pytest.raises(ValueError, match="no masked"):
+        dparallel.certainty_forcing_loss(bdlm.model, ctx, ctx[:, :4], ctx[:, :4], m)
+
+
+def test_threshold_decoding_of_the_distilled_model_equals_with_and_without_the_cache():
+    from refimpl import data
+
+    lm = models.load("tiny-bdlm-dparallel", device="cpu")
+    prompts = [p[:n] for p, n in zip(data.kjv_prompts(lm.tokenizer, 3, length=40), (40, 23, 9))]  # ragged
+    for threshold in (0.9, 0.5):
+        kw = dict(gen_length=16, block_length=8, threshold=threshold, eos_token_id=[])
+        cached = block_diffusion.generate(lm, prompts, **kw)
+        assert cached.tokens == block_diffusion.generate(lm, prompts, cache=False, **kw).tokens, threshold
+    assert cached.stats.nfe < 16, "the distilled model commits more than one token per call at 0.5"
