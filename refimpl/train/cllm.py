@@ -59,7 +59,7 @@ def train_tiny_cllm(out_dir: str, steps: int = 600, n: int = 16, contexts: int =
     def step_loss(s):
         t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
         ctx, state, target, fixed = t.sample(gen)
-        idx = torch.randperm(ctx.shape[0], generator=gen)[:batch]
+        idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
         return cllm_loss(model, (ctx[idx], state[idx], target[idx], fixed[idx]), ar_weight, teacher)[0]
 
     train_loop(model, step_loss, steps, lr, f"fine-tune {base} -> tiny-cllm", warmup=20)
@@ -114,7 +114,7 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 20
     def step_loss(s):
         t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
         ctx, state, final = t.sample(gen, mask_id)
-        idx = torch.randperm(ctx.shape[0], generator=gen)[:batch]
+        idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
         return certainty_forcing_loss(model, ctx[idx], state[idx], final[idx], mask_id, beta=beta)[0]
 
     train_loop(model, step_loss, steps, lr, f"distil {base} -> tiny-bdlm-dparallel", warmup=20)
