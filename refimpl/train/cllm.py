@@ -32,8 +32,8 @@ def jacobi_tau(lm, prompts, window: int, new: int = 64):
     return g.stats.tau, g.tokens
 
 
-def train_tiny_cllm(out_dir: str, steps: int = 600, n: int = 16, contexts: int = 1024, context_length: int = 64,
-                    blocks: int = 2, batch: int = 16, lr: float = 3e-4, ar_weight: float = 4.0,
+def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int = 1024, context_length: int = 64,
+                    blocks: int = 2, batch: int = 16, lr: float = 3e-4, ar_weight: float = 8.0,
                     frozen_teacher: bool = True, seed: int = 0, base: str = "tiny"):
     """CLLM fine-tune of ``tiny``: collect ``contexts`` greedy Jacobi trajectories (``blocks``
     consecutive ``n``-token blocks after ``context_length`` King James tokens, guesses drawn from the
