@@ -259,7 +259,7 @@ with torch.no_grad():
     ce = -torch.log_softmax(logits, -1)[masked].gather(-1, rec.final[0][0][masked][:, None]).mean()
     right = masked & (logits.argmax(-1) == rec.final[0][0])
     lp = torch.log_softmax(logits[right] / 0.5, -1)
-    ent = -(lp.exp() * lp).sum(-1).mean() if bool(right.any()) else torch.zeros((), dtype=torch.float64)
+    ent = -(lp.exp() * lp).sum(-1).mean() if bool(right.any()) else torch.zeros((), dtype=torch.float64, device=DEVICE)
     by_hand = float(ce + 1.0 * ent)
     lib, parts = dparallel.certainty_forcing_loss(bdlm.model, c1, state, rec.final[0], MASK, beta=1.0)
 print(f"by hand {by_hand:.5f}   library {float(lib):.5f}   {parts}")
