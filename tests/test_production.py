@@ -1,0 +1,65 @@
+"""The road to production: vLLM (its CPU build, in ``.venv-vllm``) gives our AR's greedy tokens, and the
+results ``make production`` wrote say what they claim.
+
+Skips without ``.venv-vllm``; ``make production`` creates it (``make test`` runs first in CI, so there
+this file runs as the last step of ``make production``).
+"""
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from refimpl import autoregressive, models, prompts
+from refimpl.bench import production
+
+RESULTS = os.path.join(production.ROOT, "bench_results", "production", "production.json")
+needs_vllm = pytest.mark.skipif(not os.path.exists(production.VLLM_PYTHON),
+                                reason="no .venv-vllm: create it (and run vLLM next to us) with `make production`")
+
+#: our top-1 minus top-2 logit below which a different fp32 summation order may flip the argmax
+TIE_MARGIN = 1e-3
+
+
+@needs_vllm
+def test_vllm_gives_our_ar_greedy_tokens(tmp_path):
+    target = models.load("smollm2-135m")
+    ids = [prompts.encode_prompt(target, t) for _, t in prompts.prompt_set(1)[:2]]
+    ours = autoregressive.generate(target, ids, max_new_tokens=16, eos_token_id=()).tokens
+    v = production.run_vllm(None, ids, 16, 1, 2, str(tmp_path))
+    assert "error" not in v, v.get("error")
+    for i, row in enumerate(v["rows"]):
+        d = production.first_difference(target, ids[i], ours[i], row["tokens"])
+        assert d is None or (d["margin"] is not None and d["margin"] < TIE_MARGIN), d
+
+
+def test_first_difference_reports_position_and_margin():
+    target = models.load("tiny")
+    ids = target.encode("And God said")
+    ours = autoregressive.generate(target, [ids], max_new_tokens=6, eos_token_id=()).tokens[0]
+    assert production.first_difference(target, ids, ours, list(ours)) is None
+    wrong = ours[:3] + [(ours[3] + 1) % target.vocab_size] + ours[4:]
+    d = production.first_difference(target, ids, ours, wrong)
+    assert d["position"] == 3 and d["margin"] > 0
+    with torch.no_grad():
+        logits, _ = target.forward(torch.tensor([ids + ours[:3]]))
+    top = logits[0, -1].topk(2).values
+    assert abs(d["margin"] - float(top[0] - top[1])) < 1e-5
+
+
+@pytest.mark.skipif(not os.path.exists(RESULTS), reason="no bench_results/production/production.json: `make production`")
+def test_the_committed_results_hold_what_the_readme_says():
+    r = json.load(open(RESULTS))
+    rows = r["rows"]
+    ours = [x for x in rows if x["engine"] == "ours"]
+    assert ours and all(x["exact"] == 1.0 for x in ours), "every greedy row of ours equals our AR"
+    vllm = {x["method"]: x for x in rows if x["engine"] == "vllm"}
+    for name in ("ar", "ngram / prompt lookup (4 tokens, n-gram 3..1)"):
+        assert name in vllm and "error" not in vllm[name], vllm.get(name)
+    for d in r["details"]:  # every vLLM prompt equals our AR, or differs first where our top-2 nearly tie
+        for diff in d["first_differences"]:
+            assert diff is None or (diff["margin"] is not None and diff["margin"] < TIE_MARGIN), (d["method"], diff)
+    for x in vllm.values():
+        if "error" not in x:
+            assert x["tau"] >= 1.0 and x["tokens_per_s"] > 0
