@@ -92,6 +92,51 @@ METHODS = [
 ]
 
 
+#: the production map: every method of the course -> (vLLM 0.32, SGLang, Hugging Face generate, TensorRT-LLM),
+#: and the METHODS row of ours that runs it in vLLM here (None: not run by make production)
+MAP = [
+    ("AR + KV cache (01)", "default", "default", "`generate()`", "default", "ar"),
+    ("draft model, speculative sampling (02-04a)", "`draft_model` (`refimpl.export smollm2-135m-draft`)",
+     "`--speculative-algorithm STANDALONE`", "`generate(assistant_model=...)`", "draft-target model", "draft_model"),
+    ("adaptive gamma (04b)", "not available (fixed k)", "not available", "`num_assistant_tokens_schedule`, "
+     "`assistant_confidence_threshold`", "not available", None),
+    ("copy prior inside a draft (04b)", "not available", "not available", "not available", "not available", None),
+    ("token trees, EAGLE-2's dynamic tree (05)", "not available (chains)", "`EAGLE` with `--speculative-eagle-topk` > 1",
+     "not available", "EAGLE-2 dynamic tree", None),
+    ("Medusa heads (06)", "`medusa` (`refimpl.export medusa-smollm2-135m`; top-1 chain)", "not available",
+     "not available", "Medusa (tree of `medusa_choices`)", "medusa"),
+    ("EAGLE draft (06)", "`eagle` (`refimpl.export eagle-smollm2-135m`), `eagle3`", "`EAGLE`, `EAGLE3`",
+     "not available", "EAGLE-1/2/3", "eagle"),
+    ("Jacobi decoding (07)", "not available", "not available", "not available", "not available", None),
+    ("lookahead decoding (08)", "not available", "not available", "not available", "lookahead (W, N, G)", None),
+    ("prompt lookup (09)", "`ngram` (`prompt_lookup_max` / `_min`)", "`NGRAM` (CUDA only)",
+     "`generate(prompt_lookup_num_tokens=...)`", "n-gram", "ngram"),
+    ("SAM / suffix drafting (09)", "`suffix` (needs `arctic-inference`: not installed here)", "not available",
+     "not available", "not available", None),
+    ("token recycling (09)", "not available", "not available", "not available", "not available", None),
+    ("dLLM samplers, block diffusion (10-14)", "not available", "not available", "not available", "not available", None),
+    ("CLLM / dParallel models (15)", "the model itself, as AR (no Jacobi)", "as AR", "as AR", "as AR", None),
+]
+
+
+def production_map(result: dict | None = None) -> str:
+    """The production map as markdown; a vLLM cell says *verified here* where ``result`` (a
+    ``production.json``) has that method running in vLLM without an error."""
+    ok = set()
+    for r in (result or {}).get("rows", []):
+        if r["engine"] == "vllm" and "error" not in r:
+            ok.add(r["method"])
+    names = {m[0]: m[0] for m in METHODS}
+    lines = ["| method (chapter) | vLLM 0.32 (`speculative_config` method) | SGLang (`--speculative-algorithm`) | "
+             "Hugging Face `generate` | TensorRT-LLM |", "|---|---|---|---|---|"]
+    for method, vllm, sgl, hf, trt, ours in MAP:
+        row = next((n for n in names if ours and (n == ours or n.startswith(ours))), None)
+        if row and row in ok:
+            vllm += " **verified here**"
+        lines.append(f"| {method} | {vllm} | {sgl} | {hf} | {trt} |")
+    return "\n".join(lines)
+
+
 def run_vllm(spec, prompt_ids, n, repeats, threads, log_dir) -> dict:
     """One vLLM engine for ``spec`` in ``.venv-vllm`` (a subprocess): its tokens, seconds and counters."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,8 +275,9 @@ def main(argv=None):
             ("step_ms", "ms / step", ".1f"), ("step_cost_ar_steps", "step cost (own AR steps)", ".2f"),
             ("exact", "tokens == our AR", ".0%"), ("mean_acceptance_length", "vLLM mean acceptance length", ".2f"),
             ("error", "error", "")]
+    md_map = "\n\n### The production map\n\n" + production_map(result) + "\n"
     md = (f"## production: vLLM vs ours, smollm2-135m, {len(ids)} prompts, {n} new tokens (no EOS stop), "
-          f"{args.threads} threads, medians of {args.repeats}\n\n" + markdown_table(rows, cols) + "\n")
+          f"{args.threads} threads, medians of {args.repeats}\n\n" + markdown_table(rows, cols) + "\n" + md_map)
     with open(os.path.join(args.out, "production.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
     with open(os.path.join(args.out, "production.md"), "w") as f:
