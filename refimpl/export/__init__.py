@@ -131,13 +131,17 @@ def export_eagle(name: str, out: str) -> dict:
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
     H, I = d.hidden_size, d.intermediate
-    z = torch.zeros
+    dev = d.fc.weight.device
+
+    def z(*shape):
+        return torch.zeros(*shape, device=dev)
+
     q, k, v = d.qkv.weight.chunk(3, 0)
     gate, up = d.gate_up.weight.chunk(2, 0)
     state = {"fc.weight": d.fc.weight,
              "layers.0.self_attn.q_proj.weight": z(H, H), "layers.0.self_attn.k_proj.weight": z(H, H),
              "layers.0.self_attn.v_proj.weight": z(H, H), "layers.0.self_attn.o_proj.weight": z(H, H),
-             "layers.0.self_attn.o_proj.bias": d.fc.bias, "layers.0.post_attention_layernorm.weight": torch.ones(H),
+             "layers.0.self_attn.o_proj.bias": d.fc.bias, "layers.0.post_attention_layernorm.weight": torch.ones(H, device=dev),
              "layers.0.mlp.gate_proj.weight": z(I, H), "layers.0.mlp.up_proj.weight": z(I, H),
              "layers.0.mlp.down_proj.weight": z(H, I),
              "layers.1.input_layernorm.weight": d.norm1.weight,
