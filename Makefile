@@ -49,6 +49,9 @@ bench: setup
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite lookahead-sweep --model smollm2-135m --per-category 1 --repeats 1
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model tiny
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite dllm
+	# the capstone (chapter 16): every chapter's method at its defaults, same prompts, step cost + tau
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite capstone --model smollm2-135m --threads 2 --repeats 1 --out bench_results/capstone
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite capstone --model tiny --threads 2 --out bench_results/capstone
 
 # the road to production: vLLM's CPU build in its own venv (it pins transformers<5.20; ours is 5.23),
 # idempotent like setup; then our exported drafters run in vLLM next to our own decoders on the same

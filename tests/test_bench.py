@@ -46,6 +46,9 @@ def test_run_decode_interleaves_and_takes_medians(tiny, monkeypatch):
     assert by["capped"]["per_category_tau"] == {"chat": 2.0}
     assert by["fast"]["exact"] == 1.0 and by["wrong"]["exact"] == 0.0
     assert by["capped"]["prompts"] == 1
+    # the two terms of a speed-up: step cost in AR steps (seconds per target call) and draft calls per step
+    assert by["fast"]["step_cost"] == 0.5 and by["ar (cache)"]["step_cost"] == 1.0
+    assert by["fast"]["draft_calls_per_step"] == 0.0
 
 
 def test_command_line_writes_json_and_markdown(tmp_path, monkeypatch):
@@ -67,3 +70,26 @@ def test_refuses_to_time_the_triton_interpreter(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="TRITON_INTERPRET"):
         bench.main(["--model", "tiny", "--fast", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())  # refused before loading or writing anything
+
+
+def test_capstone_takes_every_chapters_default_row():
+    from refimpl.bench import capstone, rows
+
+    names = {m.name for m in rows.decode_rows()}
+    missing = [n for n, _ in capstone.CHAPTER_DEFAULTS if n not in names]
+    assert not missing, f"capstone rows renamed or removed: {missing}"
+    chapters = {ch for _, ch in capstone.capstone_rows("tiny")}
+    assert {"01", "02", "03", "04a", "04b", "05", "06", "07", "08", "09", "14", "15"} <= chapters
+
+
+def test_capstone_command_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = tmp_path / "cap"
+    result = bench.main(["--suite", "capstone", "--model", "tiny", "--fast", "--methods", "speculative greedy,jacobi",
+                         "--threads", "1", "--max-new-tokens", "8", "--out", str(out)])
+    by = {r["method"]: r for r in result["rows"]}
+    assert by["ar (cache)"]["chapter"] == "01" and by["speculative greedy (gamma=4)"]["chapter"] == "02"
+    cllm = next(r for r in result["rows"] if "tiny-cllm" in r["method"])
+    assert cllm["chapter"] == "15" and cllm["exact"] == 1.0  # == tiny-cllm's own AR greedy
+    assert all(r["step_cost"] > 0 for r in result["rows"])
+    assert "step cost" in open(os.path.join(out, "capstone_tiny.md")).read()

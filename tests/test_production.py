@@ -63,3 +63,10 @@ def test_the_committed_results_hold_what_the_readme_says():
     for x in vllm.values():
         if "error" not in x:
             assert x["tau"] >= 1.0 and x["tokens_per_s"] > 0
+
+
+def test_the_readme_carries_the_production_map_of_the_committed_results():
+    readme = open(os.path.join(production.ROOT, "README.md")).read()
+    table = production.production_map(json.load(open(RESULTS)))
+    assert table in readme, "README's production map is stale: paste production_map(production.json)"
+    assert table.count("**verified here**") >= 4  # ar, ngram, medusa, eagle, draft_model ran in vLLM

@@ -3,7 +3,8 @@
 Suites (``--suite``): ``decode`` (default; every row of :mod:`refimpl.bench.rows` on the prompt
 set of :mod:`refimpl.prompts`), ``latency`` (latency(k): the cost of scoring k tokens vs 1),
 ``matmul`` (fp32 linear cost per number of rows, MKL vs prepacked oneDNN), ``dllm``
-(:mod:`refimpl.bench.dllm`), ``learned`` (chapter 15, :mod:`refimpl.bench.learned`) and ``kernels`` (each kernel's ``bench()`` with
+(:mod:`refimpl.bench.dllm`), ``learned`` (chapter 15, :mod:`refimpl.bench.learned`), ``capstone``
+(chapter 16, :mod:`refimpl.bench.capstone`: every method at its chapter's defaults, with step cost and draft calls) and ``kernels`` (each kernel's ``bench()`` with
 ``triton.testing.do_bench``; skipped without CUDA). Tables are printed as markdown and written as
 JSON + markdown under ``--out``, with the hardware, torch threads and versions.
 
@@ -22,7 +23,7 @@ import torch
 from .. import models
 from ..models import cpu_linear
 from ..prompts import encode_prompt, prompt_set
-from . import dllm, learned
+from . import capstone, dllm, learned
 from .decode import DECODE_COLS, Context, category_table, hardware, latency_curve, markdown_table, run_decode
 from .rows import DLLM_FOR, DRAFT_FOR, decode_rows, has_heads, lookahead_sweep_rows
 
@@ -36,7 +37,7 @@ def prepacked(model) -> bool:
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refimpl.bench", description="Benchmark every decoding method.")
-    p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "learned", "kernels", "lookahead-sweep"], default="decode")
+    p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "learned", "kernels", "lookahead-sweep", "capstone"], default="decode")
     p.add_argument("--model", default="tiny", help="target model (zoo name, folder or HF id)")
     p.add_argument("--methods", default=None, help="comma-separated substrings of method names to run")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -86,7 +87,8 @@ def main(argv=None):
     else:
         lm = models.load(args.model, device=args.device, prepack=prepack)
         packed = prepacked(lm.model)
-        methods = decode_rows() if args.suite == "decode" else lookahead_sweep_rows()
+        methods = {"decode": decode_rows, "lookahead-sweep": lookahead_sweep_rows}.get(
+            args.suite, lambda: [m for m, _ in capstone.capstone_rows(args.model)])()
         if args.methods:
             want = [w.strip() for w in args.methods.split(",")]
             methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
@@ -102,8 +104,16 @@ def main(argv=None):
                 methods = [m for m in methods if "draft" not in m.needs]
         per_cat = 1 if args.fast else args.per_category
         prompts = [(cat, encode_prompt(lm, text)) for cat, text in prompt_set(per_cat)]
-        rows = run_decode(ctx, methods, prompts, args.max_new_tokens, 1 if args.fast else args.repeats)
-        md = markdown_table(rows, DECODE_COLS) + "\n\nPer category:\n\n" + category_table(rows)
+        reps = 1 if args.fast else args.repeats
+        if args.suite == "capstone":
+            rows = capstone.run(ctx, methods, prompts, args.max_new_tokens, reps)
+            md = markdown_table(rows, capstone.COLS) + "\n\nPer category:\n\n" + category_table(rows)
+            if args.model in DLLM_FOR and not args.methods:  # the dLLM suite: NFE vs quality
+                result["dllm_rows"] = dllm.run(fast=args.fast)
+                md += "\n\ndLLM suite (NFE vs quality):\n\n" + markdown_table(result["dllm_rows"], dllm.COLS)
+        else:
+            rows = run_decode(ctx, methods, prompts, args.max_new_tokens, reps)
+            md = markdown_table(rows, DECODE_COLS) + "\n\nPer category:\n\n" + category_table(rows)
     result["rows"] = rows
     result["prepacked_linears"] = packed
     hw = result["hardware"]

@@ -102,7 +102,7 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
     rows = []
     for j, m in enumerate(methods):
         todo = prompts[: m.max_prompts] if m.max_prompts else prompts
-        times, toks, calls, taus, exact, per_cat, cat_taus = [], 0, 0, [], [], {}, {}
+        times, toks, calls, dcalls, taus, exact, per_cat, cat_taus = [], 0, 0, 0, [], [], {}, {}
         for i, (cat, ids) in enumerate(todo):
             secs = statistics.median(r.stats.seconds for r in runs[(j, i)])
             g = runs[(j, i)][0]
@@ -110,6 +110,7 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
             times.append(secs)
             toks += n
             calls += g.stats.target_calls
+            dcalls += g.stats.draft_calls
             if g.stats.target_calls:
                 taus.append(g.stats.tau)
                 cat_taus.setdefault(cat, []).append(g.stats.tau)
@@ -126,6 +127,8 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
             "tokens_per_s": toks / sum(times),
             "tau": statistics.mean(taus) if taus else None,
             "target_nfe_per_token": calls / toks if calls else None,
+            "draft_calls_per_step": dcalls / calls if calls else None,
+            "step_ms": 1000 * sum(times) / calls if calls else None,
             "exact": (sum(exact) / len(exact)) if exact else None,
             "per_category_tokens_per_s": {k: v[1] / v[0] for k, v in per_cat.items()},
             "per_category_tau": {k: statistics.mean(v) for k, v in cat_taus.items()},
@@ -133,6 +136,8 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
     base = next((r for r in rows if r["method"] == "ar (cache)"), None)
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        # what one step (target call + its drafting) costs, in AR steps: speed-up = tau / step cost
+        r["step_cost"] = r["step_ms"] / base["step_ms"] if base and r["step_ms"] and base["step_ms"] else None
     return rows
 
 

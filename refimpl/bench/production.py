@@ -93,7 +93,8 @@ METHODS = [
 
 
 #: the production map: every method of the course -> (vLLM 0.32, SGLang, Hugging Face generate, TensorRT-LLM),
-#: and the METHODS row of ours that runs it in vLLM here (None: not run by make production)
+#: and the METHODS row of ours that runs it in vLLM here (None: not run by make production); "{v}" marks
+#: where *verified here* goes in the vLLM cell (default: its end)
 MAP = [
     ("AR + KV cache (01)", "default", "default", "`generate()`", "default", "ar"),
     ("draft model, speculative sampling (02-04a)", "`draft_model` (`refimpl.export smollm2-135m-draft`)",
@@ -105,7 +106,7 @@ MAP = [
      "not available", "EAGLE-2 dynamic tree", None),
     ("Medusa heads (06)", "`medusa` (`refimpl.export medusa-smollm2-135m`; top-1 chain)", "not available",
      "not available", "Medusa (tree of `medusa_choices`)", "medusa"),
-    ("EAGLE draft (06)", "`eagle` (`refimpl.export eagle-smollm2-135m`), `eagle3`", "`EAGLE`, `EAGLE3`",
+    ("EAGLE draft (06)", "`eagle` (`refimpl.export eagle-smollm2-135m`){v}, `eagle3`", "`EAGLE`, `EAGLE3`",
      "not available", "EAGLE-1/2/3", "eagle"),
     ("Jacobi decoding (07)", "not available", "not available", "not available", "not available", None),
     ("lookahead decoding (08)", "not available", "not available", "not available", "lookahead (W, N, G)", None),
@@ -131,8 +132,8 @@ def production_map(result: dict | None = None) -> str:
              "Hugging Face `generate` | TensorRT-LLM |", "|---|---|---|---|---|"]
     for method, vllm, sgl, hf, trt, ours in MAP:
         row = next((n for n in names if ours and (n == ours or n.startswith(ours))), None)
-        if row and row in ok:
-            vllm += " **verified here**"
+        mark = " **verified here**" if row and row in ok else ""
+        vllm = vllm.replace("{v}", mark) if "{v}" in vllm else vllm + mark
         lines.append(f"| {method} | {vllm} | {sgl} | {hf} | {trt} |")
     return "\n".join(lines)
 

@@ -1,0 +1,427 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 16 · Capstone: choosing a method, and the road to production
+#
+# Fifteen chapters built a dozen ways to decode faster. This one puts them side by side and asks
+# the two questions a user asks next: **which method should I use here?** and **how do I run what I
+# trained in the engine I deploy?**
+#
+# One identity carries the whole chapter. A speculative step makes one target call (plus whatever
+# drafting feeds it) and commits `tau` tokens on average; if that step costs `c` AR steps,
+#
+# $$\text{speed-up} = \frac{\tau}{c}.$$
+#
+# Every method trades the two terms: a bigger tree raises `tau` and `c`; a cheaper draft lowers `c`
+# and `tau`. On a CPU `c` grows with every token the target scores; on a GPU it barely does -- so the
+# best method depends on the machine as much as on the text.
+#
+# **After this chapter you can**
+#
+# 1. read a method's speed-up off its tau and its measured step cost, and predict one from the other;
+# 2. pick the method for a workload (chat, summarisation, code, ...) from measured numbers, and say why it wins there;
+# 3. place the dLLM samplers on a calls-vs-quality Pareto front;
+# 4. explain, with a latency model, why the ranking changes on a GPU;
+# 5. export a drafter trained here and run it in vLLM, and explain a difference in tokens/s between the engines by tau and step cost.
+
+# %% [markdown]
+# ## Parameters
+
+# %%
+import torch
+from refimpl.models import default_device
+
+FAST = True                      # CI default: the live benchmark on 2 prompts, 16 tokens
+DEVICE = default_device()        # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
+LIVE_PROMPTS = 2 if FAST else 6  # prompts of the live subset (one per category when 6)
+NEW = 16 if FAST else 48         # new tokens per prompt in the live subset
+SHOW_SOLUTIONS = False
+
+# %% [markdown]
+# ## The capstone table
+# `python -m refimpl.bench --suite capstone --model smollm2-135m` (and `--model tiny`) runs every
+# chapter's method at its default settings on the same prompts, interleaved, medians
+# (`refimpl/bench/capstone.py`; `make bench` runs it). The committed results:
+
+# %%
+import json
+import os
+import matplotlib.pyplot as plt
+import numpy as np
+from refimpl import models
+from solutions import exercise, check, show
+
+RESULTS = os.path.join(models.MODELS_DIR, "..", "bench_results")
+
+
+def load(*parts):
+    path = os.path.join(RESULTS, *parts)
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+cap = {m: load("capstone", f"capstone_{m}.json") for m in ("smollm2-135m", "tiny")}
+for m, r in cap.items():
+    if r is None:
+        print(f"{m}: no committed results (run the benchmark)")
+        continue
+    hw = r["hardware"]
+    print(f"{m}: {len(r['rows'])} rows, {r['rows'][0]['prompts']} prompts, {hw['cpu_count']} cores, "
+          f"torch threads {hw['torch_threads']}")
+    print(open(os.path.join(RESULTS, "capstone", f"capstone_{m}.md")).read().split("Per category")[0])
+
+# %% [markdown]
+# ## Speed-up = tau / step cost, checked on the table
+# Each row records `tau` (tokens per target call, **averaged over prompts**), `target_nfe_per_token`
+# (target calls per token, summed over prompts), `step_cost` (seconds per target call relative to AR's)
+# and the measured speed-up (tokens/s relative to AR). Build the prediction by hand twice: with the
+# table's mean tau, and with the pooled tau = tokens / calls = 1 / NFE-per-token. Only one of them
+# lies on the diagonal. Why: time is spent where tau is *low* (a chat prompt at tau 1.2 takes far longer
+# than a copy prompt at 3.9), so the mean over prompts overstates what the whole run gets.
+#
+# With the pooled tau the identity is exact bookkeeping: tokens/s = (tokens / calls) / (seconds / call),
+# and the step cost *is* seconds per call over AR's. Its value is the split: it tells you whether a
+# method is slow because it commits few tokens per call (tau) or because its calls are dear (cost),
+# and the two terms move independently when you change the machine (the GPU section below).
+
+# %%
+def pooled_tau(x):
+    """Tokens per target call over the whole run (what the wall clock sees)."""
+    return 1.0 / x["target_nfe_per_token"]
+
+
+rows = [r for r in (cap["smollm2-135m"] or cap["tiny"] or {"rows": []})["rows"] if r.get("tau") and r.get("step_cost")]
+meas = np.array([r["speedup"] for r in rows])
+pred_mean = np.array([r["tau"] / r["step_cost"] for r in rows])
+pred_pooled = np.array([pooled_tau(r) / r["step_cost"] for r in rows])
+fig, ax = plt.subplots(figsize=(5.5, 5))
+ax.scatter(pred_mean, meas, label="mean tau over prompts / step cost", marker="x")
+ax.scatter(pred_pooled, meas, label="pooled tau (tokens / calls) / step cost")
+lim = [0, max(pred_mean.max(), meas.max()) * 1.1] if len(rows) else [0, 2]
+ax.plot(lim, lim, "k--", lw=0.8)
+ax.set_xlabel("predicted speed-up")
+ax.set_ylabel("measured speed-up vs AR")
+ax.set_title("speed-up = tau / step cost")
+ax.legend(fontsize=8)
+plt.show()
+if len(rows):
+    for name, pred in (("mean tau", pred_mean), ("pooled tau", pred_pooled)):
+        print(f"{name:10s}: median |predicted - measured| / measured = {np.median(np.abs(pred - meas) / meas):.1%}")
+
+# %% [markdown]
+# ### Exercise 1: predict a speed-up
+# Write `predict_speedup(tau, step_cost)`. The check feeds it the pooled tau and the step cost of every
+# row of the committed table and compares with the measured speed-up: within 10% for at least 90% of them.
+# Being bookkeeping, the right formula lands on every row; `tau * step_cost`, or the mean tau in place
+# of the pooled one, misses (the first figure shows the mean tau off the diagonal).
+
+# %%
+@exercise("16", "predict_speedup")
+def predict_speedup(tau, step_cost):
+    """Speed-up over AR of a method committing ``tau`` tokens per step at ``step_cost`` AR steps per step."""
+    raise NotImplementedError
+
+
+def check_predict():
+    if not rows or predict_speedup(pooled_tau(rows[0]), rows[0]["step_cost"]) is None:
+        return ...
+    close = [abs(predict_speedup(pooled_tau(r), r["step_cost"]) - r["speedup"]) / r["speedup"] < 0.10 for r in rows]
+    assert sum(close) >= 0.9 * len(close), f"only {sum(close)} of {len(close)} rows within 10%"
+
+
+check("Exercise 1", check_predict)
+if SHOW_SOLUTIONS:
+    show("16", "predict_speedup")
+
+# %% [markdown]
+# ## Live: a FAST subset on `tiny`, computed here
+# The same suite, a few rows, `LIVE_PROMPTS` prompts. Build-then-compare: tau is tokens per target
+# call; recompute it from one `Generation`'s stats and compare with the row.
+
+# %%
+from refimpl import prompts as P, speculative
+from refimpl.bench import capstone
+from refimpl.bench.decode import Context, markdown_table
+
+tiny = models.load("tiny", device=DEVICE)
+ctx = Context(target=tiny, draft=models.load("tiny-draft", device=DEVICE), model_name="tiny")
+want = ("ar (cache)", "speculative greedy (gamma=4)", "prompt lookup (10 tokens, ngram 3..1)", "jacobi (window 8)",
+        "medusa (lossless, 16-node tree)")
+live_methods = [m for m, _ in capstone.capstone_rows("tiny") if m.name in want]
+live_prompts = [(c, P.encode_prompt(tiny, t)) for c, t in P.prompt_set(1)[:LIVE_PROMPTS]]
+live = capstone.run(ctx, live_methods, live_prompts, NEW, repeats=1)
+print(markdown_table(live, capstone.COLS))
+
+g = speculative.generate(tiny, ctx.draft, [live_prompts[0][1]], gamma=4, max_new_tokens=NEW)
+by_hand = len(g.tokens[0]) / g.stats.target_calls
+print(f"tau by hand {by_hand:.3f}   stats.tau {g.stats.tau:.3f}")
+assert abs(by_hand - g.stats.tau) < 1e-9
+assert all(r["exact"] == 1.0 for r in live if r["exact"] is not None), "every greedy row equals AR greedy"
+
+# %% [markdown]
+# ## Speed-up by method and category
+# The committed SmolLM2 table per prompt category. Copy-heavy categories (summarisation, copy, QA)
+# reward retrieval; chat, where nothing repeats, rewards only a good draft.
+
+# %%
+def heatmap(r, ax):
+    base = next(x for x in r["rows"] if x["method"] == "ar (cache)")
+    cats = list(base["per_category_tokens_per_s"])
+    rs = [x for x in r["rows"] if x["per_category_tokens_per_s"]]
+    M = np.array([[x["per_category_tokens_per_s"].get(c, np.nan) / base["per_category_tokens_per_s"][c] for c in cats]
+                  for x in rs])
+    im = ax.imshow(M, cmap="RdYlGn", vmin=0.4, vmax=1.6, aspect="auto")
+    ax.set_xticks(range(len(cats)), cats, rotation=30)
+    ax.set_yticks(range(len(rs)), [x["method"][:48] for x in rs], fontsize=7)
+    for i in range(M.shape[0]):
+        for j in range(M.shape[1]):
+            ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=6)
+    plt.colorbar(im, ax=ax, label="speed-up vs AR")
+    return M, cats, rs
+
+
+main = cap["smollm2-135m"] or cap["tiny"]
+if main:
+    fig, ax = plt.subplots(figsize=(9, 7))
+    M, cats, heat_rows = heatmap(main, ax)
+    ax.set_title(f"speed-up by method x category ({main['model']})")
+    plt.tight_layout()
+    plt.show()
+
+# %% [markdown]
+# ### Exercise 2: pick the method for a workload
+# Write `pick_method(rows, category)`: the name of the fastest **lossless** method for that category
+# (speed-up from `per_category_tokens_per_s` relative to AR's; skip LOSSY rows and the sampling rows,
+# whose speed is not comparable with greedy decoding). The check compares your pick with the measured
+# winner in every category.
+
+# %%
+@exercise("16", "pick_method")
+def pick_method(rows, category):
+    """rows: the capstone table's rows; -> the method name with the highest speed-up in ``category``."""
+    raise NotImplementedError
+
+
+def check_pick():
+    if main is None:
+        return ...
+    base = next(x for x in main["rows"] if x["method"] == "ar (cache)")
+    for c in base["per_category_tokens_per_s"]:
+        got = pick_method(main["rows"], c)
+        if got is None:
+            return ...
+        ok = [x for x in main["rows"] if x["exact"] == 1.0 and "T=0.7" not in x["method"]]
+        best = max(ok, key=lambda x: x["per_category_tokens_per_s"].get(c, 0))
+        assert got == best["method"], f"{c}: measured winner is {best['method']!r}, not {got!r}"
+
+
+check("Exercise 2", check_pick)
+if SHOW_SOLUTIONS:
+    show("16", "pick_method")
+
+# %% [markdown]
+# ## Where each method sits: tau vs step cost, with iso-speed-up lines
+# A method is a point `(step cost, tau)`; the lines `tau = s * cost` are where speed-up `s` lies.
+# Above the `s = 1` line a method pays on this machine.
+
+# %%
+def iso_plot(r, ax, cost_of=lambda x: x["step_cost"], title=""):
+    """Each method at (step cost, pooled tau); grey lines: tau = s * cost, where speed-up s lies."""
+    pts = [x for x in r["rows"] if x.get("tau") and x.get("step_cost") and x["method"] != "ar (cache)"]
+    cmax = max([cost_of(x) for x in pts] + [2.0]) * 1.1
+    ymax = max([pooled_tau(x) for x in pts] + [2.0]) * 1.15
+    c = np.linspace(0.0, cmax, 50)
+    for s in (0.5, 1.0, 1.5, 2.0, 3.0):
+        ax.plot(c, s * c, lw=0.7, ls="--" if s != 1 else "-", color="grey")
+        xl = min(cmax, ymax / s) * 0.97
+        ax.text(xl, s * xl, f"{s}x", fontsize=7, ha="right", va="bottom", color="grey")
+    for x in pts:
+        ax.scatter(cost_of(x), pooled_tau(x), s=18)
+        ax.annotate(x["method"][:22], (cost_of(x), pooled_tau(x)), fontsize=6)
+    ax.set_xlim(0, cmax)
+    ax.set_ylim(0, ymax)
+    ax.set_xlabel("step cost (AR steps)")
+    ax.set_ylabel("tau (tokens per target call, pooled)")
+    ax.set_title(title)
+
+
+if main:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    iso_plot(main, ax, title=f"measured on this CPU ({main['model']})")
+    plt.show()
+
+# %% [markdown]
+# ## What changes on a GPU (a model, not a measurement)
+# On a GPU a decode step is memory-bound: scoring `k` tokens costs about what scoring one does until
+# `k` reaches tens. Model it: a target step costs 1 whatever it scores, and each draft call costs a
+# fraction `c_draft` of a target step (the draft's share of the bytes read). Then
+# `step cost = 1 + draft calls per step * c_draft`. The CPU's step cost also contains the extra
+# tokens scored, which the GPU model drops: tree methods and lookahead move right-to-left, toward
+# their tau.
+
+# %%
+def gpu_cost(x, c_draft=0.1):
+    """Modelled GPU step cost (AR steps): one flat-cost target call + the draft calls of a step."""
+    return 1.0 + (x.get("draft_calls_per_step") or 0.0) * c_draft
+
+
+if main:
+    fig, axs = plt.subplots(1, 2, figsize=(13, 5))
+    iso_plot(main, axs[0], title="measured, this CPU")
+    iso_plot(main, axs[1], cost_of=gpu_cost, title="modelled GPU: flat latency(k), c_draft = 0.1")
+    plt.show()
+
+# %% [markdown]
+# ## dLLMs: calls vs quality
+# A dLLM sampler's cost is its number of denoiser calls (NFE) and its quality moves with it. The
+# Pareto front: no other point is both cheaper and better. (`tiny-bdlm` rows of the dLLM suite,
+# perplexity of the text under AR `tiny`; chapter 15's distilled model adds its points.)
+
+# %%
+dl = (cap["tiny"] or {}).get("dllm_rows") or (load("dllm_bdlm", "dllm_tiny.json") or {}).get("rows", [])
+learned = (load("learned", "learned_tiny.json") or {}).get("rows", [])
+pts = [(x["nfe_per_row"], x["perplexity"], x["method"]) for x in dl if x["task"] == "kjv-bdlm" and x.get("perplexity")]
+pts += [(32 / x["tokens_per_call"], x["ppl_under_tiny"], "dParallel " + x["method"]) for x in learned
+        if x.get("model") == "tiny-bdlm-dparallel" and x.get("tokens_per_call") and x.get("ppl_under_tiny")]
+
+
+def pareto(points):
+    """The points no other point beats on both cost and quality (lower is better on both)."""
+    return sorted(p for p in points if not any(q[0] <= p[0] and q[1] <= p[1] and q[:2] != p[:2] for q in points))
+
+
+front = pareto(pts)
+fig, ax = plt.subplots(figsize=(7, 4))
+for n, ppl, name in pts:
+    ax.scatter(n, ppl, color="C1" if (n, ppl, name) in front else "C0")
+    ax.annotate(name[:26], (n, ppl), fontsize=6)
+if front:
+    ax.plot([p[0] for p in front], [p[1] for p in front], "C1--", lw=0.8)
+ax.set_xlabel("denoiser calls for 32 tokens")
+ax.set_ylabel("perplexity under tiny (lower is better)")
+ax.set_yscale("log")
+ax.set_title("dLLM samplers: calls vs quality (orange: the Pareto front)")
+plt.show()
+print("Pareto front:", [(round(n, 1), round(p, 2), name) for n, p, name in front])
+
+# %% [markdown]
+# ## The road to production: our drafters in vLLM
+# `python -m refimpl.export NAME --to DIR` writes a trained drafter in the layout vLLM loads;
+# `make production` builds vLLM's CPU build in its own environment (`.venv-vllm`) and runs it next to
+# our decoders on the same prompts, the same algorithm on both sides (`refimpl/bench/production.py`).
+# The export's one trap: our heads score only the tokens their training answers used; vLLM's heads score
+# all 49,152. `export.full_head` makes a full head whose extra rows can never win an argmax:
+
+# %%
+from refimpl import export
+
+rows_ = torch.tensor([[1.0], [2.0], [3.0]], device="cpu")   # a toy head (V = 3 tokens, H = 1) on the host
+kept_ = torch.tensor([0, 1], device="cpu")                    # 2 kept tokens
+full = export.full_head(rows_, kept_, 3)
+print(full.T, "-> token 2 copies token 0's row: it ties token 0, and argmax takes the first index")
+for f in (1.0, -1.0):
+    h = torch.tensor([f], device="cpu")
+    logits = full @ h
+    print(f"feature {f:+}: logits {logits.tolist()}, argmax {int(logits.argmax())} (kept argmax "
+          f"{int(kept_[(rows_[kept_] @ h).argmax()])})")
+
+prod = load("production", "production.json")
+if prod:
+    print(open(os.path.join(RESULTS, "production", "production.md")).read())
+else:
+    print("(run `make production` for the side-by-side table)")
+
+# %% [markdown]
+# Read the table with the identity: for each method both engines have, the tau columns agree (same
+# algorithm, same drafter), so a difference in tokens/s is a difference in **step cost**. vLLM's CPU
+# backend pays more for a multi-token verification step than for a one-token step (it does not
+# prepack weights for a few rows, chapter 04c), ours pays ~1.1x; vLLM's plain AR step is cheaper than ours.
+
+# %% [markdown]
+# ### Exercise 3: the modelled GPU step cost
+# Write `gpu_step_cost(draft_calls_per_step, c_draft)` for the GPU model above (a flat-cost target
+# call plus the draft calls). The check: on the committed table, the modelled GPU speed-up of a tree
+# method is at least its CPU speed-up.
+
+# %%
+@exercise("16", "gpu_step_cost")
+def gpu_step_cost(draft_calls_per_step, c_draft):
+    """AR steps per speculative step on a GPU-like machine (latency(k) flat)."""
+    raise NotImplementedError
+
+
+def check_gpu():
+    if main is None:
+        return ...
+    assert abs(gpu_step_cost(0.0, 0.1) - 1.0) < 1e-9, "a step with no draft calls costs one target call"
+    assert abs(gpu_step_cost(4.0, 0.1) - 1.4) < 1e-9, "4 draft calls at 0.1 each add 0.4"
+    for x in main["rows"]:
+        if "tree" in x["method"] and x.get("tau") and x.get("step_cost"):
+            gpu = pooled_tau(x) / gpu_step_cost(x["draft_calls_per_step"] or 0.0, 0.1)
+            assert gpu >= x["speedup"] * 0.95, f"{x['method']}: GPU model {gpu:.2f} below CPU {x['speedup']:.2f}"
+
+
+check("Exercise 3", check_gpu)
+if SHOW_SOLUTIONS:
+    show("16", "gpu_step_cost")
+
+# %% [markdown]
+# ## Widget: move to a GPU
+# Pick the machine (this CPU as measured, or the GPU model) and slide the draft's cost per call: the
+# points move, the iso-lines stay, and the fastest lossless method is printed.
+
+# %%
+import ipywidgets as widgets
+
+shown = None
+
+
+def play(machine="measured CPU", c_draft=0.1):
+    global shown
+    if main is None:
+        print("no committed capstone results")
+        return
+    cost = (lambda x: x["step_cost"]) if machine == "measured CPU" else (lambda x: gpu_cost(x, c_draft))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    iso_plot(main, ax, cost_of=cost, title=f"{machine}" + ("" if machine == "measured CPU" else f", c_draft={c_draft:.2f}"))
+    plt.show()
+    ok = [x for x in main["rows"] if x.get("tau") and x.get("step_cost") and x["exact"] == 1.0]
+    best = max(ok, key=lambda x: pooled_tau(x) / cost(x))
+    shown = (machine, c_draft, best["method"], round(pooled_tau(best) / cost(best), 3))
+    print("fastest lossless method:", best["method"], f"{pooled_tau(best) / cost(best):.2f}x")
+
+
+ui = widgets.interact(play, machine=widgets.Dropdown(options=["measured CPU", "GPU model"], value="measured CPU"),
+                      c_draft=widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.05)).widget
+before = shown
+ui.children[0].value = "GPU model"                 # switch the machine, as a person would
+assert main is None or shown != before, "moving a control must change the output"
+print(before, "->", shown)
+
+# %% [markdown]
+# ## The production map
+# For every method of the course, what runs it in each engine; *verified here* only where
+# `make production` ran it on this machine (vLLM 0.32 CPU build). The README carries the same table.
+
+# %%
+from refimpl.bench import production
+
+print(production.production_map(prod))
+
+# %% [markdown]
+# ## Summary
+# - Every method is a point (step cost, tau); speed-up = tau / step cost. On this CPU the step cost
+#   grows with every scored token, so small drafts and retrieval win; on a GPU it barely does, so
+#   trees and heads move up.
+# - The winner depends on the workload: retrieval wins where text repeats (summaries, copies, QA),
+#   a trained draft where it does not (chat).
+# - A dLLM sampler is chosen on a calls-vs-quality front, not on speed alone.
+# - What we train runs in vLLM once exported to its layout; the same algorithm gives the same tau in
+#   both engines, and a difference in tokens/s is a difference in step cost.

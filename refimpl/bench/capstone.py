@@ -1,0 +1,92 @@
+"""The capstone benchmark (chapter 16): ``python -m refimpl.bench --suite capstone --model smollm2-135m|tiny``.
+
+Every method of chapters 01-15 at its chapter's default settings, on the same prompts, in one process,
+interleaved, medians (:func:`refimpl.bench.decode.run_decode`), with the two terms that explain a
+speed-up: ``speed-up = tau / step cost``, where the step cost is what one step (a target call plus
+the drafting that feeds it) costs in AR steps, measured. Columns: tokens/s, speed-up vs our AR, tau,
+target NFE per token, draft calls per step, step cost, exact vs AR greedy, and per category. Greedy
+rows plus the T = 0.7 rows (lossless sampling; Medusa's typical acceptance labelled LOSSY). On ``tiny``
+also the dLLM drafter (chapter 14) and Jacobi on ``tiny-cllm`` (chapter 15: a different model, so
+its "exact" is against its own AR), and the dLLM suite (:mod:`refimpl.bench.dllm`: NFE vs quality).
+Results: ``bench_results/capstone/``.
+"""
+from __future__ import annotations
+
+from .. import autoregressive, jacobi, models
+from .decode import Context, Method, run_decode
+from .rows import decode_rows
+
+#: (method name in :func:`refimpl.bench.rows.decode_rows`, chapter): each chapter's default setting
+CHAPTER_DEFAULTS = [
+    ("ar (cache)", "01"),
+    ("hf generate", "01"),
+    ("speculative greedy (gamma=4)", "02"),
+    ("speculative sampling T=0.7 (gamma=4)", "03"),
+    ("hf assisted (draft)", "04a"),
+    ("self-spec (early exit, gamma 4)", "04a"),
+    ("speculative greedy, draft without copy prior (gamma=4)", "04b"),
+    ("adaptive gamma (cumulative < 0.05 stops, max 8)", "04b"),
+    ("tree speculative (draft top-k tree, widths 2x2)", "05"),
+    ("tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)", "05"),
+    ("medusa (lossless, 16-node tree)", "06"),
+    ("medusa typical acceptance T=0.7 (LOSSY, 16-node tree)", "06"),
+    ("eagle (dynamic tree 16 nodes, depth 5, top-4)", "06"),
+    ("jacobi (window 8)", "07"),
+    ("lookahead (W=7, N=5, G=7)", "08"),
+    ("hf prompt lookup (10 tokens, ngram <= 2)", "09"),
+    ("prompt lookup (10 tokens, ngram 3..1)", "09"),
+    ("prompt lookup sampling T=0.7", "09"),
+    ("sam (16 tokens)", "09"),
+    ("token recycling (80 nodes, k=8)", "09"),
+    ("sam + token recycling", "09"),
+    ("dLLM drafter (tiny-bdlm, gamma 4, 1 step)", "14"),
+]
+
+#: the learned model of chapter 15 for a target
+CLLM_FOR = {"tiny": "tiny-cllm"}
+
+
+def cllm_row(name: str) -> Method:
+    """Jacobi decoding (window 16) on the consistency-trained model: a different model, so the row's
+    "exact" is checked against that model's own AR greedy, not the target's."""
+    def run(ctx: Context, ids, n):
+        key = ("cllm", name)
+        if key not in ctx.memo:
+            ctx.memo[key] = models.load(name, device=ctx.target.device)
+            ctx.memo[("cllm-ar", name)] = {}
+        g = jacobi.generate(ctx.memo[key], [ids], max_new_tokens=n, window=16)
+        own = ctx.memo[("cllm-ar", name)]
+        if tuple(ids) not in own:
+            own[tuple(ids)] = autoregressive.generate(ctx.memo[key], [ids], max_new_tokens=n).tokens[0]
+        ctx.memo.setdefault(("cllm-exact", name), []).append(g.tokens[0] == own[tuple(ids)])
+        return g
+    return Method(f"jacobi (window 16) on {name} (ch 15: a different model, == its own AR)", run, exact=False)
+
+
+def capstone_rows(model_name: str) -> list[tuple[Method, str]]:
+    """(row, chapter) for ``model_name``, in chapter order."""
+    by_name = {m.name: m for m in decode_rows()}
+    out = [(by_name[name], ch) for name, ch in CHAPTER_DEFAULTS if name in by_name]
+    if model_name in CLLM_FOR:
+        out.append((cllm_row(CLLM_FOR[model_name]), "15"))
+    return out
+
+
+def run(ctx: Context, methods: list[Method], prompts, max_new_tokens: int, repeats: int) -> list[dict]:
+    """:func:`run_decode` over the capstone rows; each row also names its chapter."""
+    chapters = dict((m.name, ch) for m, ch in capstone_rows(ctx.model_name))
+    rows = run_decode(ctx, methods, prompts, max_new_tokens, repeats)
+    for r in rows:
+        r["chapter"] = chapters.get(r["method"], "")
+        r["lossy"] = "LOSSY" in r["method"]
+        for name in CLLM_FOR.values():
+            own = ctx.memo.get(("cllm-exact", name))
+            if own and name in r["method"]:
+                r["exact"] = sum(own) / len(own)  # against its own AR greedy
+    return rows
+
+
+COLS = [("chapter", "ch", ""), ("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"),
+        ("speedup", "speed-up vs AR", ".2f"), ("tau", "tau", ".2f"), ("target_nfe_per_token", "target NFE/token", ".2f"),
+        ("draft_calls_per_step", "draft calls / step", ".2f"), ("step_cost", "step cost (AR steps)", ".2f"),
+        ("exact", "exact vs AR greedy", ".0%")]
