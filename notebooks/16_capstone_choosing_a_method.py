@@ -171,6 +171,24 @@ assert all(r["exact"] == 1.0 for r in live if r["exact"] is not None), "every gr
 # reward retrieval; chat, where nothing repeats, rewards only a good draft.
 
 # %%
+#: short labels for the figures: (substring of the row name, label), first match wins
+SHORT = [("on tiny-cllm", "CLLM Jacobi (ch 15)"), ("speculative sampling T=0.7", "chain draft T=0.7"),
+         ("without copy prior", "chain draft, no copy prior"), ("speculative greedy", "chain draft"),
+         ("self-spec", "self-spec (early exit)"), ("adaptive gamma", "adaptive gamma"),
+         ("top-k tree", "static tree 2x2"), ("dynamic tree 10", "dynamic tree"),
+         ("medusa typical", "Medusa typical (LOSSY)"), ("medusa", "Medusa"), ("eagle", "EAGLE"),
+         ("hf prompt lookup", "HF prompt lookup"), ("prompt lookup sampling", "prompt lookup T=0.7"),
+         ("prompt lookup", "prompt lookup"), ("sam + token", "SAM + recycling"), ("sam (", "SAM"),
+         ("token recycling", "token recycling"), ("jacobi", "Jacobi"), ("lookahead", "lookahead"),
+         ("dLLM drafter", "dLLM drafter"), ("hf assisted", "HF assisted"), ("hf generate", "HF generate"),
+         ("ar (cache)", "AR")]
+
+
+def short(name):
+    """A figure label for a capstone row name."""
+    return next((lab for sub, lab in SHORT if sub in name), name[:24])
+
+
 def heatmap(r, ax):
     base = next(x for x in r["rows"] if x["method"] == "ar (cache)")
     cats = list(base["per_category_tokens_per_s"])
@@ -179,7 +197,7 @@ def heatmap(r, ax):
                   for x in rs])
     im = ax.imshow(M, cmap="RdYlGn", vmin=0.4, vmax=1.6, aspect="auto")
     ax.set_xticks(range(len(cats)), cats, rotation=30)
-    ax.set_yticks(range(len(rs)), [x["method"][:48] for x in rs], fontsize=7)
+    ax.set_yticks(range(len(rs)), [short(x["method"]) for x in rs], fontsize=8)
     for i in range(M.shape[0]):
         for j in range(M.shape[1]):
             ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=6)
@@ -244,7 +262,7 @@ def iso_plot(r, ax, cost_of=lambda x: x["step_cost"], title=""):
         ax.text(xl, s * xl, f"{s}x", fontsize=7, ha="right", va="bottom", color="grey")
     for x in pts:
         ax.scatter(cost_of(x), pooled_tau(x), s=18)
-        ax.annotate(x["method"][:22], (cost_of(x), pooled_tau(x)), fontsize=6)
+        ax.annotate(short(x["method"]), (cost_of(x), pooled_tau(x)), fontsize=7, xytext=(3, 2), textcoords="offset points")
     ax.set_xlim(0, cmax)
     ax.set_ylim(0, ymax)
     ax.set_xlabel("step cost (AR steps)")
@@ -288,8 +306,8 @@ if main:
 dl = (cap["tiny"] or {}).get("dllm_rows") or (load("dllm_bdlm", "dllm_tiny.json") or {}).get("rows", [])
 learned = (load("learned", "learned_tiny.json") or {}).get("rows", [])
 pts = [(x["nfe_per_row"], x["perplexity"], x["method"]) for x in dl if x["task"] == "kjv-bdlm" and x.get("perplexity")]
-pts += [(32 / x["tokens_per_call"], x["ppl_under_tiny"], "dParallel " + x["method"]) for x in learned
-        if x.get("model") == "tiny-bdlm-dparallel" and x.get("tokens_per_call") and x.get("ppl_under_tiny")]
+pts += [(32 / x["tokens_per_call"], x["perplexity"], "dParallel " + x["method"]) for x in learned
+        if x.get("model") == "tiny-bdlm-dparallel" and x.get("tokens_per_call") and x.get("perplexity")]
 
 
 def pareto(points):
@@ -299,9 +317,13 @@ def pareto(points):
 
 front = pareto(pts)
 fig, ax = plt.subplots(figsize=(7, 4))
+at = {}                                   # points that share a place get one label
 for n, ppl, name in pts:
     ax.scatter(n, ppl, color="C1" if (n, ppl, name) in front else "C0")
-    ax.annotate(name[:26], (n, ppl), fontsize=6)
+    at.setdefault((round(n, 1), round(ppl, 1)), []).append(name)
+for (n, ppl), names in at.items():
+    more = f" (+{len(names) - 1} more here)" if len(names) > 1 else ""
+    ax.annotate(names[0][:30] + more, (n, ppl), fontsize=7, xytext=(-4, 3), textcoords="offset points", ha="right")
 if front:
     ax.plot([p[0] for p in front], [p[1] for p in front], "C1--", lw=0.8)
 ax.set_xlabel("denoiser calls for 32 tokens")
