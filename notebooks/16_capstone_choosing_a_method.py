@@ -321,9 +321,13 @@ at = {}                                   # points that share a place get one la
 for n, ppl, name in pts:
     ax.scatter(n, ppl, color="C1" if (n, ppl, name) in front else "C0")
     at.setdefault((round(n, 1), round(ppl, 1)), []).append(name)
-for (n, ppl), names in at.items():
+column = {}                               # labels in one column of calls are stacked apart
+for (n, ppl), names in sorted(at.items(), key=lambda kv: (round(kv[0][0]), -kv[0][1])):
+    i = column.setdefault(round(n), 0)
+    column[round(n)] += 1
     more = f" (+{len(names) - 1} more here)" if len(names) > 1 else ""
-    ax.annotate(names[0][:30] + more, (n, ppl), fontsize=7, xytext=(-4, 3), textcoords="offset points", ha="right")
+    ax.annotate(names[0][:30] + more, (n, ppl), fontsize=7, xytext=(-6, 4 - 11 * i), textcoords="offset points",
+                ha="right", arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if i else None)
 if front:
     ax.plot([p[0] for p in front], [p[1] for p in front], "C1--", lw=0.8)
 ax.set_xlabel("denoiser calls for 32 tokens")
