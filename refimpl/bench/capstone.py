@@ -74,7 +74,7 @@ def capstone_rows(model_name: str) -> list[tuple[Method, str]]:
 
 def run(ctx: Context, methods: list[Method], prompts, max_new_tokens: int, repeats: int) -> list[dict]:
     """:func:`run_decode` over the capstone rows; each row also names its chapter."""
-    chapters = dict((m.name, ch) for m, ch in capstone_rows(ctx.model_name))
+    chapters = dict(CHAPTER_DEFAULTS) | {cllm_row(name).name: "15" for name in CLLM_FOR.values()}
     rows = run_decode(ctx, methods, prompts, max_new_tokens, repeats)
     for r in rows:
         r["chapter"] = chapters.get(r["method"], "")

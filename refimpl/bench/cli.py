@@ -87,8 +87,10 @@ def main(argv=None):
     else:
         lm = models.load(args.model, device=args.device, prepack=prepack)
         packed = prepacked(lm.model)
-        methods = {"decode": decode_rows, "lookahead-sweep": lookahead_sweep_rows}.get(
-            args.suite, lambda: [m for m, _ in capstone.capstone_rows(args.model)])()
+        if args.suite == "capstone":
+            methods = [m for m, _ in capstone.capstone_rows(args.model)]
+        else:
+            methods = decode_rows() if args.suite == "decode" else lookahead_sweep_rows()
         if args.methods:
             want = [w.strip() for w in args.methods.split(",")]
             methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
@@ -106,14 +108,13 @@ def main(argv=None):
         prompts = [(cat, encode_prompt(lm, text)) for cat, text in prompt_set(per_cat)]
         reps = 1 if args.fast else args.repeats
         if args.suite == "capstone":
-            rows = capstone.run(ctx, methods, prompts, args.max_new_tokens, reps)
-            md = markdown_table(rows, capstone.COLS) + "\n\nPer category:\n\n" + category_table(rows)
-            if args.model in DLLM_FOR and not args.methods:  # the dLLM suite: NFE vs quality
-                result["dllm_rows"] = dllm.run(fast=args.fast)
-                md += "\n\ndLLM suite (NFE vs quality):\n\n" + markdown_table(result["dllm_rows"], dllm.COLS)
+            rows, cols = capstone.run(ctx, methods, prompts, args.max_new_tokens, reps), capstone.COLS
         else:
-            rows = run_decode(ctx, methods, prompts, args.max_new_tokens, reps)
-            md = markdown_table(rows, DECODE_COLS) + "\n\nPer category:\n\n" + category_table(rows)
+            rows, cols = run_decode(ctx, methods, prompts, args.max_new_tokens, reps), DECODE_COLS
+        md = markdown_table(rows, cols) + "\n\nPer category:\n\n" + category_table(rows)
+        if args.suite == "capstone" and args.model in DLLM_FOR and not args.methods:  # the dLLM suite: NFE vs quality
+            result["dllm_rows"] = dllm.run(fast=args.fast)
+            md += "\n\ndLLM suite (NFE vs quality):\n\n" + markdown_table(result["dllm_rows"], dllm.COLS)
     result["rows"] = rows
     result["prepacked_linears"] = packed
     hw = result["hardware"]

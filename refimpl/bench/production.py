@@ -127,11 +127,10 @@ def production_map(result: dict | None = None) -> str:
     for r in (result or {}).get("rows", []):
         if r["engine"] == "vllm" and "error" not in r:
             ok.add(r["method"])
-    names = {m[0]: m[0] for m in METHODS}
     lines = ["| method (chapter) | vLLM 0.32 (`speculative_config` method) | SGLang (`--speculative-algorithm`) | "
              "Hugging Face `generate` | TensorRT-LLM |", "|---|---|---|---|---|"]
     for method, vllm, sgl, hf, trt, ours in MAP:
-        row = next((n for n in names if ours and (n == ours or n.startswith(ours))), None)
+        row = next((m[0] for m in METHODS if ours and m[0].startswith(ours)), None)
         mark = " **verified here**" if row and row in ok else ""
         vllm = vllm.replace("{v}", mark) if "{v}" in vllm else vllm + mark
         lines.append(f"| {method} | {vllm} | {sgl} | {hf} | {trt} |")
