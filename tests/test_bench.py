@@ -93,3 +93,31 @@ def test_capstone_command_line(tmp_path, monkeypatch):
     assert cllm["chapter"] == "15" and cllm["exact"] == 1.0  # == tiny-cllm's own AR greedy
     assert all(r["step_cost"] > 0 for r in result["rows"])
     assert "step cost" in open(os.path.join(out, "capstone_tiny.md")).read()
+
+
+def test_roofline_bytes_breakdown_and_bandwidth(tiny):
+    from refimpl.bench import roofline
+
+    m = tiny.model
+    brute = sum(p.numel() * 4 for n, p in m.named_parameters() if "embed_tokens" not in n or m.config.tie_word_embeddings)
+    assert roofline.weight_bytes(m) == brute  # tied head: the embedding is read once, as the head
+    assert roofline.read_bandwidth(1 << 20, repeats=2) > 1e8
+    b = roofline.breakdown(tiny, k=3, context=16, repeats=2)
+    assert set(b["stages"]) == set(roofline.STAGES) and b["stages"]["qkv"] > 0
+    assert abs(sum(b["stages"].values()) - b["wall_ms"]) < 0.5 * b["wall_ms"]
+    with pytest.raises(ValueError, match="k"):
+        roofline.breakdown(tiny, k=0)
+    with pytest.raises(ValueError, match="nbytes"):
+        roofline.read_bandwidth(0)
+
+
+def test_latency_suite_reports_the_floor(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from refimpl.bench import cli
+
+    out = str(tmp_path)
+    result = cli.main(["--suite", "latency", "--model", "tiny", "--fast", "--prepack", "on", "--out", out])
+    assert result["forward"] == "LeanLM" and result["floor_ms"] > 0 and result["hf_step_ms"]
+    assert all(r["x_floor"] == pytest.approx(r["ms"] / result["floor_ms"]) for r in result["rows"])
+    assert "floor" in open(os.path.join(out, "latency_tiny.md")).read()
+    assert os.path.getsize(os.path.join(out, "latency_tiny.png")) > 1000

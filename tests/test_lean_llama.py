@@ -168,3 +168,119 @@ def test_context_vocab_needs_an_embedding_head(tiny):
         tr.model.lm_head.weight.mul_(2.0)  # no longer the embedding rows
     with pytest.raises(ValueError, match="context_vocab"):
         drafts.TrimmedLM(tr.model, tr.tokenizer, kept_ids=tr.kept_ids, context_vocab=True)
+
+
+# -- the target's fast path: LeanLM with fused, prepacked projections ------------------------------
+def lean_and_hf(model):
+    """A LeanLM and a plain LM over the same (prepacked) weights."""
+    from refimpl.models import cpu_linear
+
+    cpu_linear.prepack_linears(model)
+    return lean_llama.LeanLM(model, None, name="lean"), models.LM(model, None, name="hf")
+
+
+def steps_of(lm, ids, cuts=(0, 9, 10, 15, 16)):
+    """Logits of a prefill then cached steps of 1, 5 and 1 tokens (a verification-sized block)."""
+    cache, out = lm.new_cache(), []
+    for a, b in zip(cuts, cuts[1:]):
+        logits, cache = lm.forward(ids[:, a:b], cache)
+        out.append(logits)
+    return out
+
+
+def test_fused_prepacked_forward_keeps_the_bits_of_hugging_face():
+    """Same weights prepacked: the lean forward (q/k/v and gate/up fused, residuals inside the
+    product) gives Hugging Face's logits bit for bit, prefill and k = 1 / 5 steps, B = 2."""
+    lean, hf = lean_and_hf(small_llama())
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(4))
+    assert all(lean_llama.projections(lean.model)[i].packed for i in range(2))
+    for got, want in zip(steps_of(lean, ids), steps_of(hf, ids)):
+        assert torch.equal(got, want)
+    torch.testing.assert_close(lean.logits(ids), hf.logits(ids), atol=0, rtol=0)
+
+
+def test_unpacked_lean_lm_matches_hugging_face_within_tolerance():
+    m = small_llama()
+    lean, hf = lean_llama.LeanLM(m, None), models.LM(m, None)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(5))
+    assert not lean_llama.projections(m)[0].packed
+    for got, want in zip(steps_of(lean, ids), steps_of(hf, ids)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cache"):
+        lean.forward(ids, hf.new_cache())
+
+
+@pytest.mark.parametrize("fault", ["qkv layout", "skipped residual"])
+def test_negative_controls_a_wrong_layout_or_a_skipped_add_is_caught(fault, monkeypatch):
+    """The equality above would fail if the fused matrix had k and v swapped, or if the residual
+    add inside the product were skipped."""
+    from refimpl.models.cpu_linear import pack_weight, packed_linear
+
+    lean, hf = lean_and_hf(small_llama())
+    ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(6))
+    proj = lean_llama.projections(lean.model)[1]
+    if fault == "qkv layout":
+        q, k, v, *_ = (w.detach() for w in proj.sources)
+        proj.w_qkv = pack_weight(torch.cat([q, v, k]))
+    else:
+        monkeypatch.setattr(proj, "down", lambda a, residual: packed_linear(a, proj.w_down))
+    got, want = steps_of(lean, ids), steps_of(hf, ids)
+    assert not torch.allclose(got[0], want[0], atol=1e-3)
+
+
+def test_fused_weights_follow_in_place_edits():
+    lean, hf = lean_and_hf(small_llama())
+    ids = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(7))
+    before = lean.logits(ids)
+    with torch.no_grad():
+        lean.model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    after = lean.logits(ids)
+    assert not torch.allclose(before, after) and torch.equal(after, hf.logits(ids))
+
+
+def test_load_picks_the_lean_forward_with_an_off_switch(tiny):
+    assert type(tiny) is models.LM  # tiny: nothing packed, so the plain forward
+    fast = models.load("tiny", device="cpu", prepack=True)
+    assert isinstance(fast, lean_llama.LeanLM)
+    assert type(models.load("tiny", device="cpu", prepack=True, fast=False)) is models.LM
+    assert isinstance(models.load("tiny", device="cpu", fast=True), lean_llama.LeanLM)
+    with pytest.raises(ValueError, match="fast"):
+        models.load("tiny", device="cpu", fast="yes")
+    with pytest.raises(ValueError, match="fast"):
+        models.load("tiny-dllm", device="cpu", fast=True)
+
+
+def hf_greedy(lm, prompts, n):
+    """Hugging Face ``generate`` greedy on a left-padded batch, cut at EOS as ours."""
+    from refimpl.lm import left_pad
+
+    ids, mask = left_pad(prompts, lm.pad_token_id)
+    out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                            eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id)
+    rows = []
+    for row in out[:, ids.shape[1]:].tolist():
+        rows.append(row[: row.index(lm.eos_token_id) + 1] if lm.eos_token_id in row else row)
+    return rows
+
+
+def test_lean_tiny_greedy_equals_hugging_face_generate():
+    lm = models.load("tiny", device="cpu", prepack=True)
+    texts = ["Then said Moses unto the people", "And it came to pass in those days, that the king"]
+    prompts = [lm.encode(t) for t in texts]
+    got = autoregressive.generate(lm, prompts, max_new_tokens=20).tokens
+    assert got == hf_greedy(lm, prompts, 20)  # a ragged batch
+    assert autoregressive.generate(lm, prompts[:1], max_new_tokens=20).tokens == hf_greedy(lm, prompts[:1], 20)
+
+
+def test_smollm2_default_is_the_lean_forward_and_greedy_equals_hugging_face():
+    from refimpl.prompts import encode_prompt
+
+    lm = models.load("smollm2-135m", device="cpu")
+    assert isinstance(lm, lean_llama.LeanLM) and all(p.packed for p in lean_llama.projections(lm.model))
+    prompts = [encode_prompt(lm, t) for t in ("Name three things a lighthouse keeper does.",
+                                              "Give one reason why bread goes stale.")]
+    got = autoregressive.generate(lm, prompts, max_new_tokens=16).tokens
+    assert got == hf_greedy(lm, prompts, 16)
+    plain = models.LM(lm.model, lm.tokenizer)  # the same weights through Hugging Face's forward
+    ids = torch.tensor([prompts[0]])
+    torch.testing.assert_close(lm.logits(ids), plain.logits(ids), atol=1e-4, rtol=0)

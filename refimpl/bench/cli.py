@@ -1,7 +1,8 @@
 """``python -m refimpl.bench``: one command for every benchmark suite.
 
 Suites (``--suite``): ``decode`` (default; every row of :mod:`refimpl.bench.rows` on the prompt
-set of :mod:`refimpl.prompts`), ``latency`` (latency(k): the cost of scoring k tokens vs 1),
+set of :mod:`refimpl.prompts`), ``latency`` (latency(k): the cost of scoring k tokens vs 1, next to the memory floor
+bytes / bandwidth, and where a step's time goes: :mod:`refimpl.bench.roofline`),
 ``matmul`` (fp32 linear cost per number of rows, MKL vs prepacked oneDNN), ``dllm``
 (:mod:`refimpl.bench.dllm`), ``learned`` (chapter 15, :mod:`refimpl.bench.learned`), ``capstone``
 (chapter 16, :mod:`refimpl.bench.capstone`: every method at its chapter's defaults, with step cost and draft calls) and ``kernels`` (each kernel's ``bench()`` with
@@ -23,8 +24,8 @@ import torch
 from .. import models
 from ..models import cpu_linear
 from ..prompts import encode_prompt, prompt_set
-from . import capstone, dllm, learned
-from .decode import DECODE_COLS, Context, category_table, hardware, latency_curve, markdown_table, run_decode
+from . import capstone, dllm, learned, roofline
+from .decode import DECODE_COLS, Context, category_table, hardware, markdown_table, run_decode
 from .rows import DLLM_FOR, DRAFT_FOR, decode_rows, has_heads, lookahead_sweep_rows
 
 INTERPRETER_REFUSAL = ("TRITON_INTERPRET=1 is set: Triton kernels would run in the CPU interpreter and the "
@@ -50,12 +51,16 @@ def main(argv=None):
     p.add_argument("--prepack", choices=["auto", "on", "off"], default="auto",
                    help="pack the target's linear weights for oneDNN (refimpl.models.cpu_linear); "
                         "auto = models.load's default (on for the larger targets on a CPU in fp32)")
+    p.add_argument("--forward", choices=["auto", "hf"], default="auto",
+                   help="the target's cached steps: auto = models.load's default (the lean forward with fused "
+                        "prepacked projections where it applies), hf = the plain Hugging Face forward")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit(INTERPRETER_REFUSAL)
     if args.threads:
         torch.set_num_threads(args.threads)
     prepack = {"auto": None, "on": True, "off": False}[args.prepack]
+    fast = None if args.forward == "auto" else False
     os.makedirs(args.out, exist_ok=True)
     result = {"suite": args.suite, "model": args.model, "hardware": hardware(), "args": vars(args)}
     packed = False
@@ -79,14 +84,17 @@ def main(argv=None):
         rows = cpu_linear.matmul_cost(lm.model)
         md = markdown_table(rows, [("rows", "rows", ""), ("mkl_ms", "MKL ms", ".1f"), ("prepacked_ms", "prepacked ms", ".1f")])
     elif args.suite == "latency":
-        lm = models.load(args.model, device=args.device, prepack=prepack)
+        lm = models.load(args.model, device=args.device, prepack=prepack, fast=fast)
         packed = prepacked(lm.model)
-        rows = latency_curve(lm, repeats=2 if args.fast else 7)
-        md = markdown_table(rows, [("k", "k new tokens", ""), ("seconds", "seconds", ".5f"),
-                                   ("relative_to_k1", "cost vs k=1", ".2f")])
+        result["forward"] = type(lm).__name__  # LeanLM: the lean forward; LM: Hugging Face's
+        result.update(roofline.run(lm, fast=args.fast))
+        rows = result.pop("rows")
+        md = roofline.markdown(result, rows)
+        roofline.figure(result, rows, f"{os.path.join(args.out, 'latency_' + args.model.replace('/', '_'))}.png")
     else:
-        lm = models.load(args.model, device=args.device, prepack=prepack)
+        lm = models.load(args.model, device=args.device, prepack=prepack, fast=fast)
         packed = prepacked(lm.model)
+        result["forward"] = type(lm).__name__  # LeanLM: the lean forward; LM: Hugging Face's
         if args.suite == "capstone":
             methods = [m for m, _ in capstone.capstone_rows(args.model)]
         else:

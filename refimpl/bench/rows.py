@@ -13,6 +13,7 @@ import os
 from .. import (adaptive, autoregressive, dllm_draft, drafts, dynamic_tree, eagle, jacobi, lookahead, medusa, models,
                retrieval, speculative, tree)
 from ..copy_prior import ContextCopyLM
+from ..lm import LM
 from .decode import Context, Method, hf_assisted, hf_generate
 
 #: the draft model paired with each target in the zoo
@@ -36,6 +37,13 @@ def self_spec(ctx: Context, ids, n):
     if key not in ctx.memo:
         ctx.memo[key] = drafts.early_exit(ctx.target, default_exit_layer(ctx.target.num_layers))
     return speculative.generate(ctx.target, ctx.memo[key], [ids], gamma=4, max_new_tokens=n)
+
+
+def hf_forward_ar(ctx: Context, ids, n):
+    """Our AR loop on the same weights through Hugging Face's forward (``models.load(fast=False)``'s
+    path): with the ``ar (cache)`` row it measures the lean forward's gain in one process."""
+    plain = LM(ctx.target.model, ctx.target.tokenizer, name=ctx.target.name)
+    return autoregressive.generate(plain, ids, max_new_tokens=n)
 
 
 def without_copy_prior(ctx: Context, ids, n):
@@ -106,6 +114,7 @@ def decode_rows() -> list[Method]:
     T, D = ("target",), ("target", "draft")
     return [
         Method("ar (cache)", lambda c, p, n: autoregressive.generate(c.target, p, max_new_tokens=n)),
+        Method("ar (hf forward)", hf_forward_ar),
         Method("ar (no cache)", lambda c, p, n: autoregressive.generate(c.target, p, max_new_tokens=n,
                                                                        use_cache=False), max_prompts=3),
         Method("hf generate", lambda c, p, n: hf_generate(c, p, n)),

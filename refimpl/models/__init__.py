@@ -9,7 +9,8 @@ and how to get it. ``attn="triton"`` routes attention through :func:`kernels.dec
 
 CPU fast paths live here too, because the zoo uses them: :mod:`refimpl.models.cpu_linear`
 (prepacked fp32 linears, on by default for the larger targets on a CPU) and
-:mod:`refimpl.models.lean_llama` (a lean forward for small drafts).
+:mod:`refimpl.models.lean_llama` (a lean forward with fused projections: the SmolLM2 target's and
+its draft's cached steps; ``load(name, fast=False)`` goes back to the plain Hugging Face forward).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 
 from ..lm import LM, default_device  # noqa: F401  (``models.LM``, ``models.default_device``)
 from ..diffusion_lm import load_dir as load_dllm_dir
-from . import cpu_linear, smollm2
+from . import cpu_linear, lean_llama, smollm2
 from .hf import MODELS_DIR, cache_dir, load_folder, load_hub_cache, set_attention, zoo_folder  # noqa: F401
 
 #: a model with at least this many parameters is prepacked by default on a CPU (below it, MKL's
@@ -66,7 +67,7 @@ ZOO: dict[str, Entry] = {
 
 
 def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | None = None,
-         prepack: bool | None = None):
+         prepack: bool | None = None, fast: bool | None = None):
     """Load a model by zoo name, local folder or (already cached) Hugging Face id. Never downloads.
 
     ``attn``: None (transformers' default), ``"eager"``, ``"sdpa"`` or ``"triton"``
@@ -76,11 +77,18 @@ def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | N
     decoding assumes; same outputs, inference only. ``None`` (default) = the fastest path: on for
     targets on a CPU in fp32 (the zoo's SmolLM2, folders and ids with >= 50 M parameters), off for
     drafts, small models and GPUs; ``False`` turns it off, ``True`` forces it on a CPU.
+    ``fast``: run the cached steps through :class:`refimpl.models.lean_llama.LeanLM` (fused
+    prepacked projections, a preallocated cache; the same logits). ``None`` (default) = wherever
+    the weights are prepacked and the model is a plain Llama recipe (the SmolLM2 target);
+    ``False`` = the plain Hugging Face forward (the way back, e.g. to compare); ``True`` = also
+    for an unpacked model (any device; it then saves the per-call overhead only).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a model name or path, got {name!r}")
     if prepack is not None and not isinstance(prepack, bool):
         raise ValueError(f"prepack must be None, True or False, got {prepack!r}")
+    if fast is not None and not isinstance(fast, bool):
+        raise ValueError(f"fast must be None, True or False, got {fast!r}")
     if name in ZOO:
         lm, default = ZOO[name].load(device=device, dtype=dtype, attn=attn), ZOO[name].prepack
     else:
@@ -90,6 +98,10 @@ def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | N
             lm = load_hub_cache(name, device=device, dtype=dtype, attn=attn, known=ZOO)
         default = sum(p.numel() for p in lm.model.parameters()) >= PREPACK_MIN_PARAMS
     on_cpu_fp32 = lm.device.type == "cpu" and lm.dtype == torch.float32
-    if (default if prepack is None else prepack) and on_cpu_fp32 and isinstance(lm, LM):
-        cpu_linear.prepack_linears(lm.model)
+    packed = bool((default if prepack is None else prepack) and on_cpu_fp32 and isinstance(lm, LM)
+                  and cpu_linear.prepack_linears(lm.model))
+    if fast and not (type(lm) is LM and lean_llama.supports(lm.model)):
+        raise ValueError(f"fast=True needs a plain Llama-recipe causal LM; {name!r} is not one")
+    if (packed if fast is None else fast) and type(lm) is LM and lean_llama.supports(lm.model):
+        lm = lean_llama.LeanLM(lm.model, lm.tokenizer, name=lm.name)
     return lm

@@ -51,6 +51,25 @@ def available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A CPU fp32 weight (out, in) packed once into oneDNN's blocked layout (for :func:`packed_linear`)."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        raise ValueError(f"weight must be a CPU float32 tensor, got {weight.dtype} on {weight.device}")
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch_size=None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None,
+                  add: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias) (+ add)`` with ``W`` from :func:`pack_weight`; x (..., in) -> (..., out).
+
+    ``add`` (same shape as the output) is summed inside the product (oneDNN's binary post-op):
+    one call instead of two, the same bits as ``add + x @ W.T``.
+    """
+    if add is not None:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 class PrepackedLinear(nn.Module):
     """``nn.Linear`` whose fp32 CPU forward uses a weight packed once for oneDNN.
 
@@ -75,7 +94,7 @@ class PrepackedLinear(nn.Module):
         """(Re)build the packed copy from ``weight`` (call after changing the weights in place)."""
         w = self.weight.detach()
         if w.device.type == "cpu" and w.dtype == torch.float32:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), batch_size=None)
+            self._packed = pack_weight(w)
         else:
             self._packed = None
         self._packed_version = (w.data_ptr(), w._version, w.device, w.dtype)
@@ -93,8 +112,7 @@ class PrepackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._usable(x):
             return F.linear(x, self.weight, self.bias)
-        bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        return packed_linear(x, self._packed, None if self.bias is None else self.bias.detach())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, prepacked"

@@ -1,28 +1,49 @@
-"""A lean forward pass for small Llama-architecture drafts: the same weights and math, less overhead.
+"""A lean forward pass for Llama-recipe models: the same weights and math, less overhead.
 
-A draft's cost ratio ``c`` (Leviathan et al., arXiv 2211.17192, section 3.3: speed-up
-``tau / (gamma * c + 1)``) is what one draft *call* costs, and for a 3-layer draft most of a
-call is not arithmetic. In a Hugging Face forward of SmolLM2's 3-layer draft on a 2-core CPU
-(~4.4 ms a token), the matrix products take ~1.3 ms; the rest is per-call machinery: the mask
-builders, the rotary module, output dataclasses, and a ``DynamicCache`` that concatenates (and
-so reallocates) every layer's keys and values at every step. This module runs the same
-computation as ``LlamaForCausalLM`` -- RMSNorm, rotary position embedding (Su et al., arXiv
-2104.09864, eq. 34), grouped-query attention (Ainslie et al., arXiv 2305.13245) and the SwiGLU
-MLP -- straight from the model's own parameters, with a preallocated :class:`KVCache`
-(~2.8 ms a token). Its logits equal the Hugging Face model's (checked in the tests); the Hugging
-Face model itself is untouched and still runs everywhere else (assisted generation, training).
+Two costs sit on top of the arithmetic of a decode step, and this module removes what it can of both.
 
-Only the plain Llama recipe is covered (:func:`supports` says whether a model fits): default
-rotary embedding, no attention or MLP biases, SiLU. For anything else use the model directly.
-:class:`LeanTrimmedLM` is the zoo's SmolLM2 draft: a VocabTrim draft whose cached steps run here.
+- **Per-call machinery.** A draft's cost ratio ``c`` (Leviathan et al., arXiv 2211.17192, section
+  3.3: speed-up ``tau / (gamma * c + 1)``) is what one draft *call* costs, and for a 3-layer draft
+  most of a call is not arithmetic: in a Hugging Face forward of SmolLM2's 3-layer draft on a
+  2-core CPU (~4.4 ms a token) the matrix products take ~1.3 ms; the rest is the mask builders,
+  the rotary module, output dataclasses and a ``DynamicCache`` that concatenates (reallocates)
+  every layer's keys and values at every step. Here: one loop over the layers, the rotary angles
+  once per call, a preallocated :class:`KVCache` (~2.8 ms a token).
+- **Reading the weights.** A one-token step of the 135 M target must read its 538 MB of fp32
+  weights once; on a CPU each matrix-vector product is one oneDNN call with its own thread
+  fork/join and a memory stream that restarts, so many small products read slower than a few
+  large ones. When the model's linears are prepacked (:mod:`refimpl.models.cpu_linear`), the
+  projections that read the same input are fused into one packed matrix per layer -- q, k and v
+  (``(H + 2 Hkv) D`` rows), gate and up (``2 I`` rows) -- and the residual additions after
+  ``o_proj`` and ``down_proj`` run inside the product (oneDNN's binary ``add`` post-op). Four
+  products per layer instead of seven. Every output element is the same dot product as before,
+  so the logits keep their bits (checked in the tests).
+
+The math is ``LlamaForCausalLM``'s: RMSNorm, rotary position embedding (Su et al., arXiv
+2104.09864, eq. 34; applied to q and k in one call), grouped-query attention (Ainslie et al.,
+arXiv 2305.13245) and the SwiGLU MLP, straight from the model's own parameters. The Hugging Face
+model itself is untouched and still runs everywhere else (``generate``, assisted generation,
+training). Only the plain Llama recipe is covered (:func:`supports` says whether a model fits):
+default rotary embedding, no attention or MLP biases, SiLU.
+
+- :func:`forward`: one cached step; ``probe`` times its stages (:func:`refimpl.bench.breakdown`).
+- :class:`LeanLM`: an :class:`refimpl.lm.LM` whose ``forward``/``logits`` run here -- what
+  ``models.load`` returns for the SmolLM2 target on a CPU (``fast=False`` gives the plain one).
+- :class:`LeanTrimmedLM`: the zoo's SmolLM2 draft, a VocabTrim draft whose cached steps run here.
 """
 from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ..diffusion_lm import apply_rope, rms_norm, rope_angles
+from ..diffusion_lm import rms_norm, rope_angles
 from ..drafts import TrimmedLM
+from ..lm import LM, as_token_batch
+from .cpu_linear import PrepackedLinear, pack_weight, packed_linear
 
 
 def supports(model) -> bool:
@@ -37,12 +58,19 @@ def supports(model) -> bool:
             and getattr(cfg, "hidden_act", None) == "silu")
 
 
+class CacheLayer(NamedTuple):
+    """One layer's cached keys and values (B, Hkv, length, D): views into :class:`KVCache`'s buffers."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
 class KVCache:
     """Keys and values of every layer in preallocated buffers (B, Hkv, capacity, D).
 
     Appending writes into the buffer (capacity doubles when full) instead of concatenating; the
     methods decoders use on a Hugging Face ``DynamicCache`` -- ``get_seq_length()``,
-    ``crop(-n)``, ``batch_select_indices(rows)`` -- behave the same.
+    ``crop(-n)``, ``batch_select_indices(rows)``, ``layers[i].keys`` -- behave the same.
     """
 
     def __init__(self, num_layers: int):
@@ -52,6 +80,12 @@ class KVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
+
+    @property
+    def layers(self) -> list[CacheLayer]:
+        """Per layer, views of the first ``length`` cached positions (writes go to the buffers)."""
+        return [CacheLayer(k[:, :, :self.length], v[:, :, :self.length])
+                for k, v in zip(self.keys, self.values) if k is not None]
 
     def crop(self, n: int) -> None:
         """Drop the last ``-n`` positions (``n`` <= 0, as transformers 5's ``DynamicCache.crop``)."""
@@ -80,6 +114,75 @@ class KVCache:
         return buf_k[:, :, :P + Q], buf_v[:, :, :P + Q]
 
 
+class Projections:
+    """One decoder layer's four matrix products, as :func:`forward` calls them.
+
+    ``packed``: q/k/v fused into one prepacked (H + 2 Hkv) D x hidden matrix, gate/up into one
+    2 I x hidden matrix, ``o_proj`` and ``down_proj`` prepacked with the residual added inside the
+    product. Otherwise the layer's own modules are called one by one (any device or dtype).
+    """
+
+    def __init__(self, layer, packed: bool):
+        att, mlp = layer.self_attn, layer.mlp
+        self.layer, self.packed = layer, packed
+        self.sources = (att.q_proj.weight, att.k_proj.weight, att.v_proj.weight, att.o_proj.weight,
+                        mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        self.version = self.signature()
+        if packed:
+            q, k, v, o, g, u, d = (w.detach() for w in self.sources)
+            self.w_qkv = pack_weight(torch.cat([q, k, v]))  # ((H + 2 Hkv) D, hidden)
+            self.w_o = pack_weight(o)
+            self.w_gate_up = pack_weight(torch.cat([g, u]))  # (2 I, hidden)
+            self.w_down = pack_weight(d)
+
+    def signature(self) -> tuple:
+        """Changes when a source weight is moved, cast or edited in place (then rebuild)."""
+        return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in self.sources)
+
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, Q, hidden) -> (B, Q, (H + 2 Hkv) D): q, k and v side by side."""
+        if self.packed:
+            return packed_linear(h, self.w_qkv)
+        att = self.layer.self_attn
+        return torch.cat([att.q_proj(h), att.k_proj(h), att.v_proj(h)], -1)
+
+    def o(self, a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + o_proj(a), a (B, Q, H D)."""
+        if self.packed:
+            return packed_linear(a, self.w_o, add=residual)
+        return residual + self.layer.self_attn.o_proj(a)
+
+    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, Q, hidden) -> gate, up (B, Q, I) each."""
+        if self.packed:
+            return packed_linear(h, self.w_gate_up).chunk(2, -1)
+        mlp = self.layer.mlp
+        return mlp.gate_proj(h), mlp.up_proj(h)
+
+    def down(self, a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + down_proj(a), a (B, Q, I)."""
+        if self.packed:
+            return packed_linear(a, self.w_down, add=residual)
+        return residual + self.layer.mlp.down_proj(a)
+
+
+#: per model, its layers' :class:`Projections` (built on first use, rebuilt when weights change)
+PROJECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def projections(model) -> list[Projections]:
+    """The layers' :class:`Projections`: fused and packed when the model's linears are prepacked
+    (:func:`refimpl.models.cpu_linear.prepack_linears`) and it sits on a CPU in fp32."""
+    inner = model.model
+    packed = (isinstance(inner.layers[0].self_attn.q_proj, PrepackedLinear)
+              and model.lm_head.weight.device.type == "cpu" and model.lm_head.weight.dtype == torch.float32)
+    have = PROJECTIONS.get(model)
+    if (have is None or len(have) != len(inner.layers) or have[0].packed != packed
+            or any(p.version != p.signature() for p in have)):
+        have = PROJECTIONS[model] = [Projections(layer, packed) for layer in inner.layers]
+    return have
+
+
 def _mask(Q: int, P: int, attention_mask: torch.Tensor | None, device, dtype) -> torch.Tensor | None:
     """The attention mask for Q new tokens after P cached ones: None (Q = 1, no padding) or
     additive (B or 1, 1, Q, P + Q). A 2-D padding mask (B, P + Q) of 1/0 is combined with the
@@ -98,17 +201,38 @@ def _mask(Q: int, P: int, attention_mask: torch.Tensor | None, device, dtype) ->
     return torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
 
 
+NO_PROBE = contextlib.nullcontext()
+
+
+def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """:func:`refimpl.diffusion_lm.apply_rope` in four calls instead of eight, with the same bits:
+    x (B, h, Q, D) with ``cos2 = [cos, cos]`` and ``sin2 = [-sin, sin]`` (B, 1, Q, D) gives
+    ``[x1 cos - x2 sin, x2 cos + x1 sin]`` (a negation is exact; a sum of two terms commutes)."""
+    return x * cos2 + x.roll(x.shape[-1] // 2, -1) * sin2
+
+
+def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim as ``LlamaRMSNorm`` computes it: torch's fused ``F.rms_norm`` in
+    fp32 (the same bits, fewer calls), the float32 round trip otherwise."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return rms_norm(x, weight, eps)
+
+
 @torch.no_grad()
 def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
-            attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0):
+            attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0, probe=None):
     """One cached step of a Llama-recipe ``model`` (a ``LlamaForCausalLM``).
 
     input_ids (B, Q) after ``cache.length`` cached positions -> (logits (B, Q', V_head), hidden
     (B, Q, H) after the final norm); ``Q' = logits_to_keep`` last positions (0 = all). The cache
-    grows by Q.
+    grows by Q. ``probe(stage)``, when given, returns a context manager entered around each stage
+    (``embed``, ``norm``, ``qkv``, ``rope``, ``cache``, ``attention``, ``o_proj``, ``gate_up``,
+    ``swiglu``, ``down``, ``lm_head``): a timer sees where a step's time goes.
     """
     if not supports(model):
         raise ValueError("model must be a plain Llama-recipe causal LM (lean_llama.supports(model) is False)")
+    stage = probe or (lambda name: NO_PROBE)
     cfg, inner = model.config, model.model
     B, Q = input_ids.shape
     P = cache.length
@@ -117,28 +241,86 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
     eps = cfg.rms_norm_eps
     if position_ids is None:
         position_ids = torch.arange(P, P + Q, device=input_ids.device)[None].expand(B, Q)
-    x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
-    theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-    cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
+    with stage("embed"):
+        x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
+    with stage("rope"):
+        theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
+        cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
     mask = _mask(Q, P, attention_mask, x.device, x.dtype)
-    for li, layer in enumerate(inner.layers):
-        att = layer.self_attn
-        h = rms_norm(x, layer.input_layernorm.weight, eps)
-        q = att.q_proj(h).view(B, Q, H, D).transpose(1, 2)  # (B, H, Q, D)
-        k = att.k_proj(h).view(B, Q, Hkv, D).transpose(1, 2)  # (B, Hkv, Q, D)
-        v = att.v_proj(h).view(B, Q, Hkv, D).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys, values = cache.write(li, k, v)  # (B, Hkv, P+Q, D)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=att.scaling,
-                                           enable_gqa=H != Hkv)  # (B, H, Q, D)
-        x = x + att.o_proj(o.transpose(1, 2).reshape(B, Q, H * D))
-        h = rms_norm(x, layer.post_attention_layernorm.weight, eps)
-        mlp = layer.mlp
-        x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+    scale = inner.layers[0].self_attn.scaling
+    for li, proj in enumerate(projections(model)):
+        layer = proj.layer
+        with stage("norm"):
+            h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
+        with stage("qkv"):
+            t = proj.qkv(h)  # (B, Q, (H + 2 Hkv) D)
+        with stage("rope"):
+            qk = rotate(t[..., :(H + Hkv) * D].view(B, Q, H + Hkv, D).transpose(1, 2), cos2, sin2)
+            q, k = qk[:, :H], qk[:, H:]  # (B, H, Q, D), (B, Hkv, Q, D)
+            v = t[..., (H + Hkv) * D:].view(B, Q, Hkv, D).transpose(1, 2)
+        with stage("cache"):
+            keys, values = cache.write(li, k, v)  # (B, Hkv, P+Q, D)
+        with stage("attention"):
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                               enable_gqa=H != Hkv)  # (B, H, Q, D)
+        with stage("o_proj"):
+            x = proj.o(o.transpose(1, 2).reshape(B, Q, H * D), x)
+        with stage("norm"):
+            h = norm(x, layer.post_attention_layernorm.weight, eps)
+        with stage("gate_up"):
+            gate, up = proj.gate_up(h)  # (B, Q, I) each
+        with stage("swiglu"):
+            a = F.silu(gate) * up
+        with stage("down"):
+            x = proj.down(a, x)
     cache.length = P + Q
-    hidden = rms_norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
-    keep = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-    return model.lm_head(keep), hidden
+    with stage("norm"):
+        hidden = norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
+    with stage("lm_head"):
+        logits = model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+    return logits, hidden
+
+
+def on_device(lm, input_ids, cache: KVCache, position_ids=None, attention_mask=None, logits_to_keep: int = 0):
+    """:func:`forward` for an LM wrapper: the inputs moved to its device first."""
+    dev = lm.device
+    return forward(lm.model, input_ids.to(dev), cache,
+                   position_ids=None if position_ids is None else position_ids.to(dev),
+                   attention_mask=None if attention_mask is None else attention_mask.to(dev),
+                   logits_to_keep=logits_to_keep)
+
+
+class LeanLM(LM):
+    """An :class:`refimpl.lm.LM` whose cached steps and ``logits`` run through :func:`forward`:
+    the same logits as the Hugging Face forward of the same model (bit for bit when both use the
+    prepacked linears), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
+    target on a CPU in fp32; ``models.load(name, fast=False)`` returns the plain :class:`LM`."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not supports(self.model):
+            raise ValueError("model must be a plain Llama-recipe causal LM (lean_llama.supports(model) is False)")
+
+    def new_cache(self):
+        return KVCache(self.num_layers)
+
+    @torch.no_grad()
+    def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        out, _ = on_device(self, as_token_batch(input_ids), self.new_cache(), position_ids, attention_mask)
+        return out.float()
+
+    @torch.no_grad()
+    def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None,
+                output_hidden_states=False, logits_to_keep=0):
+        if cache is None:
+            cache = self.new_cache()
+        if not isinstance(cache, KVCache):
+            raise ValueError(f"cache must come from this LM's new_cache() (a KVCache), got {type(cache).__name__}")
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = attention_mask.to(dtype=self.dtype)
+        logits, hidden = on_device(self, input_ids, cache, position_ids, attention_mask, logits_to_keep)
+        return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
 
 class LeanTrimmedLM(TrimmedLM):
@@ -158,11 +340,7 @@ class LeanTrimmedLM(TrimmedLM):
                         output_hidden_states=False):
         if cache is None:
             cache = self.new_cache()
-        dev = self.device
-        logits, hidden = forward(
-            self.model, input_ids.to(dev), cache,
-            position_ids=None if position_ids is None else position_ids.to(dev),
-            attention_mask=None if attention_mask is None else attention_mask.to(dev))
+        logits, hidden = on_device(self, input_ids, cache, position_ids, attention_mask)
         return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
     @classmethod

@@ -1,0 +1,221 @@
+"""The decode step against the memory roofline (chapters 00 and 04c, ``--suite latency``).
+
+A one-token decode step must read every weight once, so on a machine that reads ``bandwidth``
+bytes per second it cannot take less than ``weight bytes / bandwidth`` (the *floor*; Williams,
+Waterman & Patterson, "Roofline: An Insightful Visual Performance Model", CACM 2009, applied to
+batch-1 decoding as in Leviathan et al., arXiv 2211.17192, section 3.3). This module measures
+the three numbers that test it on the machine at hand:
+
+- :func:`read_bandwidth`: how fast this machine streams memory (a ``torch`` sum over a buffer as
+  large as the model's weights, so it cannot sit in a cache);
+- :func:`weight_bytes`: what a step reads (the decoder layers, the final norm, the LM head);
+- :func:`breakdown`: where one cached step of k tokens spends its time, per stage of
+  :func:`refimpl.models.lean_llama.forward` (each matrix product, norms, rotary, attention, the
+  cache, and the Python between them), with each matrix's effective read rate.
+
+:func:`roofline_rows` puts latency(k) next to the floor.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+from ..lm import LM
+from ..models import lean_llama
+from .decode import latency_curve
+
+#: the stages of :func:`refimpl.models.lean_llama.forward` that are matrix products
+MATRIX_STAGES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+#: the order stages are reported in (``python`` = the rest of the wall time)
+STAGES = MATRIX_STAGES + ("attention", "cache", "norm", "rope", "swiglu", "embed", "python")
+
+
+def read_bandwidth(nbytes: int, repeats: int = 7, device="cpu") -> float:
+    """Bytes per second to read ``nbytes`` of float32 once (median of ``repeats`` sums)."""
+    if nbytes < 4 or repeats < 1:
+        raise ValueError(f"nbytes must be >= 4 and repeats >= 1, got {nbytes}, {repeats}")
+    buf = torch.ones(nbytes // 4, device=device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    buf.sum()
+    ts = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        buf.sum()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return buf.numel() * 4 / statistics.median(ts)
+
+
+def matrix_bytes(model) -> dict[str, int]:
+    """Bytes of weights each matrix stage reads in one step, summed over the layers."""
+    out = dict.fromkeys(MATRIX_STAGES, 0)
+    for layer in model.model.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        for stage, mods in (("qkv", (att.q_proj, att.k_proj, att.v_proj)), ("o_proj", (att.o_proj,)),
+                            ("gate_up", (mlp.gate_proj, mlp.up_proj)), ("down", (mlp.down_proj,))):
+            out[stage] += sum(m.weight.numel() * m.weight.element_size() for m in mods)
+    w = model.lm_head.weight
+    out["lm_head"] = w.numel() * w.element_size()
+    return out
+
+
+def weight_bytes(model) -> int:
+    """Bytes one decode step must read: every matrix, plus the norms (the embedding lookup reads one row)."""
+    norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
+    return sum(matrix_bytes(model).values()) + norms
+
+
+class Stopwatch:
+    """A ``probe`` for :func:`refimpl.models.lean_llama.forward`: milliseconds per stage."""
+
+    def __init__(self):
+        self.ms: dict[str, float] = defaultdict(float)
+        self.name, self.t0 = "", 0.0
+
+    def __call__(self, name: str) -> "Stopwatch":
+        self.name = name
+        return self
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.ms[self.name] += 1e3 * (time.perf_counter() - self.t0)
+
+
+@torch.no_grad()
+def breakdown(lm: LM, k: int = 1, context: int = 128, repeats: int = 15) -> dict:
+    """Where one cached step of ``k`` tokens after ``context`` cached ones spends its time.
+
+    Returns ``{"k", "wall_ms", "stages": {stage: ms}, "read_gbs": {matrix stage: GB/s}}``, medians
+    over ``repeats``; ``python`` is the wall time no stage accounts for. ``lm`` must be a plain
+    Llama-recipe model (:func:`refimpl.models.lean_llama.supports`); its weights are read as it
+    holds them (fused and prepacked when its linears are prepacked).
+    """
+    if not lean_llama.supports(lm.model):
+        raise ValueError("lm must wrap a plain Llama-recipe model (lean_llama.supports(lm.model))")
+    if k < 1 or context < 1 or repeats < 1:
+        raise ValueError(f"k, context and repeats must be >= 1, got {k}, {context}, {repeats}")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(3, lm.vocab_size, (1, context + k), generator=g, device="cpu").to(lm.device)
+    cache = lean_llama.KVCache(lm.num_layers)
+    lean_llama.forward(lm.model, ids[:, :context], cache, logits_to_keep=1)
+    walls, runs = [], []
+    for i in range(repeats + 1):
+        watch = Stopwatch()
+        t0 = time.perf_counter()
+        lean_llama.forward(lm.model, ids[:, context:], cache, probe=watch)
+        wall = 1e3 * (time.perf_counter() - t0)
+        cache.crop(-k)
+        if i:  # the first run warms up
+            watch.ms["python"] = wall - sum(watch.ms.values())
+            walls.append(wall)
+            runs.append(watch.ms)
+    stages = {s: statistics.median(r.get(s, 0.0) for r in runs) for s in STAGES}
+    nbytes = matrix_bytes(lm.model)
+    return {"k": k, "wall_ms": statistics.median(walls), "stages": stages,
+            "read_gbs": {s: nbytes[s] / (stages[s] * 1e6) if stages[s] else None for s in MATRIX_STAGES}}
+
+
+def roofline_rows(lm: LM, bandwidth: float, ks=None, context: int = 128, repeats: int = 7) -> list[dict]:
+    """latency(k) (:func:`refimpl.bench.decode.latency_curve`) with the floor next to each k:
+    ``floor_ms`` = weight bytes / bandwidth, ``x_floor`` = measured / floor (1.0 = on the roofline)."""
+    floor_ms = 1e3 * weight_bytes(lm.model) / bandwidth
+    rows = latency_curve(lm, context=context, ks=ks, repeats=repeats)
+    for r in rows:
+        r["ms"] = 1e3 * r["seconds"]
+        r["floor_ms"] = floor_ms
+        r["x_floor"] = r["ms"] / floor_ms
+    return rows
+
+
+def run(lm: LM, fast: bool = False) -> dict:
+    """The latency suite: bandwidth, floor, latency(k) against it, the breakdown at k = 1 and 5,
+    and the same model's one- and five-token steps through the plain Hugging Face forward."""
+    nbytes = weight_bytes(lm.model)
+    bandwidth = read_bandwidth(nbytes, repeats=3 if fast else 7, device=lm.device)
+    reps = 2 if fast else 7
+    rows = roofline_rows(lm, bandwidth, ks=[1, 2, 3, 5, 8, 16] if fast else None, repeats=reps)
+    out = {"bandwidth_gbs": bandwidth / 1e9, "weight_mb": nbytes / 1e6, "floor_ms": 1e3 * nbytes / bandwidth,
+           "rows": rows, "breakdown": [], "hf_step_ms": {}}
+    if lean_llama.supports(lm.model):
+        out["breakdown"] = [breakdown(lm, k, repeats=3 if fast else 15) for k in (1, 5)]
+    if isinstance(lm, lean_llama.LeanLM):  # the same weights through Hugging Face's forward
+        plain = LM(lm.model, lm.tokenizer, name=lm.name)
+        for r in latency_curve(plain, ks=[1, 5], repeats=reps):
+            out["hf_step_ms"][r["k"]] = 1e3 * r["seconds"]
+    return out
+
+
+def markdown(result: dict, rows: list[dict]) -> str:
+    """The latency suite's report: the floor, latency(k) against it, the breakdown table."""
+    by_k = {r["k"]: r for r in rows}
+    lines = [f"Read bandwidth {result['bandwidth_gbs']:.1f} GB/s (a torch sum over {result['weight_mb']:.0f} MB); "
+             f"weights read per step {result['weight_mb']:.0f} MB; floor = bytes / bandwidth = "
+             f"{result['floor_ms']:.1f} ms.", ""]
+    if 1 in by_k and 5 in by_k:
+        lines += [f"One-token step {by_k[1]['ms']:.1f} ms = {by_k[1]['x_floor']:.2f}x the floor "
+                  f"({1 / by_k[1]['x_floor']:.0%} of the roofline); a 5-token verification = "
+                  f"{by_k[5]['relative_to_k1']:.2f}x a one-token step.", ""]
+    hf = result.get("hf_step_ms") or {}
+    if hf and 1 in by_k:
+        lines += [f"The same weights through Hugging Face's forward: {hf[1]:.1f} ms (k=1), {hf[5]:.1f} ms (k=5); "
+                  f"the lean forward is {hf[1] / by_k[1]['ms']:.2f}x as fast at k=1.", ""]
+    cols = [("k", "k new tokens", ""), ("ms", "ms", ".1f"), ("floor_ms", "floor ms", ".1f"),
+            ("x_floor", "x floor", ".2f"), ("relative_to_k1", "cost vs k=1", ".2f")]
+    head = "| " + " | ".join(h for _, h, _ in cols) + " |\n|" + "|".join("---" for _ in cols) + "|"
+    body = ["| " + " | ".join(format(r[k], f) if f else str(r[k]) for k, _, f in cols) + " |" for r in rows]
+    lines += [head] + body
+    if result.get("breakdown"):
+        b1, b5 = result["breakdown"]
+        lines += ["", "Where a step goes (ms, medians; GB/s = the matrix's bytes / its time):", "",
+                  "| stage | k=1 ms | k=5 ms | k=1 GB/s |", "|---|---|---|---|"]
+        for s in STAGES:
+            gbs = b1["read_gbs"].get(s)
+            lines.append(f"| {s} | {b1['stages'][s]:.2f} | {b5['stages'][s]:.2f} | {'-' if gbs is None else f'{gbs:.1f}'} |")
+        lines.append(f"| total | {b1['wall_ms']:.2f} | {b5['wall_ms']:.2f} | |")
+    return "\n".join(lines)
+
+
+def figure(result: dict, rows: list[dict], path: str) -> str:
+    """latency(k) against the floor (left) and where a step goes (right), saved as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    ks = [r["k"] for r in rows]
+    a.plot(ks, [r["ms"] for r in rows], "o-", label="measured step")
+    a.axhline(result["floor_ms"], color="tab:red", ls="--", label=f"floor: {result['weight_mb']:.0f} MB / "
+              f"{result['bandwidth_gbs']:.1f} GB/s")
+    for k, ms in (result.get("hf_step_ms") or {}).items():
+        a.plot([int(k)], [ms], "s", color="0.5", label="Hugging Face forward" if str(k) == "1" else None)
+    a.set_xscale("log", base=2)
+    a.set_xticks(ks, [str(k) for k in ks])
+    a.set_xlabel("k tokens scored in one step")
+    a.set_ylabel("ms")
+    a.set_ylim(0, None)
+    a.set_title("latency(k) against the memory floor")
+    a.legend(fontsize=7)
+    if result.get("breakdown"):
+        colors = plt.cm.tab20.colors
+        for y, br in enumerate(result["breakdown"]):
+            left = 0.0
+            for i, s in enumerate(STAGES):
+                w = br["stages"][s]
+                b.barh(y, w, left=left, color=colors[i % 20], label=s if y == 0 else None)
+                left += w
+        b.axvline(result["floor_ms"], color="tab:red", ls="--")
+        b.set_yticks(range(len(result["breakdown"])), [f"k={br['k']}" for br in result["breakdown"]])
+        b.set_xlabel("ms (red: the floor)")
+        b.set_title("where one step goes")
+        b.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
