@@ -19,3 +19,10 @@ def write_kv(buf, length, new):
         buf = grown
     buf[:, :, length:length + Q] = new
     return buf, buf[:, :, :length + Q]
+
+
+def predicted_step_ms(stages_ms, matrix_mb, bandwidth_gbs):
+    """Every matrix at full bandwidth (MB / (GB/s) = ms), every other stage as measured."""
+    matrices = sum(matrix_mb.values()) / bandwidth_gbs
+    rest = sum(ms for stage, ms in stages_ms.items() if stage not in matrix_mb)
+    return matrices + rest

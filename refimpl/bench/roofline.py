@@ -9,11 +9,12 @@ the three numbers that test it on the machine at hand:
 - :func:`read_bandwidth`: how fast this machine streams memory (a ``torch`` sum over a buffer as
   large as the model's weights, so it cannot sit in a cache);
 - :func:`weight_bytes`: what a step reads (the decoder layers, the final norm, the LM head);
+- :func:`interleaved`: the bandwidth and latency(k) of one or more forwards in one interleaved loop;
 - :func:`breakdown`: where one cached step of k tokens spends its time, per stage of
   :func:`refimpl.models.lean_llama.forward` (each matrix product, norms, rotary, attention, the
   cache, and the Python between them), with each matrix's effective read rate.
 
-:func:`roofline_rows` puts latency(k) next to the floor.
+:func:`run` is ``python -m refimpl.bench --suite latency``: latency(k) next to the floor.
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ import torch
 
 from ..lm import LM
 from ..models import lean_llama
-from .decode import latency_curve
 
 #: the stages of :func:`refimpl.models.lean_llama.forward` that are matrix products
 MATRIX_STAGES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
@@ -121,33 +121,59 @@ def breakdown(lm: LM, k: int = 1, context: int = 128, repeats: int = 15) -> dict
             "read_gbs": {s: nbytes[s] / (stages[s] * 1e6) if stages[s] else None for s in MATRIX_STAGES}}
 
 
-def roofline_rows(lm: LM, bandwidth: float, ks=None, context: int = 128, repeats: int = 7) -> list[dict]:
-    """latency(k) (:func:`refimpl.bench.decode.latency_curve`) with the floor next to each k:
-    ``floor_ms`` = weight bytes / bandwidth, ``x_floor`` = measured / floor (1.0 = on the roofline)."""
-    floor_ms = 1e3 * weight_bytes(lm.model) / bandwidth
-    rows = latency_curve(lm, context=context, ks=ks, repeats=repeats)
-    for r in rows:
-        r["ms"] = 1e3 * r["seconds"]
-        r["floor_ms"] = floor_ms
-        r["x_floor"] = r["ms"] / floor_ms
-    return rows
+@torch.no_grad()
+def interleaved(lms: dict, nbytes: int, ks, context: int = 128, repeats: int = 7) -> dict:
+    """Bandwidth and latency(k) of every LM in ``lms`` ({name: lm}, sharing a device), measured in
+    one interleaved loop: each repeat reads the ``nbytes`` buffer once, then runs every (k, lm)
+    step once, so drift on a shared machine hits all of them alike. Returns medians:
+    ``{"bandwidth": bytes/s, name: {k: ms}}``."""
+    if nbytes < 4 or repeats < 1 or not lms or not ks:
+        raise ValueError(f"nbytes >= 4, repeats >= 1 and some lms and ks needed, got {nbytes}, {repeats}")
+    first = next(iter(lms.values()))
+    dev = first.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    buf = torch.ones(nbytes // 4, device=dev)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(3, first.vocab_size, (1, context + max(ks)), generator=g, device="cpu").to(dev)
+    caches = {name: lm.forward(ids[:, :context], logits_to_keep=1)[1] for name, lm in lms.items()}
+    reads, ms = [], {name: {k: [] for k in ks} for name in lms}
+    for _ in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        buf.sum()
+        sync()
+        reads.append(time.perf_counter() - t0)
+        for k in ks:
+            for name, lm in lms.items():
+                sync()
+                t0 = time.perf_counter()
+                lm.forward(ids[:, context: context + k], caches[name])
+                sync()
+                ms[name][k].append(1e3 * (time.perf_counter() - t0))
+                lm.crop(caches[name], context)
+    out = {"bandwidth": buf.numel() * 4 / statistics.median(reads[1:])}
+    for name in lms:
+        out[name] = {k: statistics.median(v[1:]) for k, v in ms[name].items()}  # the first run warms up
+    return out
 
 
 def run(lm: LM, fast: bool = False) -> dict:
     """The latency suite: bandwidth, floor, latency(k) against it, the breakdown at k = 1 and 5,
-    and the same model's one- and five-token steps through the plain Hugging Face forward."""
+    and (for a :class:`refimpl.models.lean_llama.LeanLM`) the same weights' steps through the plain
+    Hugging Face forward, all interleaved in one loop."""
     nbytes = weight_bytes(lm.model)
-    bandwidth = read_bandwidth(nbytes, repeats=3 if fast else 7, device=lm.device)
-    reps = 2 if fast else 7
-    rows = roofline_rows(lm, bandwidth, ks=[1, 2, 3, 5, 8, 16] if fast else None, repeats=reps)
-    out = {"bandwidth_gbs": bandwidth / 1e9, "weight_mb": nbytes / 1e6, "floor_ms": 1e3 * nbytes / bandwidth,
-           "rows": rows, "breakdown": [], "hf_step_ms": {}}
+    ks = [1, 2, 3, 5, 8, 16] if fast else [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64]
+    lms = {"this": lm}
+    if isinstance(lm, lean_llama.LeanLM):
+        lms["hf"] = LM(lm.model, lm.tokenizer, name=lm.name)  # the same weights, Hugging Face's forward
+    t = interleaved(lms, nbytes, ks, repeats=2 if fast else 7)
+    floor_ms = 1e3 * nbytes / t["bandwidth"]
+    rows = [{"k": k, "ms": t["this"][k], "seconds": t["this"][k] / 1e3, "relative_to_k1": t["this"][k] / t["this"][1],
+             "floor_ms": floor_ms, "x_floor": t["this"][k] / floor_ms} for k in ks]
+    out = {"bandwidth_gbs": t["bandwidth"] / 1e9, "weight_mb": nbytes / 1e6, "floor_ms": floor_ms,
+           "rows": rows, "breakdown": [], "hf_step_ms": t.get("hf", {})}
     if lean_llama.supports(lm.model):
         out["breakdown"] = [breakdown(lm, k, repeats=3 if fast else 15) for k in (1, 5)]
-    if isinstance(lm, lean_llama.LeanLM):  # the same weights through Hugging Face's forward
-        plain = LM(lm.model, lm.tokenizer, name=lm.name)
-        for r in latency_curve(plain, ks=[1, 5], repeats=reps):
-            out["hf_step_ms"][r["k"]] = 1e3 * r["seconds"]
     return out
 
 
@@ -161,10 +187,11 @@ def markdown(result: dict, rows: list[dict]) -> str:
         lines += [f"One-token step {by_k[1]['ms']:.1f} ms = {by_k[1]['x_floor']:.2f}x the floor "
                   f"({1 / by_k[1]['x_floor']:.0%} of the roofline); a 5-token verification = "
                   f"{by_k[5]['relative_to_k1']:.2f}x a one-token step.", ""]
-    hf = result.get("hf_step_ms") or {}
-    if hf and 1 in by_k:
-        lines += [f"The same weights through Hugging Face's forward: {hf[1]:.1f} ms (k=1), {hf[5]:.1f} ms (k=5); "
-                  f"the lean forward is {hf[1] / by_k[1]['ms']:.2f}x as fast at k=1.", ""]
+    hf = {int(k): v for k, v in (result.get("hf_step_ms") or {}).items()}  # (JSON keys are strings)
+    if hf and 1 in by_k and 5 in by_k:
+        lines += [f"The same weights through Hugging Face's forward, interleaved: {hf[1]:.1f} ms (k=1), "
+                  f"{hf[5]:.1f} ms (k=5); the lean forward is {hf[1] / by_k[1]['ms']:.2f}x as fast at k=1, "
+                  f"{hf[5] / by_k[5]['ms']:.2f}x at k=5.", ""]
     cols = [("k", "k new tokens", ""), ("ms", "ms", ".1f"), ("floor_ms", "floor ms", ".1f"),
             ("x_floor", "x floor", ".2f"), ("relative_to_k1", "cost vs k=1", ".2f")]
     head = "| " + " | ".join(h for _, h, _ in cols) + " |\n|" + "|".join("---" for _ in cols) + "|"
@@ -181,11 +208,9 @@ def markdown(result: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def figure(result: dict, rows: list[dict], path: str) -> str:
-    """latency(k) against the floor (left) and where a step goes (right), saved as a PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def figure(result: dict, rows: list[dict], path: str | None = None):
+    """latency(k) against the floor (left) and where a step goes (right): saved as a PNG at
+    ``path`` (returned), or returned as a matplotlib figure when ``path`` is None (a notebook)."""
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -193,8 +218,9 @@ def figure(result: dict, rows: list[dict], path: str) -> str:
     a.plot(ks, [r["ms"] for r in rows], "o-", label="measured step")
     a.axhline(result["floor_ms"], color="tab:red", ls="--", label=f"floor: {result['weight_mb']:.0f} MB / "
               f"{result['bandwidth_gbs']:.1f} GB/s")
-    for k, ms in (result.get("hf_step_ms") or {}).items():
-        a.plot([int(k)], [ms], "s", color="0.5", label="Hugging Face forward" if str(k) == "1" else None)
+    hf = {int(k): v for k, v in (result.get("hf_step_ms") or {}).items()}
+    if hf:
+        a.plot(list(hf), list(hf.values()), "s--", color="0.5", lw=0.8, label="Hugging Face forward")
     a.set_xscale("log", base=2)
     a.set_xticks(ks, [str(k) for k in ks])
     a.set_xlabel("k tokens scored in one step")
@@ -216,6 +242,8 @@ def figure(result: dict, rows: list[dict], path: str) -> str:
         b.set_title("where one step goes")
         b.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     fig.tight_layout()
+    if path is None:
+        return fig
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
