@@ -402,11 +402,11 @@ print(f"{type(fast_target).__name__} vs {type(plain_target).__name__}; {TARGET}:
 # %%
 att = fast_target.model.model.layers[0].self_attn
 w_qkv = cpu_linear.pack_weight(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
-h = torch.randn(5, fast_target.config.hidden_size)
+h = torch.randn(5, fast_target.config.hidden_size, device="cpu")
 fused = cpu_linear.packed_linear(h, w_qkv)                           # (5, (H + 2 Hkv) D)
 apart = torch.cat([att.q_proj(h), att.k_proj(h), att.v_proj(h)], -1) # three prepacked products
 assert torch.equal(fused, apart)
-ids = torch.tensor([prompts[0] + ref.tokens[0]])
+ids = torch.tensor([prompts[0] + ref.tokens[0]], device="cpu")
 assert torch.equal(fast_target.logits(ids), plain_target.logits(ids))
 print(f"fused q/k/v == three products, bit for bit; the whole LeanLM == Hugging Face's forward on the same weights")
 
