@@ -211,6 +211,28 @@ for x, lab in [(1, "bf16"), (0.5, "fp32")]:
 plt.xlabel("arithmetic intensity (FLOP / byte)"); plt.ylabel("attainable TFLOP/s"); plt.legend(fontsize=7); plt.show()
 
 # %% [markdown]
+# ## This machine: the floor next to the measurement
+# The same arithmetic on the machine you are on. `refimpl.bench.roofline.read_bandwidth` times a sum over a
+# buffer too big for any cache; the floor of a one-token step is the bytes it must read over that
+# bandwidth; `mine[1]` is the one-token step you measured above. (`tiny`'s few MB fit in the CPU's
+# cache, so its floor says little: set `MODEL = "smollm2-135m"`.) Below it, the committed run of
+# `python -m refimpl.bench --suite latency --model smollm2-135m` on the machine that built the
+# course: each k's time next to bytes / bandwidth. Appendix 04c takes the step apart.
+
+# %%
+import json, os
+from refimpl.bench import roofline as measured   # (not the roofline() function above)
+
+bw_here = measured.read_bandwidth(64 << 20 if FAST else 1 << 30, repeats=3 if FAST else 7, device=lm.device)
+floor_here = measured.weight_bytes(lm.model) / bw_here
+print(f"{MODEL} on {DEVICE}: {measured.weight_bytes(lm.model) / 1e6:.1f} MB per step / {bw_here / 1e9:.1f} GB/s "
+      f"= floor {floor_here * 1e3:.2f} ms; measured {mine[1] * 1e3:.2f} ms ({floor_here / mine[1]:.0%} of the roofline)")
+saved = json.load(open(os.path.join(models.MODELS_DIR, "..", "bench_results", "latency_smollm2-135m.json")))
+print(f"smollm2-135m, committed: {saved['weight_mb']:.0f} MB / {saved['bandwidth_gbs']:.1f} GB/s = floor {saved['floor_ms']:.1f} ms")
+for r in saved["rows"][:9]:
+    print(f"  k={r['k']:2d}  {r['ms']:6.1f} ms  = {r['x_floor']:.2f}x the floor")
+
+# %% [markdown]
 # ## What speculative methods can hope for
 # A draft proposes `gamma` tokens; the target scores them all in one pass and keeps them left to
 # right until the first one it rejects, then adds one token of its own.
