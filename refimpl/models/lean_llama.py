@@ -295,7 +295,9 @@ class LeanLM(LM):
     """An :class:`refimpl.lm.LM` whose cached steps and ``logits`` run through :func:`forward`:
     the same logits as the Hugging Face forward of the same model (bit for bit when both use the
     prepacked linears), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
-    target on a CPU in fp32; ``models.load(name, fast=False)`` returns the plain :class:`LM`."""
+    target on a CPU in fp32; ``models.load(name, fast=False)`` returns the plain :class:`LM`.
+    Handed a Hugging Face cache (a ``DynamicCache`` made elsewhere), ``forward`` runs Hugging
+    Face's forward on it instead, so either kind of cache keeps working."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -313,10 +315,10 @@ class LeanLM(LM):
     @torch.no_grad()
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None,
                 output_hidden_states=False, logits_to_keep=0):
+        if cache is not None and not isinstance(cache, KVCache):  # a Hugging Face cache: its own forward
+            return super().forward(input_ids, cache, position_ids, attention_mask, output_hidden_states, logits_to_keep)
         if cache is None:
             cache = self.new_cache()
-        if not isinstance(cache, KVCache):
-            raise ValueError(f"cache must come from this LM's new_cache() (a KVCache), got {type(cache).__name__}")
         if attention_mask is not None and attention_mask.dim() == 4:
             attention_mask = attention_mask.to(dtype=self.dtype)
         logits, hidden = on_device(self, input_ids, cache, position_ids, attention_mask, logits_to_keep)
