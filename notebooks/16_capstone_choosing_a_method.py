@@ -278,19 +278,55 @@ if main:
 # %% [markdown]
 # ## What changes on a GPU (a model, not a measurement)
 # On a GPU a decode step is memory-bound: scoring `k` tokens costs about what scoring one does until
-# `k` reaches tens. Model it: a target step costs 1 whatever it scores, and each draft call costs a
-# fraction `c_draft` of a target step (the draft's share of the bytes read). Then
-# `step cost = 1 + draft calls per step * c_draft`. The CPU's step cost also contains the extra
-# tokens scored, which the GPU model drops: tree methods and lookahead move right-to-left, toward
-# their tau.
+# `k` reaches tens. Model it in two rules: a target step costs one AR step whatever it scores, and
+# each draft call costs a fraction `c_draft` of a target step (the draft's share of the bytes read).
+# The CPU's step cost also contains the extra tokens scored, which the GPU model drops: tree methods
+# and lookahead should move right-to-left, toward their tau. Write the model first.
+
+# %% [markdown]
+# ### Exercise 3: the modelled GPU step cost
+# Write `gpu_step_cost(draft_calls_per_step, c_draft)`: a step's cost in AR steps under the two rules
+# above. The check: on the committed table, the modelled GPU speed-up of a tree
+# method is at least its CPU speed-up.
+
+# %%
+@exercise("16", "gpu_step_cost")
+def gpu_step_cost(draft_calls_per_step, c_draft):
+    """AR steps per speculative step on a GPU-like machine (latency(k) flat)."""
+    raise NotImplementedError
+
+
+def check_gpu():
+    if main is None:
+        return ...
+    assert abs(gpu_step_cost(0.0, 0.1) - 1.0) < 1e-9, "a step with no draft calls costs one target call"
+    assert abs(gpu_step_cost(4.0, 0.1) - 1.4) < 1e-9, "4 draft calls at 0.1 each add 0.4"
+    for x in main["rows"]:
+        if "tree" in x["method"] and x.get("tau") and x.get("step_cost"):
+            gpu = pooled_tau(x) / gpu_step_cost(x["draft_calls_per_step"] or 0.0, 0.1)
+            assert gpu >= x["speedup"] * 0.95, f"{x['method']}: GPU model {gpu:.2f} below CPU {x['speedup']:.2f}"
+
+
+check("Exercise 3", check_gpu)
+if SHOW_SOLUTIONS:
+    show("16", "gpu_step_cost")
+
+# %% [markdown]
+# The table redrawn under your model (left: as measured on this CPU; right: the modelled GPU).
 
 # %%
 def gpu_cost(x, c_draft=0.1):
-    """Modelled GPU step cost (AR steps): one flat-cost target call + the draft calls of a step."""
-    return 1.0 + (x.get("draft_calls_per_step") or 0.0) * c_draft
+    """Modelled GPU step cost of a table row, by your `gpu_step_cost`."""
+    return gpu_step_cost(x.get("draft_calls_per_step") or 0.0, c_draft)
 
 
-if main:
+try:
+    gpu_cost({"draft_calls_per_step": 1.0})
+    have_model = True
+except NotImplementedError:
+    have_model = False
+    print("write gpu_step_cost (Exercise 3) to see the modelled GPU picture")
+if main and have_model:
     fig, axs = plt.subplots(1, 2, figsize=(13, 5))
     iso_plot(main, axs[0], title="measured, this CPU")
     iso_plot(main, axs[1], cost_of=gpu_cost, title="modelled GPU: flat latency(k), c_draft = 0.1")
@@ -371,34 +407,6 @@ else:
 # prepack weights for a few rows, chapter 04c), ours pays ~1.1x; vLLM's plain AR step is cheaper than ours.
 
 # %% [markdown]
-# ### Exercise 3: the modelled GPU step cost
-# Write `gpu_step_cost(draft_calls_per_step, c_draft)` for the GPU model above (a flat-cost target
-# call plus the draft calls). The check: on the committed table, the modelled GPU speed-up of a tree
-# method is at least its CPU speed-up.
-
-# %%
-@exercise("16", "gpu_step_cost")
-def gpu_step_cost(draft_calls_per_step, c_draft):
-    """AR steps per speculative step on a GPU-like machine (latency(k) flat)."""
-    raise NotImplementedError
-
-
-def check_gpu():
-    if main is None:
-        return ...
-    assert abs(gpu_step_cost(0.0, 0.1) - 1.0) < 1e-9, "a step with no draft calls costs one target call"
-    assert abs(gpu_step_cost(4.0, 0.1) - 1.4) < 1e-9, "4 draft calls at 0.1 each add 0.4"
-    for x in main["rows"]:
-        if "tree" in x["method"] and x.get("tau") and x.get("step_cost"):
-            gpu = pooled_tau(x) / gpu_step_cost(x["draft_calls_per_step"] or 0.0, 0.1)
-            assert gpu >= x["speedup"] * 0.95, f"{x['method']}: GPU model {gpu:.2f} below CPU {x['speedup']:.2f}"
-
-
-check("Exercise 3", check_gpu)
-if SHOW_SOLUTIONS:
-    show("16", "gpu_step_cost")
-
-# %% [markdown]
 # ## Widget: move to a GPU
 # Pick the machine (this CPU as measured, or the GPU model) and slide the draft's cost per call: the
 # points move, the iso-lines stay, and the fastest lossless method is printed.
@@ -414,6 +422,9 @@ def play(machine="measured CPU", c_draft=0.1):
     if main is None:
         print("no committed capstone results")
         return
+    if machine != "measured CPU" and not have_model:
+        print("write gpu_step_cost (Exercise 3) first")
+        machine = "measured CPU"
     cost = (lambda x: x["step_cost"]) if machine == "measured CPU" else (lambda x: gpu_cost(x, c_draft))
     fig, ax = plt.subplots(figsize=(8, 5))
     iso_plot(main, ax, cost_of=cost, title=f"{machine}" + ("" if machine == "measured CPU" else f", c_draft={c_draft:.2f}"))
@@ -428,7 +439,7 @@ ui = widgets.interact(play, machine=widgets.Dropdown(options=["measured CPU", "G
                       c_draft=widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.05)).widget
 before = shown
 ui.children[0].value = "GPU model"                 # switch the machine, as a person would
-assert main is None or shown != before, "moving a control must change the output"
+assert main is None or not have_model or shown != before, "moving a control must change the output"
 print(before, "->", shown)
 
 # %% [markdown]
