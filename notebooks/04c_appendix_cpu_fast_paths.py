@@ -418,12 +418,7 @@ print(f"fused q/k/v == three products, bit for bit; the whole LeanLM == Hugging 
 # %%
 br = [roofline.breakdown(fast_target, k=k, repeats=REPEATS) for k in (1, 5)]
 fig, ax = plt.subplots(figsize=(7, 2.4))
-for y, b in enumerate(br):
-    left = 0.0
-    for i, s in enumerate(roofline.STAGES):
-        ax.barh(y, b["stages"][s], left=left, color=plt.cm.tab20.colors[i], label=s if y == 0 else None)
-        left += b["stages"][s]
-ax.set_yticks([0, 1], ["k=1", "k=5"]); ax.set_xlabel("ms"); ax.legend(fontsize=6, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+roofline.stages_bar(ax, br)                                          # one stacked bar per k
 plt.tight_layout(); plt.show()
 print({s: f"{g:.1f} GB/s" for s, g in br[0]["read_gbs"].items()})
 

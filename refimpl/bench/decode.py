@@ -141,6 +141,20 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
     return rows
 
 
+def timer(device):
+    """``timed(fn)``: seconds one call of ``fn()`` takes on ``device`` (a GPU is synchronised
+    before and after, since its calls return before they finish)."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def timed(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+    return timed
+
+
 @torch.no_grad()
 def latency_curve(lm, context: int = 128, ks=None, repeats: int = 5) -> list[dict]:
     """Median seconds to score k new tokens on top of a cached ``context``-token prefix."""
@@ -148,16 +162,12 @@ def latency_curve(lm, context: int = 128, ks=None, repeats: int = 5) -> list[dic
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(3, lm.vocab_size, (1, context + max(ks)), generator=g, device="cpu").to(lm.device)
     _, cache = lm.forward(ids[:, :context])
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    timed = timer(lm.device)
     rows = []
     for k in ks:
         ts = []
         for _ in range(repeats + 1):
-            sync()
-            t0 = time.perf_counter()
-            lm.forward(ids[:, context: context + k], cache)
-            sync()
-            ts.append(time.perf_counter() - t0)
+            ts.append(timed(lambda: lm.forward(ids[:, context: context + k], cache)))
             lm.crop(cache, context)
         rows.append({"k": k, "seconds": statistics.median(ts[1:])})
     base = rows[0]["seconds"]

@@ -26,6 +26,7 @@ import torch
 
 from ..lm import LM
 from ..models import lean_llama
+from .decode import markdown_table, timer
 
 #: the stages of :func:`refimpl.models.lean_llama.forward` that are matrix products
 MATRIX_STAGES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
@@ -37,17 +38,9 @@ def read_bandwidth(nbytes: int, repeats: int = 7, device="cpu") -> float:
     """Bytes per second to read ``nbytes`` of float32 once (median of ``repeats`` sums)."""
     if nbytes < 4 or repeats < 1:
         raise ValueError(f"nbytes must be >= 4 and repeats >= 1, got {nbytes}, {repeats}")
-    buf = torch.ones(nbytes // 4, device=device)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    buf, timed = torch.ones(nbytes // 4, device=device), timer(device)
     buf.sum()
-    ts = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        buf.sum()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return buf.numel() * 4 / statistics.median(ts)
+    return buf.numel() * 4 / statistics.median(timed(buf.sum) for _ in range(repeats))
 
 
 def matrix_bytes(model) -> dict[str, int]:
@@ -131,25 +124,17 @@ def interleaved(lms: dict, nbytes: int, ks, context: int = 128, repeats: int = 7
         raise ValueError(f"nbytes >= 4, repeats >= 1 and some lms and ks needed, got {nbytes}, {repeats}")
     first = next(iter(lms.values()))
     dev = first.device
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    timed = timer(dev)
     buf = torch.ones(nbytes // 4, device=dev)
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(3, first.vocab_size, (1, context + max(ks)), generator=g, device="cpu").to(dev)
     caches = {name: lm.forward(ids[:, :context], logits_to_keep=1)[1] for name, lm in lms.items()}
     reads, ms = [], {name: {k: [] for k in ks} for name in lms}
     for _ in range(repeats + 1):
-        sync()
-        t0 = time.perf_counter()
-        buf.sum()
-        sync()
-        reads.append(time.perf_counter() - t0)
+        reads.append(timed(buf.sum))
         for k in ks:
             for name, lm in lms.items():
-                sync()
-                t0 = time.perf_counter()
-                lm.forward(ids[:, context: context + k], caches[name])
-                sync()
-                ms[name][k].append(1e3 * (time.perf_counter() - t0))
+                ms[name][k].append(1e3 * timed(lambda: lm.forward(ids[:, context: context + k], caches[name])))
                 lm.crop(caches[name], context)
     out = {"bandwidth": buf.numel() * 4 / statistics.median(reads[1:])}
     for name in lms:
@@ -194,18 +179,32 @@ def markdown(result: dict, rows: list[dict]) -> str:
                   f"{hf[5] / by_k[5]['ms']:.2f}x at k=5.", ""]
     cols = [("k", "k new tokens", ""), ("ms", "ms", ".1f"), ("floor_ms", "floor ms", ".1f"),
             ("x_floor", "x floor", ".2f"), ("relative_to_k1", "cost vs k=1", ".2f")]
-    head = "| " + " | ".join(h for _, h, _ in cols) + " |\n|" + "|".join("---" for _ in cols) + "|"
-    body = ["| " + " | ".join(format(r[k], f) if f else str(r[k]) for k, _, f in cols) + " |" for r in rows]
-    lines += [head] + body
+    lines.append(markdown_table(rows, cols))
     if result.get("breakdown"):
         b1, b5 = result["breakdown"]
+        table = [{"stage": s, "k1": b1["stages"][s], "k5": b5["stages"][s], "gbs": b1["read_gbs"].get(s)} for s in STAGES]
+        table.append({"stage": "total", "k1": b1["wall_ms"], "k5": b5["wall_ms"]})
         lines += ["", "Where a step goes (ms, medians; GB/s = the matrix's bytes / its time):", "",
-                  "| stage | k=1 ms | k=5 ms | k=1 GB/s |", "|---|---|---|---|"]
-        for s in STAGES:
-            gbs = b1["read_gbs"].get(s)
-            lines.append(f"| {s} | {b1['stages'][s]:.2f} | {b5['stages'][s]:.2f} | {'-' if gbs is None else f'{gbs:.1f}'} |")
-        lines.append(f"| total | {b1['wall_ms']:.2f} | {b5['wall_ms']:.2f} | |")
+                  markdown_table(table, [("stage", "stage", ""), ("k1", "k=1 ms", ".2f"), ("k5", "k=5 ms", ".2f"),
+                                         ("gbs", "k=1 GB/s", ".1f")])]
     return "\n".join(lines)
+
+
+def stages_bar(ax, breakdowns: list[dict], floor_ms: float | None = None) -> None:
+    """One stacked bar per :func:`breakdown` (its stages in :data:`STAGES` order) on ``ax``, with
+    the floor as a red line when given."""
+    import matplotlib.pyplot as plt
+
+    for y, br in enumerate(breakdowns):
+        left = 0.0
+        for i, s in enumerate(STAGES):
+            ax.barh(y, br["stages"][s], left=left, color=plt.cm.tab20.colors[i % 20], label=s if y == 0 else None)
+            left += br["stages"][s]
+    if floor_ms is not None:
+        ax.axvline(floor_ms, color="tab:red", ls="--")
+    ax.set_yticks(range(len(breakdowns)), [f"k={br['k']}" for br in breakdowns])
+    ax.set_xlabel("ms" + ("" if floor_ms is None else " (red: the floor)"))
+    ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
 
 
 def figure(result: dict, rows: list[dict], path: str | None = None):
@@ -229,18 +228,8 @@ def figure(result: dict, rows: list[dict], path: str | None = None):
     a.set_title("latency(k) against the memory floor")
     a.legend(fontsize=7)
     if result.get("breakdown"):
-        colors = plt.cm.tab20.colors
-        for y, br in enumerate(result["breakdown"]):
-            left = 0.0
-            for i, s in enumerate(STAGES):
-                w = br["stages"][s]
-                b.barh(y, w, left=left, color=colors[i % 20], label=s if y == 0 else None)
-                left += w
-        b.axvline(result["floor_ms"], color="tab:red", ls="--")
-        b.set_yticks(range(len(result["breakdown"])), [f"k={br['k']}" for br in result["breakdown"]])
-        b.set_xlabel("ms (red: the floor)")
+        stages_bar(b, result["breakdown"], result["floor_ms"])
         b.set_title("where one step goes")
-        b.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     fig.tight_layout()
     if path is None:
         return fig

@@ -291,13 +291,9 @@ def on_device(lm, input_ids, cache: KVCache, position_ids=None, attention_mask=N
                    logits_to_keep=logits_to_keep)
 
 
-class LeanLM(LM):
-    """An :class:`refimpl.lm.LM` whose cached steps and ``logits`` run through :func:`forward`:
-    the same logits as the Hugging Face forward of the same model (bit for bit when both use the
-    prepacked linears), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
-    target on a CPU in fp32; ``models.load(name, fast=False)`` returns the plain :class:`LM`.
-    Handed a Hugging Face cache (a ``DynamicCache`` made elsewhere), ``forward`` runs Hugging
-    Face's forward on it instead, so either kind of cache keeps working."""
+class LeanSteps:
+    """What both lean wrappers add to their :class:`refimpl.lm.LM`: the model must fit
+    :func:`supports`, and its cache is a :class:`KVCache`."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -306,6 +302,15 @@ class LeanLM(LM):
 
     def new_cache(self):
         return KVCache(self.num_layers)
+
+
+class LeanLM(LeanSteps, LM):
+    """An :class:`refimpl.lm.LM` whose cached steps and ``logits`` run through :func:`forward`:
+    the same logits as the Hugging Face forward of the same model (bit for bit when both use the
+    prepacked linears), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
+    target on a CPU in fp32; ``models.load(name, fast=False)`` returns the plain :class:`LM`.
+    Handed a Hugging Face cache (a ``DynamicCache`` made elsewhere), ``forward`` runs Hugging
+    Face's forward on it instead, so either kind of cache keeps working."""
 
     @torch.no_grad()
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
@@ -325,17 +330,9 @@ class LeanLM(LM):
         return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
 
-class LeanTrimmedLM(TrimmedLM):
+class LeanTrimmedLM(LeanSteps, TrimmedLM):
     """A :class:`refimpl.drafts.TrimmedLM` whose cached steps run through :func:`forward` (same
     logits, a third less per-call overhead, its own preallocated :class:`KVCache`)."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not supports(self.model):
-            raise ValueError("model must be a plain Llama-recipe causal LM (lean_llama.supports(model) is False)")
-
-    def new_cache(self):
-        return KVCache(self.num_layers)
 
     @torch.no_grad()
     def forward_trimmed(self, input_ids, cache=None, position_ids=None, attention_mask=None,
