@@ -87,6 +87,23 @@ class Growth:
         return keep_best(self.toks, self.par, self.score, torch.tensor(self.depth, device=self.score.device), caps, total)
 
 
+def settled(score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int], total: int, floor: float) -> bool:
+    """Stop growing a dynamic tree below level ``d``? ``score`` (B, N) every grown node's cumulative
+    log-confidence, ``lvl`` the level's (lo, hi) node range. Two reasons, checked for every row:
+
+    - exact: a child's score is at most its parent's and it ranks after every node grown before
+      it, so once no node of the level beats the row's ``total``-th best score so far (or the
+      row's cap is reached), the re-rank would drop all their descendants: same tree, fewer calls;
+    - economic: no node of the level has a cumulative confidence of at least ``floor``: their
+      children would add at most that many expected tokens each, less than one draft call costs
+      when ``floor`` is about the draft's cost ratio c (chapter 04a; SmolLM2's draft: c ~ 0.12)."""
+    best = score[:, lvl[0]:lvl[1]].max(-1).values  # (B,) the level's most confident node
+    stop = torch.tensor([c <= d for c in caps], device=score.device) | (best.exp() < floor)  # (B,)
+    if score.shape[1] >= total:  # the row's total-th best score so far
+        stop |= best <= score.topk(total, -1).values[:, -1]
+    return bool(stop.all())
+
+
 class DynamicDraftTree:
     """Proposer: EAGLE-2's dynamic tree grown by a draft LM with its KV cache (see the module doc).
 
@@ -136,19 +153,8 @@ class DynamicDraftTree:
         return logits
 
     def settled(self, score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int]) -> bool:
-        """Stop growing below level ``d``? Two reasons, checked for every row:
-
-        - exact: a child's score is at most its parent's and it ranks after every node grown before
-          it, so once no node of the level beats the row's ``total``-th best score so far (or the
-          row's cap is reached), the re-rank would drop all their descendants: same tree, fewer calls;
-        - economic: no node of the level has a cumulative confidence of at least ``floor``: their
-          children would add at most that many expected tokens each, less than one draft call costs
-          when ``floor`` is about the draft's cost ratio c (chapter 04a; SmolLM2's draft: c ~ 0.12)."""
-        best = score[:, lvl[0]:lvl[1]].max(-1).values  # (B,) the level's most confident node
-        stop = torch.tensor([c <= d for c in caps], device=score.device) | (best.exp() < self.floor)  # (B,)
-        if score.shape[1] >= self.total:  # the row's total-th best score so far
-            stop |= best <= score.topk(self.total, -1).values[:, -1]
-        return bool(stop.all())
+        """Stop growing below level ``d``? :func:`settled` with this tree's ``total`` and ``floor``."""
+        return settled(score, lvl, d, caps, self.total, self.floor)
 
     @torch.no_grad()
     def propose(self, caps: list[int]):

@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .dynamic_tree import Growth
+from .dynamic_tree import Growth, settled
 from .generation import Generation, check_positive_int
 from .lm import positions_from_mask
 from .medusa import read_folder, write_folder
@@ -126,6 +126,12 @@ class EagleDraft(nn.Module):
         mask = torch.ones_like(tok) if mask is None else mask
         return self.step(tok, feat, positions(mask), causal(mask))[0]
 
+    taps = None  # the target's last (normed) layer: ``Verdict.hidden`` as it comes
+
+    def fuse(self, feats: torch.Tensor) -> torch.Tensor:
+        """The target's features as the draft reads them: (..., H) unchanged (EAGLE-3 fuses layers)."""
+        return feats.float()
+
     def logits(self, f: torch.Tensor) -> torch.Tensor:
         """(..., H) predicted features -> (..., V') the target's LM head on them (kept rows)."""
         return f @ self.lm_head.T
@@ -175,17 +181,31 @@ class EagleProposer:
 
     ``cache`` (default): keep the draft layer's keys / values of the committed inputs across steps
     and run the layer only on the new ones; ``cache=False`` re-runs it over every row's whole
-    context at every step (the reference the cache is tested against: the same trees)."""
+    context at every step (the reference the cache is tested against: the same trees). Growth stops
+    early (:func:`refimpl.dynamic_tree.settled`): once deeper nodes could not enter the kept tree
+    (exact: same tree, fewer draft calls), or no node of a level reaches cumulative confidence
+    ``floor`` (0, the default here: EAGLE-2's rule; EAGLE-3 uses the chain tree's 0.1). The draft may
+    be an :class:`EagleDraft` or an EAGLE-3 draft (:mod:`refimpl.eagle3`): the proposer asks it for
+    the target layers it reads (``taps``) and fuses them (``fuse``) as it stores the features."""
 
     tree_proposals = True
-    wants_hidden = True
+    wants_hidden = True  # the target's features; a draft's ``taps`` (EAGLE-3) set layer ids (:meth:`use`)
     kind = Tree  # the Tree class the proposals use (a test swaps in a wrong walk)
     compact_at = 0.25  # squeeze the cache's padding out once every row has this fraction of it
 
-    def __init__(self, draft: EagleDraft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True):
+    def __init__(self, draft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True, floor: float = 0.0):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
-        self.draft, self.cache = draft, cache
+        if not (isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0.0 <= floor < 1.0):
+            raise ValueError(f"floor must be a confidence in [0, 1), got {floor!r}")
+        self.cache, self.floor = cache, float(floor)
+        self.use(draft)
+
+    def use(self, draft) -> None:
+        """Grow trees with ``draft`` (an :class:`EagleDraft` or :class:`refimpl.eagle3.Eagle3Draft`):
+        it reads the target layers its ``taps`` name (None: the last, normed)."""
+        self.draft = draft
+        self.wants_hidden = getattr(draft, "taps", None) or True
 
     def start(self, ids, mask, settings) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
@@ -250,9 +270,10 @@ class EagleProposer:
             self.rows = None
             return pack([([], [])] * B, self.device)
         root, past, kmask, n = self.encode()
+        self.calls = D  # (fewer when growth settles early)
         rows, self.scores = self.grow(root, past, kmask, n, caps, D)
         self.rows = rows
-        prop = pack(rows, self.device, calls=D)
+        prop = pack(rows, self.device, calls=self.calls)
         if prop.tree is not None and self.kind is not Tree:
             prop = prop._replace(tree=self.kind(prop.tree.parents, prop.tree.depth, prop.tree.see))
         return prop
@@ -268,6 +289,9 @@ class EagleProposer:
         grown = Growth(score, self.draft.full(toks))
         lvl_feat = root[:, None].expand(B, k, -1)  # the current level's nodes' input features
         for d in range(1, D):  # expand the topk most confident nodes of level d
+            if settled(grown.score, grown.lvl, d, caps, self.total, self.floor):
+                self.calls = d
+                break
             top, anc = grown.expand()  # (B, e) global ids, (B, e, expanded before)
             e = top.shape[1]
             allow = torch.cat([kmask[:, None, :].expand(B, e, P), anc,
@@ -280,13 +304,14 @@ class EagleProposer:
             lvl_feat = f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
         return grown.keep(caps, self.total)  # EAGLE-2's re-rank
 
+    @torch.no_grad()
     def accept(self, v) -> None:
-        hid = v.hidden.float()  # (b, g + 1, H): after the root, then after each node
+        hid = self.draft.fuse(v.hidden)  # (b, g + 1, H): after the root, then after each node
         path = None if v.path is None else v.path.tolist()
         new = []
         for r, (k, nxt) in enumerate(zip(v.n_list, v.next.tolist())):
             nodes = path[r][:k] if k else []
-            fed = v.fed_hidden[r].float() if v.fed_hidden is not None else hid[r, :0]  # (F - 1, H)
+            fed = self.draft.fuse(v.fed_hidden[r]) if v.fed_hidden is not None else hid[r, :0]  # (F - 1, H)
             if self.feats is None:  # the prompt: drop the left padding
                 fed = fed[self.pmask[r, : fed.shape[0]].to(fed.device)]
             old = [] if self.feats is None else [self.feats[r]]
@@ -318,5 +343,5 @@ def generate(target, prompts, draft: EagleDraft | None = None, max_new_tokens: i
     if draft.hidden_size != target.config.hidden_size:
         raise ValueError(f"draft was trained for hidden size {draft.hidden_size}, the target has "
                          f"{target.config.hidden_size}")
-    proposer.draft = draft.to(target.device).eval()
+    proposer.use(draft.to(target.device).eval())
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

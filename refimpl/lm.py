@@ -106,15 +106,18 @@ class LM:
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                attention_mask: torch.Tensor | None = None, output_hidden_states=False,
                 logits_to_keep: int = 0):
         """One cached step. ``input_ids`` (B, Q) are appended after the ``past`` cached tokens.
 
         Returns ``(logits (B, Q, V) float32, cache)``, or ``(logits, cache, hidden)`` with
-        ``hidden`` the last layer's hidden states (B, Q, H) when ``output_hidden_states``.
+        ``hidden`` the last layer's hidden states (B, Q, H) when ``output_hidden_states`` is True;
+        a tuple of layer ids instead (:func:`check_taps`) gives those layers' residual streams side
+        by side, (B, Q, len(taps) H): EAGLE-3's multi-layer features from the same call.
         ``logits_to_keep=n`` computes logits for the last ``n`` positions only (0 = all): a
         prefill that needs only the next token skips the (Q, V) output projection.
         """
+        taps = None if isinstance(output_hidden_states, bool) else check_taps(output_hidden_states, self.num_layers)
         if cache is None:
             cache = self.new_cache()
         if attention_mask is not None and attention_mask.dim() == 4:
@@ -125,11 +128,13 @@ class LM:
             position_ids=None if position_ids is None else position_ids.to(self.device),
             attention_mask=None if attention_mask is None else attention_mask.to(self.device),
             use_cache=True,
-            output_hidden_states=output_hidden_states,
+            output_hidden_states=bool(output_hidden_states),
             logits_to_keep=logits_to_keep,
         )
-        if output_hidden_states:
+        if output_hidden_states is True:
             return out.logits.float(), out.past_key_values, out.hidden_states[-1]
+        if taps:
+            return out.logits.float(), out.past_key_values, torch.cat([out.hidden_states[i] for i in taps], -1)
         return out.logits.float(), out.past_key_values
 
     @staticmethod
@@ -163,6 +168,17 @@ class LM:
             idx = src.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
             keys[:, :, dst:dst + k_new] = keys.gather(2, idx)  # gather copies first: overlaps are safe
             values[:, :, dst:dst + k_new] = values.gather(2, idx)
+
+
+def check_taps(taps, num_layers: int) -> tuple[int, ...]:
+    """Layer ids whose residual streams a forward returns (Hugging Face's ``hidden_states[i]``: the
+    input of layer i, i.e. after i layers; ``num_layers`` = after the final norm) -> a tuple of ints."""
+    if isinstance(taps, (str, bytes)) or not hasattr(taps, "__iter__"):
+        raise ValueError(f"output_hidden_states must be True/False or a tuple of layer ids, got {taps!r}")
+    taps = tuple(taps)
+    if not taps or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= num_layers for i in taps):
+        raise ValueError(f"output_hidden_states: layer ids must be ints in [0, {num_layers}], got {taps!r}")
+    return taps
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

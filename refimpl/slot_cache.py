@@ -21,9 +21,10 @@ class SlotCache:
         self.count = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) valid slots
         self.holes = False  # does any row have a 0 in ``mask``?
 
-    def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None, hidden: bool = False):
+    def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None, hidden=False):
         """Append ``tokens`` (B, Q) (``fmask`` (B, Q) marks real ones; None = all) -> logits (B, Q, V),
-        or ``(logits, h)`` with the last layer's (normed) hidden states h (B, Q, H) when ``hidden``."""
+        or ``(logits, h)`` with the last layer's (normed) hidden states h (B, Q, H) when ``hidden``
+        (a tuple of layer ids: those layers' residual streams side by side, :meth:`refimpl.lm.LM.forward`)."""
         B, Q = tokens.shape
         if fmask is None:
             pos = self.count[:, None] + torch.arange(Q, device=tokens.device)  # (B, Q)
@@ -32,7 +33,7 @@ class SlotCache:
             pos = self.count[:, None] + (fmask.cumsum(-1) - 1).clamp(min=0)
             self.holes = True  # callers pass a feed mask only when it has holes (pads)
         self.mask = torch.cat([self.mask, fmask], dim=1)
-        extra = {"output_hidden_states": True} if hidden else {}  # (any LM-like object works without it)
+        extra = {"output_hidden_states": hidden} if hidden else {}  # (any LM-like object works without it)
         out = self.lm.forward(tokens, self.cache, position_ids=pos, attention_mask=self.mask if self.holes else None,
                               **extra)
         self.cache = out[1]

@@ -36,7 +36,8 @@ lookup lives in :mod:`refimpl.retrieval`)::
     select(rows: LongTensor) -> None                     # finished rows leave the batch
 
 A proposer with ``wants_hidden = True`` (Medusa's heads, :mod:`refimpl.medusa`) also receives the
-target's last hidden states at the root and every draft (``Verdict.hidden``): its features.
+target's last hidden states at the root and every draft (``Verdict.hidden``): its features. A tuple
+of layer ids instead (EAGLE-3, :mod:`refimpl.eagle3`) gets those layers' streams side by side.
 
 Ragged batches (rows accept different counts). The target's cache keeps one *physical* length
 for the whole batch, and a 2-D slot mask (B, slots) marks which slots hold a row's real tokens
@@ -126,7 +127,7 @@ class Verdict(NamedTuple):
     logits: torch.Tensor | None = None  # (b, g + 1, V) the target's logits after the root and each draft
     path: torch.Tensor | None = None  # (b, max n) accepted node indices of a tree proposal (-1 = none)
     fed: torch.Tensor | None = None  # (b, F - 1, V) logits after the fed tokens before the root (the prompt, at first)
-    hidden: torch.Tensor | None = None  # (b, g + 1, H) the target's last hidden states there (``wants_hidden``)
+    hidden: torch.Tensor | None = None  # (b, g + 1, H or taps x H) the target's features there (``wants_hidden``)
     fed_hidden: torch.Tensor | None = None  # (b, F - 1, H) and after the fed tokens before the root (as ``fed``)
 
 
@@ -168,7 +169,7 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
     eos = eos_set(eos_token_id, target.eos_token_id)
     settings = Sampling(temperature, top_k, top_p, generator)
     device, B = target.device, len(prompts)
-    want_h = bool(getattr(proposer, "wants_hidden", False))  # self-drafting heads read the target's features
+    want_h = getattr(proposer, "wants_hidden", False) or False  # True / layer ids: the drafter reads features
     stats = Stats(rows=B)
     out: list[list[int]] = [[] for _ in prompts]
     step_gammas, row_lengths = [], []

@@ -99,11 +99,12 @@ class Tree:
 
     # -- 1. one forward over the unprocessed tokens + every node ---------------------------
     def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
-             valid: torch.Tensor, full: bool = False, hidden: bool = False):
+             valid: torch.Tensor, full: bool = False, hidden=False):
         """Append ``feed`` (b, F) (``fmask`` marks real tokens) and the nodes ``x`` (b, m) to the
         :class:`~refimpl.speculative.SlotCache` ``slots`` -> logits (b, 1 + m, V): after the root,
         then after each node (``full``: (b, F + m, V), after every fed token too); ``hidden``:
-        ``(logits, h)`` with the target's last hidden states h (b, 1 + m or F + m, H) alongside."""
+        ``(logits, h)`` with the target's last hidden states h (b, 1 + m or F + m, H) alongside (a tuple
+        of layer ids: those layers' streams side by side, as :meth:`refimpl.lm.LM.forward`)."""
         b, F = feed.shape
         m, dev = x.shape[1], feed.device
         fm = torch.ones_like(feed) if fmask is None else fmask
@@ -121,7 +122,7 @@ class Tree:
         diag = torch.arange(F + m, device=dev)
         allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
         out = slots.lm.forward(torch.cat([feed, x], 1), slots.cache, position_ids=pos,
-                               attention_mask=additive(allow), **({"output_hidden_states": True} if hidden else {}))
+                               attention_mask=additive(allow), **({"output_hidden_states": hidden} if hidden else {}))
         slots.cache = out[1]
         slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
         slots.count = slots.mask.sum(-1)

@@ -33,7 +33,7 @@ def entry_points(m):
     """name -> call, for every decoding entry point the notebooks use (``m`` from
     :func:`entry_point_models`). Greedy unless the name says ``sampled`` or ``typical``."""
     from refimpl import (adaptive, autoregressive, block_diffusion, diffusion, dllm_draft, dynamic_tree, eagle,
-                         jacobi, lookahead, medusa, retrieval, speculative, tree)
+                         eagle3, jacobi, lookahead, medusa, retrieval, speculative, tree)
 
     lm, dr, p, N = m["tiny"], m["tiny-draft"], m["prompts"], 10
     T = dict(temperature=0.8, generator=gen())
@@ -51,6 +51,8 @@ def entry_points(m):
         "medusa typical": lambda: medusa.generate(lm, p, heads=m["medusa"], max_new_tokens=N, acceptance="typical", **T),
         "eagle": lambda: eagle.generate(lm, p, draft=m["eagle"], max_new_tokens=N),
         "eagle sampled": lambda: eagle.generate(lm, p, draft=m["eagle"], max_new_tokens=N, **T),
+        "eagle-3": lambda: eagle3.generate(lm, p, draft=m["eagle3"], max_new_tokens=N),
+        "eagle-3 sampled": lambda: eagle3.generate(lm, p, draft=m["eagle3"], max_new_tokens=N, **T),
         "jacobi": lambda: jacobi.generate(lm, p, max_new_tokens=N, window=4),
         "jacobi sampled": lambda: jacobi.generate(lm, p, max_new_tokens=N, window=4, **T),
         "lookahead": lambda: lookahead.generate(lm, p, max_new_tokens=N, window=3, ngram=3, guesses=3, pool_from_prompt=True),
@@ -67,17 +69,17 @@ def entry_points(m):
 
 def entry_point_models(device):
     """The models :func:`entry_points` calls, on ``device``, and the ragged prompts."""
-    from refimpl import eagle, medusa, models
+    from refimpl import eagle, eagle3, medusa, models
 
     lm = models.load("tiny", device=device)
     return {"tiny": lm, "tiny-draft": models.load("tiny-draft", device=device),
             "prompts": [lm.encode(t) for t in TEXTS[1:]], "medusa": medusa.load_heads(lm),
-            "eagle": eagle.load_draft(lm), "dllm": models.load("tiny-dllm", device=device),
+            "eagle": eagle.load_draft(lm), "eagle3": eagle3.load_draft(lm), "dllm": models.load("tiny-dllm", device=device),
             "bdlm": models.load("tiny-bdlm", device=device)}
 
 
 #: every entry point's name; those that are exact greedy decoders of ``tiny`` (== AR greedy)
 ENTRY_POINTS = list(entry_points({"tiny": None, "tiny-draft": None, "prompts": None}))
 EXACT_GREEDY = [n for n in ENTRY_POINTS if n in {"ar no cache", "speculative", "adaptive", "tree", "dynamic tree",
-                                                 "medusa", "eagle", "jacobi", "lookahead", "prompt lookup",
+                                                 "medusa", "eagle", "eagle-3", "jacobi", "lookahead", "prompt lookup",
                                                  "sam + recycling", "dllm draft"}]

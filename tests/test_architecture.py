@@ -16,7 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: layer 2 in chapter order: a chapter may import only the ones before it
-CHAPTERS = ["autoregressive", "speculative", "tree", "drafts", "copy_prior", "adaptive", "dynamic_tree", "medusa", "eagle",
+CHAPTERS = ["autoregressive", "speculative", "tree", "drafts", "copy_prior", "adaptive", "dynamic_tree", "medusa", "eagle", "eagle3",
             "jacobi",
             "lookahead", "retrieval",
             "diffusion_lm", "diffusion_steps", "free_draft", "diffusion", "digit_reversal", "block_diffusion", "dllm_draft",

@@ -103,7 +103,7 @@ def main(argv=None):
             want = [w.strip() for w in args.methods.split(",")]
             methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
         methods = [m for m in methods if "dlm" not in m.needs or args.model in DLLM_FOR]
-        methods = [m for m in methods if all(k not in m.needs or has_heads(args.model, k) for k in ("medusa", "eagle"))]
+        methods = [m for m in methods if all(k not in m.needs or has_heads(args.model, k) for k in ("medusa", "eagle", "eagle3"))]
         ctx = Context(target=lm, model_name=args.model)
         if any("draft" in m.needs for m in methods):
             try:  # (the zoo's default packing: SmolLM2's draft prepacked, tiny's not)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .. import (adaptive, autoregressive, dllm_draft, drafts, dynamic_tree, eagle, jacobi, lookahead, medusa, models,
-               retrieval, speculative, tree)
+from .. import (adaptive, autoregressive, dllm_draft, drafts, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa,
+               models, retrieval, speculative, tree)
 from ..copy_prior import ContextCopyLM
 from ..lm import LM
 from .decode import Context, Method, hf_assisted, hf_generate
@@ -80,7 +80,7 @@ def dynamic_row(total: int, depth: int, topk: int, floor: float):
 
 
 def has_heads(model_name: str, kind: str = "medusa") -> bool:
-    """Are Medusa heads (``kind="medusa"``) or an EAGLE draft (``"eagle"``) trained for this target
+    """Are Medusa heads (``kind="medusa"``), an EAGLE draft (``"eagle"``) or an EAGLE-3 one (``"eagle3"``) trained for this target
     (``models/<kind>-<name>``)?"""
     return os.path.exists(medusa.weights_file(medusa.heads_folder(kind, model_name), kind))
 
@@ -97,15 +97,16 @@ def medusa_row(tree_size: int, acceptance: str = "lossless", temperature: float 
     return run
 
 
-def eagle_row(total: int, depth: int, topk: int):
+def eagle_row(total: int, depth: int, topk: int, module=eagle, **tree):
     """EAGLE-style decoding with the zoo's draft for the target (loaded once per run), a dynamic tree
-    of ``total`` nodes grown ``depth`` levels deep from the ``topk`` most confident nodes per level."""
+    of ``total`` nodes grown ``depth`` levels deep from the ``topk`` most confident nodes per level;
+    ``module``: :mod:`refimpl.eagle` or :mod:`refimpl.eagle3` (``tree``: its extra options, ``floor``)."""
     def run(ctx: Context, ids, n):
-        key = ("eagle", id(ctx.target))
+        key = (module.__name__, id(ctx.target))
         if key not in ctx.memo:
-            ctx.memo[key] = eagle.load_draft(ctx.target)
-        return eagle.generate(ctx.target, [ids], draft=ctx.memo[key], max_new_tokens=n, total=total, depth=depth,
-                              topk=topk)
+            ctx.memo[key] = module.load_draft(ctx.target)
+        return module.generate(ctx.target, [ids], draft=ctx.memo[key], max_new_tokens=n, total=total, depth=depth,
+                               topk=topk, **tree)
     return run
 
 
@@ -142,6 +143,10 @@ def decode_rows() -> list[Method]:
                needs=("target", "medusa"), exact=False),
         Method("eagle (dynamic tree 16 nodes, depth 5, top-4)", eagle_row(16, 5, 4), needs=("target", "eagle")),
         Method("eagle (dynamic tree 8 nodes, depth 4, top-2)", eagle_row(8, 4, 2), needs=("target", "eagle")),
+        Method("eagle-3 (dynamic tree 10 nodes, depth 6, top-3, floor 0.1)", eagle_row(10, 6, 3, eagle3, floor=0.1),
+               needs=("target", "eagle3")),
+        Method("eagle-3 (dynamic tree 16 nodes, depth 7, top-4, floor 0.05)", eagle_row(16, 7, 4, eagle3, floor=0.05),
+               needs=("target", "eagle3")),
         Method("self-spec (early exit, gamma 4)", self_spec, needs=T),
         Method("adaptive gamma (confidence < 0.3 stops, max 8)", adaptive_row("threshold", 0.3), needs=D),
         Method("adaptive gamma (cumulative < 0.05 stops, max 8)", adaptive_row("cumulative", 0.05), needs=D),

@@ -9,6 +9,9 @@ that ``make production`` installs); each exporter cites the vLLM file that defin
 - ``eagle-<target>`` (the EAGLE-1 style feature draft, chapter 06) -> vLLM's
   ``EagleLlamaForCausalLM`` (``vllm/model_executor/models/llama_eagle.py``);
   ``{"method": "eagle", "model": DIR, "num_speculative_tokens": K}``.
+- ``eagle3-<target>`` (EAGLE-3, chapter 06) -> vLLM's ``Eagle3LlamaForCausalLM``
+  (``vllm/model_executor/models/llama_eagle3.py``), its own kept-vocabulary head through ``d2t``;
+  ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}``.
 - ``smollm2-135m-draft`` (the chain draft of chapter 04) -> a standalone Hugging Face Llama folder,
   vLLM's ``draft_model`` method (``vllm/v1/spec_decode/draft_model.py``) or HF ``assistant_model``.
 
@@ -164,6 +167,58 @@ def export_eagle(name: str, out: str) -> dict:
             "lm_head": "the target's (vLLM shares it): the full vocabulary"}
 
 
+def export_eagle3(name: str, out: str) -> dict:
+    """The EAGLE-3 draft -> vLLM's ``Eagle3LlamaForCausalLM`` (llama_eagle3.py), exactly: HF key names
+    ``fc``, ``midlayer.{input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+    mlp.{gate,up,down}_proj}``, ``norm``, ``lm_head`` (the kept rows: ``draft_vocab_size``) and ``d2t``
+    (draft index -> token id offset: ``token = index + d2t[index]``), ``t2d`` (which token ids are kept).
+    The tapped layers go in ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SmolLM2: vLLM's default
+    (2, 15, 27) anyway). No ``embed_tokens``: vLLM shares the target's, as we do. Our layer is vLLM's
+    with its defaults (``norm_before_residual``, ``norm_before_fc``, ``norm_output`` all false)."""
+    from .. import eagle3, models
+
+    target = models.load(target_name(name, "eagle3"), prepack=False)
+    d = eagle3.load_draft(target)
+    if max(d.taps) >= target.num_layers:
+        raise ValueError(f"{name}: the draft taps layer {max(d.taps)} (the final normed state); vLLM taps only the "
+                         f"residual streams entering layers 0..{target.num_layers - 1}")
+    src = target_folder(target)
+    if src is None:
+        raise ValueError(f"{name}: the target has no Hugging Face folder to take its config from")
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    hq, hk = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+    q, k, v = d.qkv.weight.split([hq, hk, hk], 0)
+    gate, up = d.gate_up.weight.chunk(2, 0)
+    V = target.model.get_output_embeddings().weight.shape[0]
+    kept = torch.arange(V, device="cpu") if d.kept is None else d.kept.cpu()  # host tensors: the file's
+    t2d = torch.zeros(V, dtype=torch.bool, device="cpu")
+    t2d[kept] = True
+    m = "midlayer."
+    state = {"fc.weight": d.fc.weight, m + "input_layernorm.weight": d.norm_in.weight,
+             m + "hidden_norm.weight": d.norm_hid.weight, m + "self_attn.q_proj.weight": q,
+             m + "self_attn.k_proj.weight": k, m + "self_attn.v_proj.weight": v, m + "self_attn.o_proj.weight": d.o.weight,
+             m + "post_attention_layernorm.weight": d.norm_mid.weight, m + "mlp.gate_proj.weight": gate,
+             m + "mlp.up_proj.weight": up, m + "mlp.down_proj.weight": d.down.weight, "norm.weight": d.norm.weight,
+             "lm_head.weight": d.lm_head}
+    state = {k_: v_.detach().float().cpu().contiguous() for k_, v_ in state.items()}  # safetensors writes host tensors
+    state["d2t"] = (kept - torch.arange(len(kept), device="cpu")).long()
+    state["t2d"] = t2d
+    cfg.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "num_attention_heads": d.num_heads,
+                "num_key_value_heads": d.num_kv_heads, "head_dim": d.head_dim, "intermediate_size": d.intermediate,
+                "draft_vocab_size": int(len(kept)), "vocab_size": int(V), "target_hidden_size": d.hidden_size,
+                "tie_word_embeddings": False, "rms_norm_eps": d.norm.eps, "dtype": "float32",
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(d.taps), "use_aux_hidden_state": True}})
+    cfg.pop("torch_dtype", None)
+    os.makedirs(out, exist_ok=True)
+    from safetensors.torch import save_file
+
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    write_json(out, "config.json", cfg)
+    return {"speculative_config": {"method": "eagle3", "model": out, "num_speculative_tokens": 4},
+            "kept": int(len(kept)), "vocab": int(V), "taps": list(d.taps)}
+
+
 def export_chain_draft(name: str, out: str) -> dict:
     """SmolLM2's chain draft -> a standalone Hugging Face ``LlamaForCausalLM`` folder (fp32): its 3
     layers dequantised from int8, the target's embedding, and :func:`full_head` of its 8,192 kept rows
@@ -203,6 +258,8 @@ EXPORTERS = {
     "medusa-tiny": export_medusa,
     "eagle-smollm2-135m": export_eagle,
     "eagle-tiny": export_eagle,
+    "eagle3-smollm2-135m": export_eagle3,
+    "eagle3-tiny": export_eagle3,
     "smollm2-135m-draft": export_chain_draft,
 }
 

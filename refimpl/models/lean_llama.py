@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from ..diffusion_lm import rms_norm, rope_angles
 from ..drafts import TrimmedLM
-from ..lm import LM, as_token_batch
+from ..lm import LM, as_token_batch, check_taps
 from .cpu_linear import PrepackedLinear, pack_weight, packed_linear
 
 
@@ -221,11 +221,13 @@ def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 @torch.no_grad()
 def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
-            attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0, probe=None):
+            attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0, probe=None, taps=()):
     """One cached step of a Llama-recipe ``model`` (a ``LlamaForCausalLM``).
 
     input_ids (B, Q) after ``cache.length`` cached positions -> (logits (B, Q', V_head), hidden
-    (B, Q, H) after the final norm); ``Q' = logits_to_keep`` last positions (0 = all). The cache
+    (B, Q, H) after the final norm); ``Q' = logits_to_keep`` last positions (0 = all). ``taps``
+    (layer ids, :func:`refimpl.lm.check_taps`): ``hidden`` is instead those layers' residual streams
+    side by side (B, Q, len(taps) H), Hugging Face's ``hidden_states[i]`` for each i. The cache
     grows by Q. ``probe(stage)``, when given, returns a context manager entered around each stage
     (``embed``, ``norm``, ``qkv``, ``rope``, ``cache``, ``attention``, ``o_proj``, ``gate_up``,
     ``swiglu``, ``down``, ``lm_head``): a timer sees where a step's time goes.
@@ -249,8 +251,11 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
         cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
     mask = _mask(Q, P, attention_mask, x.device, x.dtype)
     scale = inner.layers[0].self_attn.scaling
+    streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
     for li, proj in enumerate(projections(model)):
         layer = proj.layer
+        if li in taps:
+            streams[li] = x
         with stage("norm"):
             h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
         with stage("qkv"):
@@ -279,16 +284,22 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
         hidden = norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
     with stage("lm_head"):
         logits = model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+    if taps:
+        streams[len(inner.layers)] = hidden
+        hidden = torch.cat([streams[i] for i in taps], -1)  # (B, Q, len(taps) hidden)
     return logits, hidden
 
 
-def on_device(lm, input_ids, cache: KVCache, position_ids=None, attention_mask=None, logits_to_keep: int = 0):
-    """:func:`forward` for an LM wrapper: the inputs moved to its device first."""
+def on_device(lm, input_ids, cache: KVCache, position_ids=None, attention_mask=None, logits_to_keep: int = 0,
+              output_hidden_states=False):
+    """:func:`forward` for an LM wrapper: the inputs moved to its device first; ``output_hidden_states``
+    as :meth:`refimpl.lm.LM.forward` (True: the normed last layer; layer ids: ``taps``)."""
     dev = lm.device
+    taps = () if isinstance(output_hidden_states, bool) else check_taps(output_hidden_states, lm.num_layers)
     return forward(lm.model, input_ids.to(dev), cache,
                    position_ids=None if position_ids is None else position_ids.to(dev),
                    attention_mask=None if attention_mask is None else attention_mask.to(dev),
-                   logits_to_keep=logits_to_keep)
+                   logits_to_keep=logits_to_keep, taps=taps)
 
 
 class LeanSteps:
@@ -326,7 +337,8 @@ class LeanLM(LeanSteps, LM):
             cache = self.new_cache()
         if attention_mask is not None and attention_mask.dim() == 4:
             attention_mask = attention_mask.to(dtype=self.dtype)
-        logits, hidden = on_device(self, input_ids, cache, position_ids, attention_mask, logits_to_keep)
+        logits, hidden = on_device(self, input_ids, cache, position_ids, attention_mask, logits_to_keep,
+                                   output_hidden_states)
         return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
 

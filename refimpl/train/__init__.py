@@ -10,6 +10,8 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
   :mod:`refimpl.train.distill_data`;
 - ``medusa-tiny``, ``medusa-smollm2-135m`` (heads on a frozen target): :mod:`refimpl.train.medusa`;
 - ``eagle-tiny``, ``eagle-smollm2-135m`` (a feature-level draft on a frozen target): :mod:`refimpl.train.eagle`;
+- ``eagle3-tiny``, ``eagle3-smollm2-135m`` (EAGLE-3: multi-layer features, training-time test):
+  :mod:`refimpl.train.eagle3`;
 - ``tiny-cllm`` (``tiny`` on its Jacobi trajectories), ``tiny-bdlm-dparallel`` (``tiny-bdlm`` with
   certainty forcing): :mod:`refimpl.train.cllm` (chapter 15).
 
@@ -31,6 +33,8 @@ TRAINERS: dict[str, str] = {
     "medusa-smollm2-135m": "refimpl.train.medusa:train_medusa_smollm2",
     "eagle-tiny": "refimpl.train.eagle:train_eagle_tiny",
     "eagle-smollm2-135m": "refimpl.train.eagle:train_eagle_smollm2",
+    "eagle3-tiny": "refimpl.train.eagle3:train_eagle3_tiny",
+    "eagle3-smollm2-135m": "refimpl.train.eagle3:train_eagle3_smollm2",
     "tiny-cllm": "refimpl.train.cllm:train_tiny_cllm",
     "tiny-bdlm-dparallel": "refimpl.train.cllm:train_tiny_bdlm_dparallel",
 }

@@ -1,0 +1,222 @@
+"""Train an EAGLE-3 draft on a frozen target: ``python -m refimpl.train eagle3-<target>``.
+
+Paper: Li, Wei, Zhang, Zhang, "EAGLE-3", arXiv 2503.01840, §3.1 (training-time test) and §3.2
+(multi-layer features); the model is :mod:`refimpl.eagle3`.
+
+Data (what decoding sees): each row is a whole conversation, prompt *and* answer, with the
+target's features at every position: :func:`target_features` runs ONE target forward per row
+(batched) with ``output_hidden_states=taps + (L,)``, so it returns the three tapped residual
+streams and the final normed state, from which the target's next-token distribution follows.
+Answers: the target's own greedy answers (SmolLM2: :func:`smollm2_rows`, fp32 answers to the
+distillation prompts that need no model; ``tiny``: :func:`refimpl.train.medusa.tiny_rows`).
+
+Loss: training-time test (:func:`refimpl.eagle3.unroll`) over ``steps`` draft steps; step j's
+loss is the cross-entropy of the draft's distribution against the target's (renormalised on the
+kept vocabulary) at every answer position it predicts, weighted ``decay ** j`` (EAGLE-3's public
+recipe: 7 steps, 0.8). No feature regression.
+
+Report: held-out acceptance per depth of the draft's own greedy chain, ``accept_rate[d]`` =
+P(the draft's first d greedy tokens all equal the target's), from every answer position, on the
+unroll (which equals decoding's chain: tested), plus per-step top-1 agreement.
+"""
+from __future__ import annotations
+
+import random
+import time
+import zlib
+
+import torch
+
+from ..eagle3 import Eagle3Draft, new_draft, save_draft, unroll
+from ..lm import left_pad
+from .common import cosine_lr, write_report
+
+
+@torch.no_grad()
+def target_features(target, rows, taps, batch: int = 16, progress: bool = True):
+    """Per row ``(ids (N,), feats (N, len(taps) H) fp16, final (N, H) fp16, n_prompt)``: the target's
+    tapped streams and final normed state after every token, one batched forward per ``batch`` rows."""
+    from tqdm.auto import tqdm
+
+    L, out = target.num_layers, []
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))  # similar lengths together: less padding
+    done = {}
+    for j in tqdm(range(0, len(order), batch), desc="target features", disable=not progress):
+        chunk = [rows[i] for i in order[j:j + batch]]
+        ids, mask = left_pad([list(r[0]) for r in chunk], target.pad_token_id, target.device)  # (b, T)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        _, _, h = target.forward(ids, position_ids=pos, attention_mask=mask, output_hidden_states=tuple(taps) + (L,))
+        H = h.shape[-1] // (len(taps) + 1)
+        for r, i in enumerate(order[j:j + batch]):
+            f = h[r, mask[r].bool()].cpu()  # (N, (len(taps) + 1) H)
+            done[i] = (torch.tensor(list(rows[i][0]), device="cpu"), f[:, :-H].half(), f[:, -H:].half(), rows[i][1])
+    return [done[i] for i in range(len(rows))]
+
+
+def batch_of(seqs, steps: int, device="cpu"):
+    """Right-padded TTT batch: tokens x_{t+1} (B, T), tapped features (B, T, 3H), the target's final
+    state after each token (B, T + steps, H) (``final[:, 1 + j + t]`` labels step j at t), mask (B, T)
+    and ``answer`` (B, T + steps) True where the token after that position is an answer token."""
+    T = max(len(s[0]) for s in seqs) - 1
+    B, H3, H = len(seqs), seqs[0][1].shape[1], seqs[0][2].shape[1]
+    tok = torch.zeros((B, T), dtype=torch.long, device=device)
+    feats = torch.zeros((B, T, H3), device=device)
+    final = torch.zeros((B, T + 1 + steps, H), device=device)
+    mask = torch.zeros((B, T), dtype=torch.long, device=device)
+    answer = torch.zeros((B, T + 1 + steps), dtype=torch.bool, device=device)
+    for r, (ids, f, fin, n_prompt) in enumerate(seqs):
+        n = len(ids) - 1
+        tok[r, :n], feats[r, :n], mask[r, :n] = ids[1:], f[:-1].float(), 1
+        final[r, :n + 1] = fin.float()
+        answer[r, max(n_prompt - 1, 0):n] = True  # the target's next token after position i is an answer token
+    return tok, feats, final, mask, answer
+
+
+def step_losses(draft: Eagle3Draft, tok, feats, final, mask, answer, steps: int, target_head: torch.Tensor):
+    """-> per step j: (cross-entropy summed over its loss positions, count, top-1 agreements). The
+    label at (j, t) is the target's distribution after token t + 1 + j; a loss position is one whose
+    token exists (``t + 1 + j`` inside the row) and whose predicted token is an answer token."""
+    T = tok.shape[1]
+    outs = unroll(draft, tok, draft.fuse(feats), mask, steps)
+    res = []
+    for j, o in enumerate(outs):
+        inside = torch.cat([mask[:, j:], torch.zeros_like(mask[:, :j])], 1).bool()  # t + j < n: token exists
+        at = inside & answer[:, 1 + j:1 + j + T]  # (B, T)
+        teacher = torch.softmax(final[:, 1 + j:1 + j + T][at] @ target_head.T, -1)  # (n, V')
+        logq = torch.log_softmax(draft.logits(o[at]), -1)  # (n, V')
+        res.append((-(teacher * logq).sum(), int(at.sum()), int((logq.argmax(-1) == teacher.argmax(-1)).sum())))
+    return res
+
+
+@torch.no_grad()
+def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int = 6, batch: int = 8) -> dict:
+    """Held-out: ``chain[d]`` = P(the draft's first d + 1 greedy tokens all equal the target's) from
+    every answer position; ``top1[j]`` = P(step j's argmax = the target's) given a true prefix."""
+    hits, count, agree, seen = [0] * depth, 0, [0] * depth, [0] * depth
+    for i in range(0, len(seqs), batch):
+        tok, feats, final, mask, answer = batch_of(seqs[i:i + batch], depth)
+        T = tok.shape[1]
+        outs = unroll(draft, tok, draft.fuse(feats), mask, depth)
+        alive = mask.bool() & answer[:, 1:1 + T]  # chains that start at an answer position
+        count += int(alive.sum())
+        for j, o in enumerate(outs):
+            inside = torch.cat([mask[:, j:], torch.zeros_like(mask[:, :j])], 1).bool() & answer[:, 1 + j:1 + j + T]
+            ok = draft.logits(o).argmax(-1) == (final[:, 1 + j:1 + j + T] @ target_head.T).argmax(-1)  # (B, T)
+            agree[j] += int((ok & inside).sum())
+            seen[j] += int(inside.sum())
+            alive = alive & ok & inside
+            hits[j] += int(alive.sum())
+    return {"chain": [round(h / max(count, 1), 4) for h in hits],
+            "top1": [round(a / max(s, 1), 4) for a, s in zip(agree, seen)]}
+
+
+def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int = 1000, ttt: int = 7,
+                decay: float = 0.8, batch: int = 4, lr: float = 1e-3, seconds: float = 1e9, holdout: int = 20,
+                seed: int = 0, progress: bool = True, texts=None, max_len: int = 512):
+    """Train ``draft`` with training-time test (``ttt`` steps, weights ``decay ** j``) on ``seqs``
+    (:func:`target_features`, rows longer than ``max_len`` tokens cut); every ``holdout``-th row (by
+    a hash of its ``texts`` entry) held out for :func:`accept_rates`. -> (draft, report)."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(seed)
+    seqs = [(s[0][:max_len], s[1][:max_len], s[2][:max_len], s[3]) for s in seqs]
+    keys = texts if texts is not None else [str(i) for i in range(len(seqs))]
+    held = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout == 0]
+    train = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout != 0]
+    rng = random.Random(seed)
+    head = target_head.float()
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    t0, hist = time.time(), []
+    bar = tqdm(range(steps), desc="eagle-3 draft", disable=not progress)
+    draft.train()
+    for step in bar:
+        at = max(step, int(steps * (time.time() - t0) / seconds))  # (a time budget ends the cosine too)
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(min(at, steps - 1), steps, lr, warmup=min(30, steps // 10))
+        res = step_losses(draft, *batch_of(rng.sample(train, min(batch, len(train))), ttt), ttt, head)
+        loss = sum(decay ** j * ce / max(n, 1) for j, (ce, n, _) in enumerate(res))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        hist.append([float(ce.detach()) / max(n, 1) for ce, n, _ in res] + [a / max(n, 1) for _, n, a in res])
+        last = hist[-20:]
+        bar.set_postfix(ce0=f"{sum(h[0] for h in last) / len(last):.3f}",
+                        acc0=f"{sum(h[ttt] for h in last) / len(last):.3f}",
+                        acc_last=f"{sum(h[-1] for h in last) / len(last):.3f}")
+        if time.time() - t0 > seconds:
+            break
+    draft.eval()
+    train_s = time.time() - t0
+    rates = accept_rates(draft, held, head, depth=ttt)
+    tail = hist[-50:]
+    report = {"steps": len(hist), "seconds": round(train_s, 1), "train_rows": len(train), "heldout_rows": len(held),
+              "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps),
+              "final_ce_per_step": [round(sum(h[j] for h in tail) / len(tail), 4) for j in range(ttt)],
+              "heldout_accept_rate_per_depth": rates["chain"], "heldout_top1_per_step": rates["top1"],
+              "expected_chain_tau": round(1 + sum(rates["chain"]), 3)}
+    return draft, report
+
+
+def train_eagle3_tiny(out_dir: str, steps: int = 400, seconds: float = 1e9, progress: bool = True) -> dict:
+    from ..models import load
+    from .medusa import tiny_rows
+
+    target = load("tiny", device="cpu")
+    t0 = time.time()
+    rows = tiny_rows(target, progress=progress)
+    draft = new_draft(target)
+    seqs = target_features(target, rows, draft.taps, progress=progress)
+    data_s = time.time() - t0
+    draft, report = train_draft(draft, seqs, target.model.get_output_embeddings().weight.detach(), steps=steps,
+                                seconds=seconds, batch=8, lr=2e-3, progress=progress, texts=[r[3] for r in rows])
+    report.update(data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads())
+    save_draft(draft, out_dir, "tiny", report)
+    return write_report(out_dir, report)
+
+
+def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
+    """-> ``(rows, target, kept)``: SmolLM2's own fp32 greedy answers (the target as decoding runs it)
+    to the distillation prompts that need no model (stage 1's pool and stage 3's copy / edit tasks on
+    human text, :mod:`refimpl.train.distill_prompts`), cached in ``smollm2-eagle3-rows.pt`` and
+    continued for at most ``gen_seconds``; the ``vocab_keep`` most frequent answer tokens."""
+    import os
+
+    from ..drafts import top_tokens
+    from ..models import load
+    from ..models.hf import cache_dir
+    from .distill_data import generate_answers
+    from .distill_prompts import human_copy_prompts, prompt_pool
+
+    target = load("smollm2-135m", device="cpu", fast=False)  # (prepacked: the same logits as decoding's LeanLM)
+    path = os.path.join(cache_dir(), "smollm2-eagle3-rows.pt")
+    rows = torch.load(path) if os.path.exists(path) else []
+    texts = prompt_pool(0) + human_copy_prompts(0)
+    random.Random(0).shuffle(texts)
+    if gen_seconds > 0:
+        rows = generate_answers(target, texts, 96, 64, seconds=gen_seconds, path=path, progress=progress, start=rows)
+    if not rows:
+        raise FileNotFoundError(f"no answers cached at {path}: run with gen_seconds > 0")
+    tok = target.tokenizer
+    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
+    return rows, target, top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)
+
+
+def train_eagle3_smollm2(out_dir: str, steps: int = 1000, seconds: float = 1200.0, gen_seconds: float = 900.0,
+                         vocab_keep: int = 8192, batch: int = 4, lr: float = 1e-3, progress: bool = True) -> dict:
+    """SmolLM2's fp32 answers (:func:`smollm2_rows`, ``gen_seconds`` more of them first), prompt and
+    answer features recomputed, ``vocab_keep`` tokens, at most ``seconds`` of training."""
+    t0 = time.time()
+    rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
+    gen_s = time.time() - t0
+    t0 = time.time()
+    draft = new_draft(target, kept=kept)
+    seqs = target_features(target, rows, draft.taps, progress=progress)
+    data_s = time.time() - t0
+    W = target.model.get_output_embeddings().weight.detach()[kept]
+    draft, report = train_draft(draft, seqs, W, steps=steps, batch=batch, lr=lr, seconds=seconds, progress=progress,
+                                texts=[r[3] for r in rows])
+    report.update(data_rows=len(rows), answer_seconds=round(gen_s, 1), feature_seconds=round(data_s, 1),
+                  vocab_keep=int(kept.numel()), threads=torch.get_num_threads(),
+                  context="prompt and answer features (one target forward per row)")
+    save_draft(draft, out_dir, "smollm2-135m", report)
+    return write_report(out_dir, report)

@@ -1,0 +1,246 @@
+"""refimpl.eagle3 (EAGLE-3: multi-layer features, training-time test) and its trainer.
+
+The target returns the tapped layers' streams from the verification call itself (== Hugging Face's
+``hidden_states``, for the plain and the lean forward; bad layer ids raise). Greedy == AR greedy
+(trained and random drafts, several tree shapes, ragged batch, single rows, EOS and max_new_tokens
+inside an accepted path); lossless sampling passes the chi-square on the first two tokens while a walk
+that never moves p to the residual fails it; the cached draft proposes the trees of a from-scratch
+recomputation at every step of a ragged batch. The training-time-test unroll equals decoding's own
+draft steps on the same inputs (the chain's log-confidences), and a non-causal step-0 mask or an
+index off by one fails that comparison; the trainer's per-step losses equal a brute-force loop."""
+import copy
+import math
+
+import pytest
+import torch
+
+from refimpl import autoregressive, eagle, eagle3, models, speculative, tree
+from refimpl.train import eagle3 as train3
+from decoding import first_accepted_draft  # tests/decoding.py
+from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
+from test_eagle import ragged_eos, sampling_pvalues
+
+pytestmark = pytest.mark.usefixtures("torch_kernels")
+
+N = 20  # = spec_ar_free's length
+SHAPES = [{}, {"total": 1, "depth": 1, "topk": 1}, {"total": 8, "depth": 3, "topk": 2, "floor": 0.0},
+          {"total": 5, "depth": 5, "topk": 1, "floor": 0.0}]  # default 10/6/3/0.1, one node, a small tree, a chain
+
+
+@pytest.fixture(scope="module")
+def draft(tiny):
+    return eagle3.load_draft(tiny)
+
+
+@pytest.fixture(scope="module")
+def random_draft(tiny):
+    torch.manual_seed(0)
+    return eagle3.new_draft(tiny).eval()
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_taps_are_the_targets_hidden_states(fast, tiny_prompts):
+    lm = models.load("tiny", device="cpu", fast=fast)
+    ids = torch.tensor([tiny_prompts[0]])
+    taps = eagle3.default_taps(lm.num_layers)
+    _, _, h = lm.forward(ids, output_hidden_states=taps + (lm.num_layers,))
+    ref = lm.model(input_ids=ids, output_hidden_states=True).hidden_states
+    want = torch.cat([ref[i] for i in taps + (lm.num_layers,)], -1)
+    assert h.shape == want.shape and torch.allclose(h, want, atol=1e-5)
+    _, _, last = lm.forward(ids, output_hidden_states=True)
+    assert torch.allclose(last, ref[-1], atol=1e-5)
+    for bad in [(lm.num_layers + 1,), (-1,), (), (1.0,), "2"]:
+        with pytest.raises(ValueError, match="output_hidden_states"):
+            lm.forward(ids, output_hidden_states=bad)
+
+
+def test_default_taps():
+    assert eagle3.default_taps(30) == (2, 15, 27)  # SmolLM2-135M: vLLM's (2, L // 2, L - 3)
+    assert eagle3.default_taps(4) == (1, 2, 4)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_equals_ar(tiny, draft, random_draft, spec_prompts, spec_ar_free, shape):
+    for d in (draft, random_draft):
+        g = eagle3.generate(tiny, spec_prompts, draft=d, max_new_tokens=N, eos_token_id=[], **shape)
+        assert g.tokens == spec_ar_free
+    for r in range(2):
+        one = eagle3.generate(tiny, [spec_prompts[r]], draft=draft, max_new_tokens=N, eos_token_id=[], **shape)
+        assert one.tokens[0] == spec_ar_free[r]
+    assert one.stats.tau > 1.0  # the trained draft gets drafts accepted
+
+
+def test_default_draft_from_the_zoo(tiny, spec_prompts, spec_ar_free):
+    g = eagle3.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[])  # draft=None: models/eagle3-tiny
+    assert g.tokens == spec_ar_free and g.stats.tau > 1.5
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_max_new_tokens_inside_a_path(tiny, draft, spec_prompts, spec_ar_free, n):
+    g = eagle3.generate(tiny, spec_prompts, draft=draft, max_new_tokens=n, eos_token_id=[])
+    assert g.tokens == [t[:n] for t in spec_ar_free]
+
+
+def test_eos_inside_an_accepted_path(tiny, draft, spec_prompts, spec_ar_free):
+    free = eagle3.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=[])
+    found = first_accepted_draft(free, None)
+    assert found is not None
+    row, eos, pos = found
+    g = eagle3.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=eos)
+    assert g.tokens[row] == spec_ar_free[row][: pos + 1]
+    assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in spec_ar_free]
+
+
+class Checked(eagle.EagleProposer):
+    """Also proposes from scratch (``cache=False``) at every step; records whether trees and scores agree."""
+
+    def start(self, ids, mask, settings):
+        super().start(ids, mask, settings)
+        self.steps = []
+
+    def propose(self, caps):
+        ref = copy.copy(self)
+        ref.cache = False
+        eagle.EagleProposer.propose(ref, caps)
+        out = super().propose(caps)
+        if self.rows is not None:
+            same = self.rows == ref.rows
+            err = max(abs(a - b) for x, y in zip(self.scores, ref.scores) for a, b in zip(x, y)) if same else 1.0
+            self.steps.append((same, err))
+        return out
+
+
+def test_cached_draft_proposes_the_recomputed_trees(tiny, draft, spec_prompts, spec_ar_free):
+    from refimpl import autoregressive
+
+    eos = ragged_eos(spec_ar_free)
+    ar = autoregressive.generate(tiny, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos).tokens
+    prop = Checked(draft, total=8, depth=4, topk=2)
+    g = speculative.decode(tiny, prop, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos)
+    assert g.tokens == ar and len({len(t) for t in ar}) > 1  # rows finish at different times
+    assert prop.steps and all(same and err < 1e-4 for same, err in prop.steps)
+
+
+class Chains(eagle.EagleProposer):
+    """Records, at every step with features, each row's committed tokens, fused features, proposed
+    chain and its cumulative log-confidences."""
+
+    def start(self, ids, mask, settings):
+        super().start(ids, mask, settings)
+        self.log = []
+
+    def propose(self, caps):
+        ctx = None if self.feats is None else ([list(t) for t in self.toks], [f.clone() for f in self.feats])
+        out = super().propose(caps)
+        if ctx is not None:
+            self.log.append((*ctx, [r[0] for r in self.rows], [list(s) for s in self.scores]))
+        return out
+
+
+def unrolled_chain(draft, toks, feats, chain, at_offset=0):
+    """The unroll over ``toks[1:] + chain[:-1]`` with the fused ``feats``; the chain's cumulative
+    log-confidences read at the last context index (``at_offset`` moves that index)."""
+    n, D = feats.shape[0], len(chain)
+    tok = torch.tensor([toks[1:] + chain[:-1]])  # (1, n + D - 1): x_{t+1}
+    g = torch.cat([feats, torch.zeros(D - 1, feats.shape[1])])[None]  # (1, n + D - 1, H)
+    outs = eagle3.unroll(draft, tok, g, torch.ones_like(tok), D)
+    ids = draft.kept.tolist().index if draft.kept is not None else (lambda t: t)
+    total, out = 0.0, []
+    for j, o in enumerate(outs):
+        total += float(torch.log_softmax(draft.logits(o[0, n - 1 + at_offset]), -1)[ids(chain[j])])
+        out.append(total)
+    return out
+
+
+def test_training_time_test_equals_decodings_draft_steps(tiny, draft, spec_prompts, monkeypatch):
+    prop = Chains(draft, total=5, depth=5, topk=1)  # a chain: each level's one node
+    speculative.decode(tiny, prop, spec_prompts, max_new_tokens=N, eos_token_id=[])
+    checked = 0
+    with torch.no_grad():
+        for toks, feats, chains, scores in prop.log[:4]:
+            for r in range(len(toks)):
+                if len(chains[r]) < 3:
+                    continue
+                assert unrolled_chain(draft, toks[r], feats[r], chains[r]) == pytest.approx(scores[r], abs=1e-4)
+                assert unrolled_chain(draft, toks[r], feats[r], chains[r], at_offset=-1) != \
+                    pytest.approx(scores[r], abs=1e-2)  # an index off by one
+                checked += 1
+        assert checked >= 4
+        toks, feats, chains, scores = next((t, f, c, s) for t, f, c, s in prop.log if len(c[0]) >= 3)
+        monkeypatch.setattr(eagle3, "causal", lambda m: torch.ones(*m.shape, m.shape[1], dtype=torch.bool))
+        assert unrolled_chain(draft, toks[0], feats[0], chains[0]) != pytest.approx(scores[0], abs=1e-2)  # sees the future
+
+
+def test_step_losses_equal_a_brute_force_loop(tiny, random_draft):
+    ar = autoregressive.generate(tiny, [tiny.encode("And God said")], max_new_tokens=12, eos_token_id=[]).tokens[0]
+    prompt = tiny.encode("And God said")
+    rows = [(prompt + ar, len(prompt), None, "a"), (prompt + ar[:7], len(prompt), None, "b")]
+    seqs = train3.target_features(tiny, rows, random_draft.taps, progress=False)
+    W = tiny.model.get_output_embeddings().weight.detach()
+    steps = 3
+    with torch.no_grad():
+        res = train3.step_losses(random_draft, *train3.batch_of(seqs, steps), steps, W)
+        for j in range(steps):
+            ce, n = 0.0, 0
+            for ids, f, fin, n_prompt in seqs:
+                N_ = len(ids)
+                tok = ids[1:][None]
+                outs = eagle3.unroll(random_draft, tok, random_draft.fuse(f[:-1].float())[None], torch.ones_like(tok),
+                                     steps)
+                for t in range(N_ - 1):
+                    i = t + 1 + j  # the label: the target's distribution after token i
+                    if i <= N_ - 2 and i + 1 >= n_prompt:
+                        p = torch.softmax(fin[i].float() @ W.T, -1)
+                        ce -= float((p * torch.log_softmax(random_draft.logits(outs[j][0, t]), -1)).sum())
+                        n += 1
+            assert res[j][1] == n
+            assert float(res[j][0]) == pytest.approx(ce, rel=1e-4)
+
+
+def test_lossless_sampling_passes_and_a_wrong_walk_fails(tiny, draft):
+    good, tau, bad = sampling_pvalues(tiny, draft)  # EAGLE's proposer, fed by the EAGLE-3 draft
+    assert tau > 1.0
+    assert good > 1e-3
+    assert bad < 1e-6  # the negative control
+
+
+def test_save_and_load_round_trip(tiny, draft, tmp_path):
+    eagle3.save_draft(draft, str(tmp_path), "tiny")
+    again = eagle3.load_draft(tiny, str(tmp_path))
+    assert again.taps == draft.taps
+    tok, g = torch.randint(0, tiny.vocab_size, (1, 7)), torch.randn(1, 7, tiny.config.hidden_size)
+    with torch.no_grad():
+        a, b = eagle3.unroll(again, tok, g, torch.ones_like(tok), 2), eagle3.unroll(draft, tok, g, torch.ones_like(tok), 2)
+    assert all(torch.allclose(x, y, atol=2e-2) for x, y in zip(a, b))  # (stored in fp16)
+
+
+def test_missing_draft_names_its_trainer(tiny, tmp_path):
+    with pytest.raises(FileNotFoundError, match="refimpl.train eagle3-tiny"):
+        eagle3.load_draft(tiny, str(tmp_path))
+
+
+@pytest.mark.parametrize("kw,name", [({"total": 0}, "total"), ({"depth": 0}, "depth"), ({"topk": 0}, "topk"),
+                                     ({"floor": 1.0}, "floor"), ({"max_new_tokens": 0}, "max_new_tokens")])
+def test_bad_arguments(tiny, draft, spec_prompts, kw, name):
+    with pytest.raises(ValueError, match=name):
+        eagle3.generate(tiny, spec_prompts, draft=draft, **kw)
+
+
+def test_an_eagle1_draft_is_refused(tiny, spec_prompts):
+    with pytest.raises(ValueError, match="Eagle3Draft"):
+        eagle3.generate(tiny, spec_prompts, draft=eagle.new_draft(tiny))
+
+
+def test_training_lowers_the_loss_and_reports_acceptance(tiny):
+    torch.manual_seed(0)
+    d = eagle3.new_draft(tiny)
+    prompts = [tiny.encode(t) for t in ("And God said", "In the beginning", "And the LORD spake unto Moses")]
+    ar = autoregressive.generate(tiny, prompts, max_new_tokens=16, eos_token_id=[]).tokens
+    rows = [(p + a, len(p), None, str(i)) for i, (p, a) in enumerate(zip(prompts, ar))]
+    seqs = train3.target_features(tiny, rows, d.taps, progress=False)
+    W = tiny.model.get_output_embeddings().weight.detach()
+    before = train3.accept_rates(d, seqs, W, depth=3)
+    d, rep = train3.train_draft(d, seqs * 4, W, steps=40, ttt=3, batch=4, lr=3e-3, progress=False, holdout=10 ** 9)
+    after = train3.accept_rates(d, seqs, W, depth=3)
+    assert rep["final_ce_per_step"][0] < math.log(tiny.vocab_size)
+    assert after["top1"][0] > before["top1"][0] and after["chain"][0] >= after["chain"][1] >= after["chain"][2]
