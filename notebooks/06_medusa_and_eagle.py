@@ -31,11 +31,13 @@
 # 6. quantify what Medusa's *typical acceptance* gives up against lossless sampling, and what it gains in tau;
 # 7. compute one EAGLE draft step from its weights (`fc` of token embedding and feature, one decoder layer, the target's LM head) and say why it keeps accepting deeper than Medusa's heads;
 # 8. grow EAGLE-2's dynamic tree by cumulative confidence, re-rank it to a node budget, and read the accepted path off it;
-# 9. compare tau of chapter 04a's chain draft, Medusa and EAGLE on the same prompts, and explain from the committed benchmarks why, on this CPU, neither tree beats the chain in wall-clock.
+# 9. build EAGLE-3's draft step from its weights (three target layers fused, no feature loss) and write the attention mask of its *training-time test*, then read from acceptance per depth what training the draft on its own outputs buys, and on which target;
+# 10. compare tau of chapter 04a's chain draft, Medusa, EAGLE and EAGLE-3 on the same prompts, and read from the committed benchmarks which pays in wall-clock on this CPU, and which term (tau or step cost) decides it.
 #
 # **Parameters.** `tiny` is the zoo's 4-layer Llama trained on the King James Bible; its Medusa
 # heads were trained by `python -m refimpl.train medusa-tiny` and live in `models/medusa-tiny`,
-# its EAGLE draft by `python -m refimpl.train eagle-tiny` (`models/eagle-tiny`). `tiny-draft` is
+# its EAGLE draft by `python -m refimpl.train eagle-tiny` (`models/eagle-tiny`), its EAGLE-3 draft
+# by `python -m refimpl.train eagle3-tiny` (`models/eagle3-tiny`). `tiny-draft` is
 # the chain draft of chapter 04a, for the comparison at the end.
 
 # %%
@@ -51,6 +53,8 @@ NEW_TOKENS = 48 if FAST else 128
 ANSWERS, ANSWER_LEN = (48, 32) if FAST else (400, 64)    # tiny's own answers for the live training
 STEPS, BATCH, LR = (40, 64, 3e-3) if FAST else (400, 256, 3e-3)
 EAGLE_STEPS = 40 if FAST else 600    # live EAGLE training steps (16 answers each)
+EAGLE3_DRAFT = None                  # None: the zoo's EAGLE-3 draft (models/eagle3-tiny); or a folder
+EAGLE3_STEPS = 30 if FAST else 300   # live EAGLE-3 training steps (8 answers each, DEPTH unrolled steps)
 TOTAL, DEPTH, TOPK = 16, 5, 4        # EAGLE-2's dynamic tree: node budget, levels, children / expanded nodes
 DEMO = 2                             # the prompt whose EAGLE tree is drawn
 TREE_SIZE = 16                       # nodes of the candidate tree chosen from measured accuracies
@@ -65,6 +69,7 @@ SHOW_SOLUTIONS = False
 # reproduce it token for token. `K` is the number of heads.
 
 # %%
+import json
 import os
 import random
 import matplotlib.pyplot as plt
@@ -818,10 +823,175 @@ if SHOW_SOLUTIONS:
     show("06", "rerank")
 
 # %% [markdown]
+# ## EAGLE-3: three layers in, trained the way it decodes
+# EAGLE-3 (Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+# Training-Time Test", arXiv 2503.01840) changes what the draft reads and how it is trained:
+#
+# - **Multi-layer features (§3.2).** The top feature is shaped for the *next* token only. EAGLE-3
+#   reads the residual streams entering three of the target's layers, low, middle and high
+#   (`eagle3.default_taps`: vLLM's `(2, L//2, L-3)`; tiny has only 4 layers and its last one does
+#   much of the work, so tiny's "high" is the final state: 1, 2, 4), and fuses
+#   them with one linear map `g_t = fc([l_t; m_t; h_t])` (3H -> H). The verification call returns
+#   them: `lm.forward(ids, output_hidden_states=taps)`, no extra pass.
+# - **One layer on (token, feature), its own head.** Attention reads
+#   `[norm(embed(x_{t+1})) ; norm(g_t)]` (2H wide) and adds its output to `g_t`; a gated MLP follows.
+#   The output `o_t` (before a final norm) is the draft's own feature for the next step, and the
+#   draft's own LM head (the target's kept rows to start with, then trained) reads `norm(o_t)`.
+# - **Training-time test (§3.1).** No feature regression: the loss is only the cross-entropy
+#   against the target's next-token distribution. And training *runs the draft on its own
+#   outputs*: step 0 reads the target's `g`; step j reads step j-1's output at the same index, the
+#   true token j further on, at position + j. What a tree node at depth j + 1 sees while decoding
+#   (the context, its ancestors, itself) is exactly what step j sees in training.
+#
+# One step by hand from the zoo draft's weights, on the same input as EAGLE's step above (prompt 0
+# and the target's token `t`); it must equal `eagle3.unroll`'s first step.
+
+# %%
+from refimpl import eagle3
+from refimpl.train import eagle3 as train3
+
+draft3 = eagle3.load_draft(lm, EAGLE3_DRAFT)                   # on lm's device
+ids3 = torch.tensor([prompts[0] + ar[0][:1]], device=DEVICE)   # the prompt, then the target's token t
+_, _, streams = lm.forward(ids3, output_hidden_states=draft3.taps)  # (1, L + 1, 3H): three layers, one call
+print(f"taps {draft3.taps}: streams {tuple(streams.shape)} from the same forward as the logits")
+
+
+def step3_by_hand(tok, streams):                               # (T,) x_{t+1}, (T, 3H) -> (T, H) outputs o_t
+    T, h, kv, d = len(tok), draft3.num_heads, draft3.num_kv_heads, draft3.head_dim
+    g = streams @ draft3.fc.weight.T                           # (T, H) the fusion of the three layers
+    x = torch.cat([draft3.norm_in(draft3.embed[tok]), draft3.norm_hid(g)], -1)               # (T, 2H)
+    q, k, v = draft3.qkv(x).view(T, h + 2 * kv, d).transpose(0, 1).split([h, kv, kv], 0)    # (heads, T, d)
+    pos = torch.arange(T, device=x.device)[None]
+    q, k = (eagle.rotate(z[None], pos, draft3.rope_theta)[0] for z in (q, k))
+    k, v = k.repeat_interleave(h // kv, 0), v.repeat_interleave(h // kv, 0)                  # grouped-query heads
+    s = (q @ k.mT / d ** 0.5).masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), -torch.inf)
+    r = g + draft3.o((s.softmax(-1) @ v).transpose(0, 1).reshape(T, -1))                    # residual: g, not x
+    a, b = draft3.gate_up(draft3.norm_mid(r)).chunk(2, -1)
+    return r + draft3.down(torch.nn.functional.silu(a) * b)
+
+
+tok3 = ids3[0, 1:]
+with torch.no_grad():
+    mine3 = step3_by_hand(tok3, streams[0, :-1])
+    lib3 = eagle3.unroll(draft3, tok3[None], draft3.fuse(streams[:, :-1]), torch.ones_like(tok3)[None], 1)[0][0]
+assert torch.allclose(mine3, lib3, atol=1e-4), "the hand-built EAGLE-3 step == eagle3.unroll's step 0"
+guess3 = int(draft3.full(draft3.logits(mine3[-1]).argmax()))
+print(f"after t = {lm.decode(ar[0][:1])!r} EAGLE-3 guesses {lm.decode([guess3])!r}, the target says {lm.decode(ar[0][1:2])!r}")
+
+# %% [markdown]
+# ### Exercise 5: the training-time test's attention mask
+# `eagle3.unroll` runs step j over all T positions at once. Its keys are step 0's T keys, then the
+# T keys of each step 1..j, side by side: `(j + 1) T` columns. Query `t` of step j stands for a
+# tree node j levels below the context that ends at input `t`: it may see step 0's keys at
+# positions `<= t` (the context, true features) and, of each later step, **only the key at index
+# `t`** (its own ancestors, then itself). Write `ttt_mask(T, j)` -> a (T, (j + 1) T) bool tensor
+# (True = may attend) for a row without padding. The check captures the masks the library passes
+# to the draft layer during an unroll.
+
+# %%
+@exercise("06", "ttt_mask")
+def ttt_mask(T, j):
+    ...  # your code
+    raise NotImplementedError
+
+
+def library_masks(T, steps):
+    seen, step = [], draft3.step
+    def spy(tok, feat, pos, allow, past=None):
+        seen.append(allow[0].clone())
+        return step(tok, feat, pos, allow, past)
+    draft3.step = spy
+    try:
+        with torch.no_grad():
+            t = torch.zeros((1, T), dtype=torch.long, device=DEVICE)
+            eagle3.unroll(draft3, t, torch.zeros((1, T, draft3.hidden_size), device=DEVICE), torch.ones_like(t), steps)
+    finally:
+        del draft3.step                                        # back to the class's method
+    return seen
+
+
+def check_ttt_mask():
+    for T, steps in ((5, 4), (9, 3), (1, 2)):
+        for j, want in enumerate(library_masks(T, steps)):
+            got = torch.as_tensor(ttt_mask(T, j), device=want.device).bool()
+            assert got.shape == want.shape, f"T={T}, step {j}: shape {tuple(got.shape)}, want {tuple(want.shape)}"
+            bad = (got != want).nonzero()
+            assert len(bad) == 0, (f"T={T}, step {j}: query {int(bad[0, 0])} / key column {int(bad[0, 1])} (block "
+                                   f"{int(bad[0, 1]) // T}, index {int(bad[0, 1]) % T}): you say {bool(got[tuple(bad[0])])}")
+
+
+check("Exercise 5", check_ttt_mask)
+if SHOW_SOLUTIONS:
+    show("06", "ttt_mask")
+
+# %% [markdown]
+# ## Picture: the training-time test's mask
+# Step 3 of an unroll over 8 positions, from the library (rows: queries; columns: keys of steps
+# 0..3). Block 0 is the ordinary causal triangle over the true features; every later block is a
+# diagonal: position t's own chain.
+
+# %%
+m3 = library_masks(8, 4)[3].cpu()                             # matplotlib draws host arrays
+fig, ax = plt.subplots(figsize=(8, 2.4))
+ax.imshow(m3, cmap="Greens", aspect="equal")
+for b in range(1, 4):
+    ax.axvline(b * 8 - 0.5, color="k", lw=1)
+ax.set_xticks([3.5, 11.5, 19.5, 27.5], ["step 0 keys (true g)", "step 1", "step 2", "step 3 (itself)"], fontsize=8)
+ax.set_ylabel("query t of step 3"); ax.set_title("green: may attend", fontsize=9); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## Training EAGLE-3 live, and what its training buys
+# `train3.target_features` recomputes the three streams and the target's final state over each
+# whole answer row (one forward per row: prompt *and* answer positions, as decoding reads them);
+# `train3.train_draft` unrolls `DEPTH` steps and weights step j's cross-entropy by 0.8^j (the
+# paper's recipe uses 7 steps). Then acceptance per depth on the held-out answers: P(the first d
+# guesses are all the target's), EAGLE-1 from above (the draft reading its own predicted
+# features) against EAGLE-3 (read off one unroll, which equals decoding's chain: tested).
+
+# %%
+W_head = lm.model.get_output_embeddings().weight.detach().cpu()  # the trainer batches on the host
+seqs3 = train3.target_features(lm, train_rows, draft3.taps, progress=False)       # host rows
+held3 = train3.target_features(lm, held_rows, draft3.taps, progress=False)
+torch.manual_seed(SEED)
+untrained3 = eagle3.new_draft(lm).cpu()                      # host copies, as the rows
+with torch.enable_grad():
+    fast3, rep3 = train3.train_draft(copy.deepcopy(untrained3), seqs3, W_head, steps=EAGLE3_STEPS, ttt=DEPTH, batch=8,
+                                     lr=2e-3, progress=False, holdout=10 ** 9)
+host3 = {"untrained": untrained3, "FAST (ours)": fast3, "zoo": copy.deepcopy(draft3).cpu()}  # host copies, as the rows
+acc3 = {n: train3.accept_rates(d, held3, W_head, depth=DEPTH)["chain"] for n, d in host3.items()}
+print({n: [round(a, 2) for a in v] for n, v in acc3.items()})
+assert acc3["FAST (ours)"][0] > acc3["untrained"][0] and acc3["zoo"][0] > acc3["FAST (ours)"][0]
+fig, ax = plt.subplots(figsize=(9, 3.4))
+ax.plot(range(1, DEPTH + 1), eagle_acc["zoo"], "o--", color="#2a9d8f", label="EAGLE-1 zoo (top feature, feature loss)")
+ax.plot(range(1, DEPTH + 1), acc3["FAST (ours)"], "D-", color="#f4a261", label=f"EAGLE-3 FAST ({EAGLE3_STEPS} steps)")
+ax.plot(range(1, DEPTH + 1), acc3["zoo"], "D-", color="#264653", label="EAGLE-3 zoo (3 layers, training-time test)")
+ax.set_xlabel("d"); ax.set_ylabel("P(guesses 1..d all right)"); ax.set_ylim(0, 1); ax.set_xticks(range(1, DEPTH + 1))
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)); ax.set_title(f"{len(held_rows)} held-out answers of tiny", fontsize=9)
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# **Read the plot.** The FAST draft is far below the zoo's: a draft trained by training-time test
+# has to learn to read its *own* outputs as well as the target's features, and that takes steps
+# (the zoo's: 1,200 steps of 8 answers, ~29 min on 1 thread; `models/eagle3-tiny/train_report.json`).
+# On `tiny` the zoo's EAGLE-3 draft does **not** beat EAGLE-1's, and that is a finding, not a bug:
+# tiny has 4 layers, so "low, middle, high" are layers 1, 2 and the final state that EAGLE-1
+# already reads; there are only ~1,500 training answers; and EAGLE-3 learns its own LM head where
+# EAGLE-1 borrows the target's. What the training-time test does buy is visible in the report's
+# per-step top-1 (printed below): it is flat, because every step was trained on the inputs it will
+# see. The paper's gains come from reading a deep target whose top layer is shaped for one token
+# only, and from scaling the data (EAGLE-3 §4); the README's benchmark measures it on SmolLM2's 30
+# layers.
+
+# %%
+with open(os.path.join(EAGLE3_DRAFT or medusa.heads_folder("eagle3", lm.name), "config.json")) as f:
+    rep_zoo = json.load(f)["report"]                           # what the trainer measured, saved with the draft
+print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zoo["heldout_top1_per_step"])
+
+# %% [markdown]
 # ## Side by side with chapter 04a's chain draft
 # The same three prompts, `NEW_TOKENS` tokens each. Greedy: autoregressive, the chain draft
 # `tiny-draft` (`gamma = 4`, `speculative.generate`), Medusa with the chosen `TREE_SIZE`-node tree
-# and EAGLE with its dynamic tree of `TOTAL` nodes; every greedy run must be greedy decoding, token
+# and EAGLE and EAGLE-3 with their dynamic trees of `TOTAL` nodes; every greedy run must be greedy decoding, token
 # for token. Sampling (temperature `TEMPERATURE`, top-`TOP_K`): the same, plus Medusa typical
 # (**lossy**); EAGLE's top-k children are deterministic guesses, verified losslessly by chapter
 # 05's walk. tau (tokens per target call) and the calls are exact counts. Nothing is timed here
@@ -832,7 +1002,9 @@ configs = {"AR": lambda kw: autoregressive.generate(lm, prompts, **kw),
            "chain (gamma 4)": lambda kw: speculative.generate(lm, dr, prompts, gamma=4, **kw),
            f"Medusa ({TREE_SIZE} nodes)": lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, **kw),
            "Medusa typical": lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, acceptance="typical", **kw),
-           f"EAGLE ({TOTAL} nodes)": lambda kw: eagle.generate(lm, prompts, draft=draft, total=TOTAL, depth=DEPTH, topk=TOPK, **kw)}
+           f"EAGLE ({TOTAL} nodes)": lambda kw: eagle.generate(lm, prompts, draft=draft, total=TOTAL, depth=DEPTH, topk=TOPK, **kw),
+           f"EAGLE-3 ({TOTAL} nodes)": lambda kw: eagle3.generate(lm, prompts, draft=draft3, total=TOTAL, depth=DEPTH,
+                                                                  topk=TOPK, floor=0.0, **kw)}
 table = {}
 with kernels.references():
     for mode in ("greedy", "sampling"):
