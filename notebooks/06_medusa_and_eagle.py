@@ -296,13 +296,11 @@ def medusa_step(prompt, heads, choices):
                                lambda node: best[node + 1])                          # 4.
     return [int(t)] + [toks[i] for i in path] + [nxt], hd[0], path, (nodes, toks, pars)
 
-# %% [markdown]
+
 # Run it with a hand-picked binary-ish tree on every prompt and compare with `medusa.generate`
 # (the same tree as `choices=`): its first two target calls (prefill, then the step) must emit
 # the same tokens and accept the same number of drafts, and the whole generation must be greedy
 # decoding.
-
-# %%
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0), (0, 0, 1)]   # hand-picked, 8 nodes
 steps = [medusa_step(p, zoo, CHOICES) for p in prompts]
 lib = medusa.generate(lm, prompts, heads=zoo, choices=CHOICES, max_new_tokens=NEW_TOKENS, eos_token_id=[])
@@ -496,10 +494,8 @@ def library_accepts(p, x, eps, delta):                         # the check's ref
                        speculative.Sampling(temperature=1.0, generator=torch.Generator(device=dev).manual_seed(0)))
     return bool(n[0] == 1)
 
-# %% [markdown]
-# The check (a flat and a peaked `p`, both bounds binding, tokens near the bar):
 
-# %%
+# The check (a flat and a peaked `p`, both bounds binding, tokens near the bar):
 def check_typical():
     gen, dev = torch.Generator(device=DEVICE).manual_seed(SEED), DEVICE   # distributions as the target's would be
     uniform = torch.full((20,), 0.05, device=dev)
@@ -579,10 +575,8 @@ def pvalue(emp, ref):                                          # chi-square, cel
     o, e = torch.cat([o[big], o[~big].sum()[None]]), torch.cat([e[big], e[~big].sum()[None]])
     return float(chisquare(o, e * o.sum() / e.sum()).pvalue)
 
-# %% [markdown]
-# The runs (three batched calls of `SAMPLES` rows, three tokens each):
 
-# %%
+# The runs (three batched calls of `SAMPLES` rows, three tokens each):
 kw = dict(max_new_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, eos_token_id=[])
 with kernels.references():
     runs = {"AR sampling": autoregressive.generate(lm, [sp] * SAMPLES, generator=torch.Generator(DEVICE).manual_seed(SEED), **kw)}
@@ -924,13 +918,10 @@ check("Exercise 5", check_ttt_mask)
 if SHOW_SOLUTIONS:
     show("06", "ttt_mask")
 
-# %% [markdown]
-# ## Picture: the training-time test's mask
+# Picture: the training-time test's mask.
 # Step 3 of an unroll over 8 positions, from the library (rows: queries; columns: keys of steps
 # 0..3). Block 0 is the ordinary causal triangle over the true features; every later block is a
 # diagonal: position t's own chain.
-
-# %%
 m3 = library_masks(8, 4)[3].cpu()                             # matplotlib draws host arrays
 fig, ax = plt.subplots(figsize=(8, 2.4))
 ax.imshow(m3, cmap="Greens", aspect="equal")
@@ -969,6 +960,10 @@ ax.set_xlabel("d"); ax.set_ylabel("P(guesses 1..d all right)"); ax.set_ylim(0, 1
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)); ax.set_title(f"{len(held_rows)} held-out answers of tiny", fontsize=9)
 plt.tight_layout(); plt.show()
 
+with open(os.path.join(EAGLE3_DRAFT or medusa.heads_folder("eagle3", lm.name), "config.json")) as f:
+    rep_zoo = json.load(f)["report"]                           # what the trainer measured, saved with the draft
+print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zoo["heldout_top1_per_step"])
+
 # %% [markdown]
 # **Read the plot.** The FAST draft is far below the zoo's: a draft trained by training-time test
 # has to learn to read its *own* outputs as well as the target's features, and that takes steps
@@ -977,17 +972,11 @@ plt.tight_layout(); plt.show()
 # tiny has 4 layers, so "low, middle, high" are layers 1, 2 and the final state that EAGLE-1
 # already reads; there are only ~1,500 training answers; and EAGLE-3 learns its own LM head where
 # EAGLE-1 borrows the target's. What the training-time test does buy is visible in the report's
-# per-step top-1 (printed below): it is flat, because every step was trained on the inputs it will
+# per-step top-1 (printed above): it is flat, because every step was trained on the inputs it will
 # see. The paper's gains come from reading a deep target whose top layer is shaped for one token
 # only, and from scaling the data (EAGLE-3 §4); the README's benchmark measures it on SmolLM2's 30
 # layers.
-
-# %%
-with open(os.path.join(EAGLE3_DRAFT or medusa.heads_folder("eagle3", lm.name), "config.json")) as f:
-    rep_zoo = json.load(f)["report"]                           # what the trainer measured, saved with the draft
-print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zoo["heldout_top1_per_step"])
-
-# %% [markdown]
+#
 # ## Side by side with chapter 04a's chain draft
 # The same three prompts, `NEW_TOKENS` tokens each. Greedy: autoregressive, the chain draft
 # `tiny-draft` (`gamma = 4`, `speculative.generate`), Medusa with the chosen `TREE_SIZE`-node tree
