@@ -171,7 +171,8 @@ def test_training_time_test_equals_decodings_draft_steps(tiny, draft, spec_promp
         assert unrolled_chain(draft, toks[0], feats[0], chains[0]) != pytest.approx(scores[0], abs=1e-2)  # sees the future
 
 
-def test_step_losses_equal_a_brute_force_loop(tiny, random_draft):
+@pytest.mark.parametrize("prompt_loss", [False, True])
+def test_step_losses_equal_a_brute_force_loop(tiny, random_draft, prompt_loss):
     ar = autoregressive.generate(tiny, [tiny.encode("And God said")], max_new_tokens=12, eos_token_id=[]).tokens[0]
     prompt = tiny.encode("And God said")
     rows = [(prompt + ar, len(prompt), None, "a"), (prompt + ar[:7], len(prompt), None, "b")]
@@ -179,7 +180,7 @@ def test_step_losses_equal_a_brute_force_loop(tiny, random_draft):
     W = tiny.model.get_output_embeddings().weight.detach()
     steps = 3
     with torch.no_grad():
-        res = train3.step_losses(random_draft, *train3.batch_of(seqs, steps), steps, W)
+        res = train3.step_losses(random_draft, *train3.batch_of(seqs, steps, prompt_loss=prompt_loss), steps, W)
         for j in range(steps):
             ce, n = 0.0, 0
             for ids, f, fin, n_prompt in seqs:
@@ -189,7 +190,7 @@ def test_step_losses_equal_a_brute_force_loop(tiny, random_draft):
                                      steps)
                 for t in range(N_ - 1):
                     i = t + 1 + j  # the label: the target's distribution after token i
-                    if i <= N_ - 2 and i + 1 >= n_prompt:
+                    if i <= N_ - 2 and (prompt_loss or i + 1 >= n_prompt):  # token i + 1 exists (and answers)
                         p = torch.softmax(fin[i].float() @ W.T, -1)
                         ce -= float((p * torch.log_softmax(random_draft.logits(outs[j][0, t]), -1)).sum())
                         n += 1

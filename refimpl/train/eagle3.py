@@ -12,8 +12,9 @@ distillation prompts that need no model; ``tiny``: :func:`refimpl.train.medusa.t
 
 Loss: training-time test (:func:`refimpl.eagle3.unroll`) over ``steps`` draft steps; step j's
 loss is the cross-entropy of the draft's distribution against the target's (renormalised on the
-kept vocabulary) at every answer position it predicts, weighted ``decay ** j`` (EAGLE-3's public
-recipe: 7 steps, 0.8). No feature regression.
+kept vocabulary) at every answer position it predicts (SmolLM2: at prompt positions too,
+``prompt_loss``: the target's distribution is a label wherever it reads, and 1,500 answers are
+little data), weighted ``decay ** j`` (EAGLE-3's public recipe: 7 steps, 0.8). No feature regression.
 
 Report: held-out acceptance per depth of the draft's own greedy chain, ``accept_rate[d]`` =
 P(the draft's first d greedy tokens all equal the target's), from every answer position, on the
@@ -53,10 +54,11 @@ def target_features(target, rows, taps, batch: int = 16, progress: bool = True):
     return [done[i] for i in range(len(rows))]
 
 
-def batch_of(seqs, steps: int, device="cpu"):
+def batch_of(seqs, steps: int, device="cpu", prompt_loss: bool = False):
     """Right-padded TTT batch: tokens x_{t+1} (B, T), tapped features (B, T, 3H), the target's final
     state after each token (B, T + steps, H) (``final[:, 1 + j + t]`` labels step j at t), mask (B, T)
-    and ``answer`` (B, T + steps) True where the token after that position is an answer token."""
+    and ``answer`` (B, T + steps) True where the token after that position is an answer token (with
+    ``prompt_loss``: any token, the prompt's too: the target's distribution there is as good a label)."""
     T = max(len(s[0]) for s in seqs) - 1
     B, H3, H = len(seqs), seqs[0][1].shape[1], seqs[0][2].shape[1]
     tok = torch.zeros((B, T), dtype=torch.long, device=device)
@@ -68,7 +70,7 @@ def batch_of(seqs, steps: int, device="cpu"):
         n = len(ids) - 1
         tok[r, :n], feats[r, :n], mask[r, :n] = ids[1:], f[:-1].float(), 1
         final[r, :n + 1] = fin.float()
-        answer[r, max(n_prompt - 1, 0):n] = True  # the target's next token after position i is an answer token
+        answer[r, 0 if prompt_loss else max(n_prompt - 1, 0):n] = True  # the token after position i: an answer's
     return tok, feats, final, mask, answer
 
 
@@ -112,10 +114,11 @@ def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int
 
 def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int = 1000, ttt: int = 7,
                 decay: float = 0.8, batch: int = 4, lr: float = 1e-3, seconds: float = 1e9, holdout: int = 20,
-                seed: int = 0, progress: bool = True, texts=None, max_len: int = 512):
+                seed: int = 0, progress: bool = True, texts=None, max_len: int = 512, prompt_loss: bool = False):
     """Train ``draft`` with training-time test (``ttt`` steps, weights ``decay ** j``) on ``seqs``
-    (:func:`target_features`, rows longer than ``max_len`` tokens cut); every ``holdout``-th row (by
-    a hash of its ``texts`` entry) held out for :func:`accept_rates`. -> (draft, report)."""
+    (:func:`target_features`, rows longer than ``max_len`` tokens cut; ``prompt_loss``: prompt
+    positions are loss positions too, :func:`batch_of`); every ``holdout``-th row (by a hash of its
+    ``texts`` entry) held out for :func:`accept_rates` (answer positions only). -> (draft, report)."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(seed)
@@ -133,7 +136,8 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
         at = max(step, int(steps * (time.time() - t0) / seconds))  # (a time budget ends the cosine too)
         for g in opt.param_groups:
             g["lr"] = cosine_lr(min(at, steps - 1), steps, lr, warmup=min(30, steps // 10))
-        res = step_losses(draft, *batch_of(rng.sample(train, min(batch, len(train))), ttt), ttt, head)
+        res = step_losses(draft, *batch_of(rng.sample(train, min(batch, len(train))), ttt, prompt_loss=prompt_loss), ttt,
+                          head)
         loss = sum(decay ** j * ce / max(n, 1) for j, (ce, n, _) in enumerate(res))
         opt.zero_grad()
         loss.backward()
@@ -151,6 +155,7 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
     tail = hist[-50:]
     report = {"steps": len(hist), "seconds": round(train_s, 1), "train_rows": len(train), "heldout_rows": len(held),
               "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps),
+              "loss_positions": "prompt and answer" if prompt_loss else "answer",
               "final_ce_per_step": [round(sum(h[j] for h in tail) / len(tail), 4) for j in range(ttt)],
               "heldout_accept_rate_per_depth": rates["chain"], "heldout_top1_per_step": rates["top1"],
               "expected_chain_tau": round(1 + sum(rates["chain"]), 3)}
@@ -201,20 +206,31 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
     return rows, target, top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)
 
 
-def train_eagle3_smollm2(out_dir: str, steps: int = 1000, seconds: float = 1200.0, gen_seconds: float = 900.0,
-                         vocab_keep: int = 8192, batch: int = 4, lr: float = 1e-3, progress: bool = True) -> dict:
+def train_eagle3_smollm2(out_dir: str, steps: int = 3000, seconds: float = 1800.0, gen_seconds: float = 900.0,
+                         vocab_keep: int = 8192, batch: int = 4, lr: float = 2e-3, prompt_loss: bool = True,
+                         progress: bool = True) -> dict:
     """SmolLM2's fp32 answers (:func:`smollm2_rows`, ``gen_seconds`` more of them first), prompt and
-    answer features recomputed, ``vocab_keep`` tokens, at most ``seconds`` of training."""
+    answer features recomputed (cached next to the answers), ``vocab_keep`` tokens, at most
+    ``seconds`` of training; ``prompt_loss``: :func:`train_draft`'s."""
+    import os
+
+    from ..models.hf import cache_dir
+
     t0 = time.time()
     rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
     gen_s = time.time() - t0
     t0 = time.time()
     draft = new_draft(target, kept=kept)
-    seqs = target_features(target, rows, draft.taps, progress=progress)
+    path = os.path.join(cache_dir(), f"smollm2-eagle3-features-{len(rows)}-{'-'.join(map(str, draft.taps))}.pt")
+    if os.path.exists(path):
+        seqs = torch.load(path)
+    else:
+        seqs = target_features(target, rows, draft.taps, progress=progress)
+        torch.save(seqs, path)
     data_s = time.time() - t0
     W = target.model.get_output_embeddings().weight.detach()[kept]
     draft, report = train_draft(draft, seqs, W, steps=steps, batch=batch, lr=lr, seconds=seconds, progress=progress,
-                                texts=[r[3] for r in rows])
+                                texts=[r[3] for r in rows], prompt_loss=prompt_loss)
     report.update(data_rows=len(rows), answer_seconds=round(gen_s, 1), feature_seconds=round(data_s, 1),
                   vocab_keep=int(kept.numel()), threads=torch.get_num_threads(),
                   context="prompt and answer features (one target forward per row)")
