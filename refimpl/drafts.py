@@ -341,5 +341,6 @@ def top_tokens(data, k: int, always=(), device="cpu") -> torch.Tensor:
     for row in data:
         for t in row[0]:
             counts[t] = counts.get(t, 0) + 1
-    ranked = [t for t in always] + [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1]) if t not in always]
+    always = list(dict.fromkeys(always))  # (a model's EOS and PAD may be one token: each id once)
+    ranked = always + [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1]) if t not in always]
     return torch.tensor(sorted(ranked[:k]), dtype=torch.long, device=device)

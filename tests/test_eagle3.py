@@ -132,7 +132,7 @@ class Chains(eagle.EagleProposer):
     def propose(self, caps):
         ctx = None if self.feats is None else ([list(t) for t in self.toks], [f.clone() for f in self.feats])
         out = super().propose(caps)
-        if ctx is not None:
+        if ctx is not None and self.rows is not None:  # (no room left to draft: nothing proposed)
             self.log.append((*ctx, [r[0] for r in self.rows], [list(s) for s in self.scores]))
         return out
 

@@ -164,3 +164,65 @@ def test_chain_draft_export_is_a_plain_llama_with_the_trimmed_heads_argmax(smol,
         b = lm.model(ids).logits[0]  # (T, K) the trimmed head
     assert torch.equal(a.argmax(-1), lm.kept_ids[b.argmax(-1)])
     assert torch.allclose(a[:, lm.kept_ids], b, atol=1e-4)
+
+
+def vllm_eagle3(w: dict, cfg: dict, tok: torch.Tensor, aux: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+    """llama_eagle3.py's forward in plain torch for one sequence, vLLM's defaults (no norm before fc,
+    norm after the residual, ``norm_output`` false): (T,) tokens, (T, 3H) tapped target streams ->
+    (T, V) logits. fc fuses the streams; layer 0 concatenates input_layernorm(embeds) with
+    hidden_norm(g) for attention and keeps g as the residual; compute_logits scatters the draft
+    vocabulary's logits to ``index + d2t[index]`` (-inf elsewhere)."""
+    eps, nh, nkv, hd = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    T, p = tok.shape[0], "midlayer."
+    g = aux @ w["fc.weight"].T
+    res = g
+    x = torch.cat([rms(embed[tok], w[p + "input_layernorm.weight"], eps), rms(g, w[p + "hidden_norm.weight"], eps)], -1)
+    q = (x @ w[p + "self_attn.q_proj.weight"].T).view(T, nh, hd).transpose(0, 1)[None]
+    k = (x @ w[p + "self_attn.k_proj.weight"].T).view(T, nkv, hd).transpose(0, 1)[None]
+    v = (x @ w[p + "self_attn.v_proj.weight"].T).view(T, nkv, hd).transpose(0, 1)[None]
+    pos = torch.arange(T)[None]
+    q, k = rotate(q, pos, theta), rotate(k, pos, theta)
+    k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+    a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)[0].transpose(0, 1).reshape(T, -1)
+    res = a @ w[p + "self_attn.o_proj.weight"].T + res
+    h = rms(res, w[p + "post_attention_layernorm.weight"], eps)
+    h = (torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) \
+        @ w[p + "mlp.down_proj.weight"].T
+    logits = rms(h + res, w["norm.weight"], eps) @ w["lm_head.weight"].T  # (T, draft vocab)
+    full = torch.full((T, cfg["vocab_size"]), -torch.inf)
+    full[:, torch.arange(cfg["draft_vocab_size"]) + w["d2t"]] = logits
+    return full
+
+
+def test_eagle3_export_is_our_draft_in_vllms_layout(smol, tmp_path):
+    from refimpl import eagle3
+
+    info = export.export("eagle3-smollm2-135m", str(tmp_path))
+    assert info["speculative_config"]["method"] == "eagle3"
+    cfg = json.load(open(tmp_path / "config.json"))
+    w = load_file(str(tmp_path / "model.safetensors"))
+    d = eagle3.load_draft(smol)
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(d.taps)
+    assert int(w["t2d"].sum()) == cfg["draft_vocab_size"] and "embed_tokens.weight" not in w
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM's default for 30 layers
+    ids = torch.tensor([prompts.encode_prompt(smol, prompts.prompt_set(1)[0][1])])
+    with torch.no_grad():
+        _, _, aux = smol.forward(ids, output_hidden_states=d.taps)
+        tok, aux = ids[0, 1:], aux[0, :-1].float()  # inputs (x_{t+1}, streams_t)
+        ours = d.logits(eagle3.unroll(d, tok[None], d.fuse(aux[None]), torch.ones_like(tok)[None], 1)[0][0])
+        E = smol.model.get_input_embeddings().weight.detach().float()
+        theirs = vllm_eagle3(w, cfg, tok, aux, E)
+        kept = d.kept if d.kept is not None else torch.arange(cfg["vocab_size"])
+        assert torch.allclose(theirs[:, kept], ours, atol=2e-3, rtol=1e-4)
+        assert torch.equal(theirs.argmax(-1), d.full(ours.argmax(-1)))
+        # negative control: the two input norms swapped (a wrong key mapping) moves the logits
+        p = "midlayer."
+        swapped = {**w, p + "input_layernorm.weight": w[p + "hidden_norm.weight"],
+                   p + "hidden_norm.weight": w[p + "input_layernorm.weight"]}
+        assert not torch.allclose(vllm_eagle3(swapped, cfg, tok, aux, E)[:, kept], ours, atol=2e-3, rtol=1e-4)
+
+
+def test_eagle3_export_refuses_a_tap_vllm_cannot_read(tmp_path):
+    with pytest.raises(ValueError, match="final normed state"):
+        export.export("eagle3-tiny", str(tmp_path))  # tiny's draft reads layer 4 = L

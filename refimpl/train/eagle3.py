@@ -162,7 +162,7 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
     return draft, report
 
 
-def train_eagle3_tiny(out_dir: str, steps: int = 400, seconds: float = 1e9, progress: bool = True) -> dict:
+def train_eagle3_tiny(out_dir: str, steps: int = 1200, seconds: float = 1e9, progress: bool = True) -> dict:
     from ..models import load
     from .medusa import tiny_rows
 
