@@ -87,6 +87,13 @@ class Growth:
         return keep_best(self.toks, self.par, self.score, torch.tensor(self.depth, device=self.score.device), caps, total)
 
 
+def check_floor(floor) -> float:
+    """A tree's confidence ``floor`` (:func:`settled`) -> float; ``ValueError`` unless in [0, 1)."""
+    if not (isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0.0 <= floor < 1.0):
+        raise ValueError(f"floor must be a confidence in [0, 1), got {floor!r}")
+    return float(floor)
+
+
 def settled(score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int], total: int, floor: float) -> bool:
     """Stop growing a dynamic tree below level ``d``? ``score`` (B, N) every grown node's cumulative
     log-confidence, ``lvl`` the level's (lo, hi) node range. Two reasons, checked for every row:
@@ -121,9 +128,7 @@ class DynamicDraftTree:
     def __init__(self, draft, total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1, target=None):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
-        if not (isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0.0 <= floor < 1.0):
-            raise ValueError(f"floor must be a confidence in [0, 1), got {floor!r}")
-        self.floor = float(floor)
+        self.floor = check_floor(floor)
         if target is not None:
             check_same_tokenizer(target, draft)
         self.copy = draft if isinstance(draft, ContextCopyLM) else None

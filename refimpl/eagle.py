@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .dynamic_tree import Growth, settled
+from .dynamic_tree import Growth, check_floor, settled
 from .generation import Generation, check_positive_int
 from .lm import positions_from_mask
 from .medusa import read_folder, write_folder
@@ -196,9 +196,7 @@ class EagleProposer:
     def __init__(self, draft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True, floor: float = 0.0):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
-        if not (isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0.0 <= floor < 1.0):
-            raise ValueError(f"floor must be a confidence in [0, 1), got {floor!r}")
-        self.cache, self.floor = cache, float(floor)
+        self.cache, self.floor = cache, check_floor(floor)
         self.use(draft)
 
     def use(self, draft) -> None:

@@ -68,10 +68,11 @@ def target_name(name: str, kind: str) -> str:
 
 
 def write_safetensors(folder: str, file: str, state: dict) -> None:
+    """``state`` as host tensors, weights in fp32; integer / bool tensors (index tables) keep their dtype."""
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().float().cpu().contiguous() for k, v in state.items()}, os.path.join(folder, file),
-              metadata={"format": "pt"})
+    save_file({k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
+               for k, v in state.items()}, os.path.join(folder, file), metadata={"format": "pt"})
 
 
 def write_json(folder: str, file: str, obj: dict) -> None:
@@ -201,7 +202,6 @@ def export_eagle3(name: str, out: str) -> dict:
              m + "post_attention_layernorm.weight": d.norm_mid.weight, m + "mlp.gate_proj.weight": gate,
              m + "mlp.up_proj.weight": up, m + "mlp.down_proj.weight": d.down.weight, "norm.weight": d.norm.weight,
              "lm_head.weight": d.lm_head}
-    state = {k_: v_.detach().float().cpu().contiguous() for k_, v_ in state.items()}  # safetensors writes host tensors
     state["d2t"] = (kept - torch.arange(len(kept), device="cpu")).long()
     state["t2d"] = t2d
     cfg.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "num_attention_heads": d.num_heads,
@@ -211,9 +211,7 @@ def export_eagle3(name: str, out: str) -> dict:
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(d.taps), "use_aux_hidden_state": True}})
     cfg.pop("torch_dtype", None)
     os.makedirs(out, exist_ok=True)
-    from safetensors.torch import save_file
-
-    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    write_safetensors(out, "model.safetensors", state)
     write_json(out, "config.json", cfg)
     return {"speculative_config": {"method": "eagle3", "model": out, "num_speculative_tokens": 4},
             "kept": int(len(kept)), "vocab": int(V), "taps": list(d.taps)}
