@@ -24,7 +24,7 @@ What :class:`refimpl.tree.DraftTree` does simply, this does without recomputatio
 - a draft with a copy prior (:class:`refimpl.copy_prior.ContextCopyLM`, the zoo's SmolLM2 draft)
   cannot take a tree mask (its history is indexed by position, and siblings share one), so the
   prior is applied here per node instead: each node's own history is the committed tokens plus its
-  path, and its copy candidate (:func:`refimpl.copy_prior.copy_candidates`) gets the prior's ``bias``.
+  path, and its copy candidate gets the prior's ``bias`` (:func:`refimpl.copy_prior.boost_nodes`).
 
 Our addition to EAGLE-2's rule is ``floor``: a level whose best node has cumulative confidence
 below it is not grown (its children could add at most that many expected tokens, less than the
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from .copy_prior import ContextCopyLM, copy_candidates
+from .copy_prior import ContextCopyLM, boost_nodes
 from .generation import Generation, check_positive_int
 from .lm import left_pad
 from .slot_cache import SlotCache
@@ -147,15 +147,8 @@ class DynamicDraftTree:
         + ``paths[b][i]``; its copy candidate gets ``bias``. No copy prior: ``logits`` unchanged."""
         if self.copy is None:
             return logits
-        B, e = logits.shape[:2]
-        hist = [self.history[b] + p for b in range(B) for p in paths[b]]
-        L = max(len(h) for h in hist)
-        h = torch.tensor([x + [-1] * (L - len(x)) for x in hist], device=logits.device)  # (B e, L), -1 = none
-        ends = torch.tensor([[len(x) - 1] for x in hist], device=logits.device)  # (B e, 1) the node's position
-        cand = copy_candidates(h, ends, self.copy.max_ngram, self.copy.min_ngram).view(B, e)  # (B, e), -1 = none
-        b, i = (cand >= 0).nonzero(as_tuple=True)
-        logits[b, i, cand[b, i]] += self.copy.bias
-        return logits
+        hist = [[self.history[b] + p for p in paths[b]] for b in range(len(paths))]
+        return boost_nodes(logits, hist, self.copy.max_ngram, self.copy.min_ngram, self.copy.bias)
 
     def settled(self, score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int]) -> bool:
         """Stop growing below level ``d``? :func:`settled` with this tree's ``total`` and ``floor``."""

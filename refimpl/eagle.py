@@ -16,24 +16,20 @@ Papers:
   ``topk`` nodes of each level with the highest cumulative confidence (each gets its top-``topk``
   children), to depth ``depth``, then re-rank every grown node and keep the ``total`` best.
   A child's value is at most its parent's, so the kept set is a tree (ties: the parent first).
-  EAGLE-2's public defaults are total 60, depth 7, top-k 10, for a GPU where scoring 60
-  tree tokens costs about one token; on this CPU the target's time grows with the tree, so the
-  defaults here are total 16, depth 5, top-k 4 (the same tree budget as Medusa's chapter-06 tree).
+  EAGLE-2's defaults (total 60, depth 7, top-k 10) suit a GPU; on this CPU the target's time grows
+  with the tree: total 16, depth 5, top-k 4 here (Medusa's chapter-06 tree budget).
 
 Our choices. ``LM.forward``'s hidden states are AFTER the target's final norm (EAGLE's are the
 second-to-top layer's, before it), so the draft predicts *normed* features and applies the LM
 head directly (no norm of its own). The decoder layer is a minimal Llama layer in plain torch
-(RMSNorm, rotary causal attention, SiLU-gated MLP, residuals); its attention takes an explicit
-boolean mask and extra keys / values, which is all the tree needs. The draft keeps a KV cache
-across steps: the keys / values (rotary applied) of every row's committed inputs; each step runs
-the layer only on the new ones (the prompt at first, then the accepted path's and the root's
-pairs), then each level's expanded nodes attend to the context and their own ancestors (``depth``
-draft calls per step) and the tree's keys are dropped. A key depends only on its own input and
-position, so the cache changes nothing: ``cache=False`` re-runs the whole context every step and
-proposes the same trees (tested). Ragged rows are left-padded; a (B, P) mask marks the real keys.
-The tree's confidence is the draft's raw distribution (temperature 1, no top-k / top-p). A draft may
-score a kept subset of the vocabulary (``kept``, for SmolLM2 the 5,951 token ids of its answers: its
-tree then proposes only those; exactness does not depend on it).
+(RMSNorm, rotary causal attention, SiLU-gated MLP, residuals) with an explicit boolean mask and
+extra keys / values. The draft's KV cache keeps the keys / values of every row's committed inputs;
+each step runs the layer only on the new ones, then each level's expanded nodes attend to the
+context and their ancestors (``depth`` draft calls per step) and the tree's keys are dropped.
+``cache=False`` re-runs the whole context every step: the same trees (tested). Ragged rows are
+left-padded. The tree's confidence is the draft's raw distribution (temperature 1). A draft may
+score a kept subset of the vocabulary (``kept``; exactness does not depend on it). ``copy`` adds
+the chain draft's copy prior (chapter 04b) to every node, as :mod:`refimpl.dynamic_tree` does.
 
 Decoding is a proposer on :func:`refimpl.speculative.decode` (``wants_hidden``): it keeps every
 row's committed tokens and their target features (the prompt's from ``Verdict.fed_hidden`` at the
@@ -45,6 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .copy_prior import boost_nodes
 from .dynamic_tree import Growth, check_floor, settled
 from .generation import Generation, check_positive_int
 from .lm import positions_from_mask
@@ -193,10 +190,14 @@ class EagleProposer:
     kind = Tree  # the Tree class the proposals use (a test swaps in a wrong walk)
     compact_at = 0.25  # squeeze the cache's padding out once every row has this fraction of it
 
-    def __init__(self, draft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True, floor: float = 0.0):
+    def __init__(self, draft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True, floor: float = 0.0,
+                 copy: float = 0.0):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
         self.cache, self.floor = cache, check_floor(floor)
+        if not (isinstance(copy, (int, float)) and 0.0 <= copy < float("inf")):
+            raise ValueError(f"copy must be a logit bias >= 0 (0: no copy prior), got {copy!r}")
+        self.copy = float(copy)  # the copy prior per node: its 3..2-gram candidate's logit + copy
         self.use(draft)
 
     def use(self, draft) -> None:
@@ -204,6 +205,14 @@ class EagleProposer:
         it reads the target layers its ``taps`` name (None: the last, normed)."""
         self.draft = draft
         self.wants_hidden = getattr(draft, "taps", None) or True
+        kept = getattr(draft, "kept", None)
+        self.column = None if kept is None else torch.full((draft.embed.shape[0],), -1, device=kept.device).index_copy_(
+            0, kept, torch.arange(len(kept), device=kept.device))  # (V,) token id -> its logit column, -1 = not kept
+
+    def boost(self, logits: torch.Tensor, hist: list[list[list[int]]]) -> torch.Tensor:
+        """The copy prior (``copy`` > 0) on the draft's ``logits`` (B, e, V') of nodes whose token
+        histories (committed tokens + path) are ``hist``: :func:`refimpl.copy_prior.boost_nodes`."""
+        return boost_nodes(logits, hist, 3, 2, self.copy, self.column) if self.copy else logits
 
     def start(self, ids, mask, settings) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
@@ -283,8 +292,10 @@ class EagleProposer:
         confident nodes through the draft, attending to the context and their ancestors (their keys
         are dropped afterwards). -> :func:`refimpl.tree.keep_best`'s ``(rows, scores)``."""
         B, P, k, dev = root.shape[0], kmask.shape[1], self.topk, root.device
-        score, toks = torch.log_softmax(self.draft.logits(root), -1).topk(k, -1)  # (B, k) level 1
+        logits = self.boost(self.draft.logits(root)[:, None], [[t] for t in self.toks])[:, 0]  # (B, V')
+        score, toks = torch.log_softmax(logits, -1).topk(k, -1)  # (B, k) level 1
         grown = Growth(score, self.draft.full(toks))
+        paths = [[[t] for t in row] for row in self.draft.full(toks).tolist()] if self.copy else None  # node: from root
         lvl_feat = root[:, None].expand(B, k, -1)  # the current level's nodes' input features
         for d in range(1, D):  # expand the topk most confident nodes of level d
             if settled(grown.score, grown.lvl, d, caps, self.total, self.floor):
@@ -297,8 +308,16 @@ class EagleProposer:
             inp = lvl_feat.gather(1, (top - grown.lvl[0])[..., None].expand(-1, -1, root.shape[-1]))  # (B, e, H)
             f, (kk, vv) = self.draft.step(grown.toks.gather(1, top), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
             past = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
-            lp, ch = torch.log_softmax(self.draft.logits(f), -1).topk(k, -1)  # (B, e, k)
+            logits = self.draft.logits(f)  # (B, e, V')
+            if paths is not None:
+                node = [[paths[b][g] for g in row] for b, row in enumerate(top.tolist())]
+                logits = self.boost(logits, [[self.toks[b] + p for p in node[b]] for b in range(B)])
+            lp, ch = torch.log_softmax(logits, -1).topk(k, -1)  # (B, e, k)
             grown.add(top, lp, self.draft.full(ch))
+            if paths is not None:
+                C = self.draft.full(ch).tolist()
+                for b in range(B):
+                    paths[b] += [node[b][i] + [t] for i in range(e) for t in C[b][i]]
             lvl_feat = f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
         return grown.keep(caps, self.total)  # EAGLE-2's re-rank
 
@@ -331,12 +350,12 @@ class EagleProposer:
 
 def generate(target, prompts, draft: EagleDraft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             eos_token_id=None, total: int = 16, depth: int = 5, topk: int = 4) -> Generation:
+             eos_token_id=None, total: int = 16, depth: int = 5, topk: int = 4, copy: float = 0.0) -> Generation:
     """EAGLE decoding: ``draft`` (None: the zoo's, :func:`load_draft`) grows EAGLE-2's dynamic tree
     (``total`` nodes, ``depth`` levels, ``topk`` children per expanded node, ``topk`` nodes expanded
-    per level). Greedy: exactly ``autoregressive.generate``'s tokens; sampling: distributed exactly
-    as sampling from ``target`` with the same settings (SpecInfer's walk, deterministic children)."""
-    proposer = EagleProposer(draft, total, depth, topk)  # validates the tree options first
+    per level; ``copy`` > 0: the copy prior per node). Greedy: exactly ``autoregressive.generate``'s
+    tokens; sampling: distributed exactly as sampling from ``target`` (SpecInfer's walk)."""
+    proposer = EagleProposer(draft, total, depth, topk, copy=copy)  # validates the tree options first
     draft = load_draft(target) if draft is None else draft
     if draft.hidden_size != target.config.hidden_size:
         raise ValueError(f"draft was trained for hidden size {draft.hidden_size}, the target has "

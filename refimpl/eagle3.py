@@ -172,12 +172,14 @@ def load_draft(target, folder: str | None = None) -> Eagle3Draft:
 
 def generate(target, prompts, draft: Eagle3Draft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             eos_token_id=None, total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1) -> Generation:
+             eos_token_id=None, total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1,
+             copy: float = 0.0) -> Generation:
     """EAGLE-3 decoding: ``draft`` (None: the zoo's, :func:`load_draft`) grows EAGLE-2's dynamic tree
     (``total`` nodes, ``depth`` levels, ``topk`` children and expanded nodes per level, no level grown
-    below cumulative confidence ``floor``: the chain draft's tree settings). Greedy: exactly
-    ``autoregressive.generate``'s tokens; sampling: distributed exactly as sampling from ``target``."""
-    proposer = EagleProposer(None, total, depth, topk, floor=floor)  # validates the tree options first
+    below cumulative confidence ``floor``: the chain draft's tree settings; ``copy`` > 0: the copy
+    prior per node, :class:`refimpl.eagle.EagleProposer`). Greedy: exactly ``autoregressive.generate``'s
+    tokens; sampling: distributed exactly as sampling from ``target``."""
+    proposer = EagleProposer(None, total, depth, topk, floor=floor, copy=copy)  # validates the options first
     draft = load_draft(target) if draft is None else draft
     if not isinstance(draft, Eagle3Draft):
         raise ValueError(f"draft must be an Eagle3Draft, got {type(draft).__name__}")

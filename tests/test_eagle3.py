@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from refimpl import autoregressive, eagle, eagle3, models, speculative, tree
+from refimpl import autoregressive, copy_prior, eagle, eagle3, models, speculative, tree
 from refimpl.train import eagle3 as train3
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("torch_kernels")
 
 N = 20  # = spec_ar_free's length
 SHAPES = [{}, {"total": 1, "depth": 1, "topk": 1}, {"total": 8, "depth": 3, "topk": 2, "floor": 0.0},
-          {"total": 5, "depth": 5, "topk": 1, "floor": 0.0}]  # default 10/6/3/0.1, one node, a small tree, a chain
+          {"total": 5, "depth": 5, "topk": 1, "floor": 0.0},  # default 10/6/3/0.1, one node, a small tree, a chain
+          {"copy": 6.0}, {"total": 8, "depth": 3, "topk": 2, "floor": 0.0, "copy": 50.0}]  # + the copy prior per node
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +111,13 @@ class Checked(eagle.EagleProposer):
         return out
 
 
-def test_cached_draft_proposes_the_recomputed_trees(tiny, draft, spec_prompts, spec_ar_free):
+@pytest.mark.parametrize("copy_bias", [0.0, 6.0])
+def test_cached_draft_proposes_the_recomputed_trees(tiny, draft, spec_prompts, spec_ar_free, copy_bias):
     from refimpl import autoregressive
 
     eos = ragged_eos(spec_ar_free)
     ar = autoregressive.generate(tiny, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos).tokens
-    prop = Checked(draft, total=8, depth=4, topk=2)
+    prop = Checked(draft, total=8, depth=4, topk=2, copy=copy_bias)
     g = speculative.decode(tiny, prop, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos)
     assert g.tokens == ar and len({len(t) for t in ar}) > 1  # rows finish at different times
     assert prop.steps and all(same and err < 1e-4 for same, err in prop.steps)
@@ -135,6 +137,54 @@ class Chains(eagle.EagleProposer):
         if ctx is not None and self.rows is not None:  # (no room left to draft: nothing proposed)
             self.log.append((*ctx, [r[0] for r in self.rows], [list(s) for s in self.scores]))
         return out
+
+
+class FirstChild(eagle.EagleProposer):
+    """Records, at every step with features, the proposed chain and every node's prompt-lookup
+    candidate (the 3..2-gram continuation of the committed tokens + the node's path)."""
+
+    def start(self, ids, mask, settings):
+        super().start(ids, mask, settings)
+        self.log = []
+
+    def propose(self, caps):
+        hist = None if self.feats is None else [list(t) for t in self.toks]
+        out = super().propose(caps)
+        if hist is not None and self.rows is not None:
+            for h, (chain, _) in zip(hist, self.rows):
+                for d, tok in enumerate(chain):
+                    full = torch.tensor(h + chain[:d])
+                    self.log.append((int(copy_prior.copy_candidates(full, torch.tensor([len(full) - 1]))[0]), tok))
+        return out
+
+
+class RootHistory(FirstChild):
+    """A wrong copy prior (the negative control): every node looks up the committed tokens alone,
+    forgetting its own path."""
+
+    def boost(self, logits, hist):
+        return super().boost(logits, [[row[0][:len(t)]] * len(row) for row, t in zip(hist, self.toks)])
+
+
+def test_the_copy_prior_puts_each_nodes_copy_candidate_first(tiny, random_draft, spec_prompts):
+    """A chain (1 child per node) from a random draft, with a bias no draft logit outweighs: every node
+    whose history (committed tokens + its path) has a 3..2-gram match proposes that match's
+    continuation; a prior that forgets the path does not. Either way the output is AR greedy."""
+    prompts = [p + p[len(p) // 2:] for p in spec_prompts]  # a repeated half: copy candidates exist
+    ar = autoregressive.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens
+    seen = {}
+    for kind in (FirstChild, RootHistory):
+        prop = kind(random_draft, total=4, depth=4, topk=1, copy=1e4)
+        assert speculative.decode(tiny, prop, prompts, max_new_tokens=N, eos_token_id=[]).tokens == ar
+        pairs = [(c, t) for c, t in prop.log if c >= 0]
+        assert len(pairs) >= 10
+        seen[kind.__name__] = sum(c == t for c, t in pairs) / len(pairs)
+    assert seen["FirstChild"] == 1.0 and seen["RootHistory"] < 0.9, seen
+
+
+def test_an_eagle1_draft_takes_the_copy_prior_too(tiny, spec_prompts, spec_ar_free):
+    g = eagle.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[], copy=6.0)
+    assert g.tokens == spec_ar_free
 
 
 def unrolled_chain(draft, toks, feats, chain, at_offset=0):
@@ -221,7 +271,9 @@ def test_missing_draft_names_its_trainer(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("kw,name", [({"total": 0}, "total"), ({"depth": 0}, "depth"), ({"topk": 0}, "topk"),
-                                     ({"floor": 1.0}, "floor"), ({"max_new_tokens": 0}, "max_new_tokens")])
+                                     ({"floor": 1.0}, "floor"), ({"max_new_tokens": 0}, "max_new_tokens"),
+                                     ({"copy": -1.0}, "copy"), ({"copy": float("inf")}, "copy"),
+                                     ({"copy": "6"}, "copy")])
 def test_bad_arguments(tiny, draft, spec_prompts, kw, name):
     with pytest.raises(ValueError, match=name):
         eagle3.generate(tiny, spec_prompts, draft=draft, **kw)

@@ -80,11 +80,16 @@ def step_losses(draft: Eagle3Draft, tok, feats, final, mask, answer, steps: int,
     token exists (``t + 1 + j`` inside the row) and whose predicted token is an answer token."""
     T = tok.shape[1]
     outs = unroll(draft, tok, draft.fuse(feats), mask, steps)
+    label = answer.clone()
+    label[:, 0] = False  # (B, T + 1 + steps) positions some step reads its label from
+    probs = torch.zeros((*label.shape, target_head.shape[0]), device=final.device)  # (B, T + 1 + steps, V')
+    with torch.no_grad():  # the target's distributions, once per batch: steps j and j + 1 share them, shifted
+        probs[label] = torch.softmax(final[label] @ target_head.T, -1)
     res = []
     for j, o in enumerate(outs):
         inside = torch.cat([mask[:, j:], torch.zeros_like(mask[:, :j])], 1).bool()  # t + j < n: token exists
         at = inside & answer[:, 1 + j:1 + j + T]  # (B, T)
-        teacher = torch.softmax(final[:, 1 + j:1 + j + T][at] @ target_head.T, -1)  # (n, V')
+        teacher = probs[:, 1 + j:1 + j + T][at]  # (n, V')
         logq = torch.log_softmax(draft.logits(o[at]), -1)  # (n, V')
         res.append((-(teacher * logq).sum(), int(at.sum()), int((logq.argmax(-1) == teacher.argmax(-1)).sum())))
     return res
@@ -114,11 +119,14 @@ def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int
 
 def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int = 1000, ttt: int = 7,
                 decay: float = 0.8, batch: int = 4, lr: float = 1e-3, seconds: float = 1e9, holdout: int = 20,
-                seed: int = 0, progress: bool = True, texts=None, max_len: int = 512, prompt_loss: bool = False):
+                seed: int = 0, progress: bool = True, texts=None, max_len: int = 512, prompt_loss: bool = False,
+                train_head: bool = True):
     """Train ``draft`` with training-time test (``ttt`` steps, weights ``decay ** j``) on ``seqs``
     (:func:`target_features`, rows longer than ``max_len`` tokens cut; ``prompt_loss``: prompt
     positions are loss positions too, :func:`batch_of`); every ``holdout``-th row (by a hash of its
-    ``texts`` entry) held out for :func:`accept_rates` (answer positions only). -> (draft, report)."""
+    ``texts`` entry) held out for :func:`accept_rates` (answer positions only). ``train_head`` False:
+    the LM head stays the target's kept rows (a third less work per step, and the target's prior
+    is kept while the layer is still poor). -> (draft, report)."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(seed)
@@ -128,6 +136,7 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
     train = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout != 0]
     rng = random.Random(seed)
     head = target_head.float()
+    draft.lm_head.requires_grad_(train_head)  # frozen: the target's kept rows stay the draft's head
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     t0, hist = time.time(), []
     bar = tqdm(range(steps), desc="eagle-3 draft", disable=not progress)
@@ -155,6 +164,7 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
     tail = hist[-50:]
     report = {"steps": len(hist), "seconds": round(train_s, 1), "train_rows": len(train), "heldout_rows": len(held),
               "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps),
+              "head": "trained" if train_head else "frozen (the target's kept rows)",
               "loss_positions": "prompt and answer" if prompt_loss else "answer",
               "final_ce_per_step": [round(sum(h[j] for h in tail) / len(tail), 4) for j in range(ttt)],
               "heldout_accept_rate_per_depth": rates["chain"], "heldout_top1_per_step": rates["top1"],
@@ -208,7 +218,7 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
 
 def train_eagle3_smollm2(out_dir: str, steps: int = 3000, seconds: float = 1800.0, gen_seconds: float = 900.0,
                          vocab_keep: int = 8192, batch: int = 4, lr: float = 2e-3, prompt_loss: bool = True,
-                         progress: bool = True) -> dict:
+                         ttt: int = 7, train_head: bool = True, progress: bool = True) -> dict:
     """SmolLM2's fp32 answers (:func:`smollm2_rows`, ``gen_seconds`` more of them first), prompt and
     answer features recomputed (cached next to the answers), ``vocab_keep`` tokens, at most
     ``seconds`` of training; ``prompt_loss``: :func:`train_draft`'s."""
@@ -230,7 +240,7 @@ def train_eagle3_smollm2(out_dir: str, steps: int = 3000, seconds: float = 1800.
     data_s = time.time() - t0
     W = target.model.get_output_embeddings().weight.detach()[kept]
     draft, report = train_draft(draft, seqs, W, steps=steps, batch=batch, lr=lr, seconds=seconds, progress=progress,
-                                texts=[r[3] for r in rows], prompt_loss=prompt_loss)
+                                texts=[r[3] for r in rows], prompt_loss=prompt_loss, ttt=ttt, train_head=train_head)
     report.update(data_rows=len(rows), answer_seconds=round(gen_s, 1), feature_seconds=round(data_s, 1),
                   vocab_keep=int(kept.numel()), threads=torch.get_num_threads(),
                   context="prompt and answer features (one target forward per row)")
