@@ -82,6 +82,20 @@ class Growth:
         self.depth += [d + 1] * (e * k)
         self.lvl = (start, self.toks.shape[1])
 
+    def paths(self, nodes: torch.Tensor) -> list[list[list[int]]]:
+        """Per row, the tokens from the root's child down to each of ``nodes`` (B, e) global ids (a walk
+        up the parents): a node's path, which the copy prior appends to the committed tokens."""
+        toks, par, out = self.toks.tolist(), self.par.tolist(), []
+        for b, row in enumerate(nodes.tolist()):
+            out.append([])
+            for g in row:
+                path = []
+                while g != ROOT:
+                    path.append(toks[b][g])
+                    g = par[b][g]
+                out[b].append(path[::-1])
+        return out
+
     def keep(self, caps: list[int], total: int):
         """EAGLE-2's re-rank of everything grown: :func:`refimpl.tree.keep_best`."""
         return keep_best(self.toks, self.par, self.score, torch.tensor(self.depth, device=self.score.device), caps, total)
@@ -168,7 +182,6 @@ class DynamicDraftTree:
         P0, pos0 = self.slots.mask.shape[1], self.slots.count - 1  # committed slots; the root's position (B,)
         lp, ch = torch.log_softmax(self.boost(root, [[[]] for _ in range(B)]), -1)[:, 0].topk(k, -1)  # (B, k)
         grown = Growth(lp, ch)
-        paths = [[[t] for t in row] for row in ch.tolist()]  # per row, per node: its tokens from the root
         for d in range(1, D):  # expand the ``topk`` most confident nodes of level d
             if self.prune and self.settled(grown.score, grown.lvl, d, caps):
                 D = d  # calls made
@@ -180,13 +193,9 @@ class DynamicDraftTree:
             logits, self.slots.cache = self.draft.forward(
                 grown.toks.gather(1, top), self.slots.cache, position_ids=pos0[:, None] + d + torch.zeros_like(top),
                 attention_mask=additive(allow))[:2]  # (B, e, V)
-            sel = top.tolist()
-            node_paths = [[paths[b][g] for g in sel[b]] for b in range(B)]
+            node_paths = grown.paths(top) if self.copy is not None else None  # (only the copy prior reads them)
             lp, ch = torch.log_softmax(self.boost(logits, node_paths), -1).topk(k, -1)  # (B, e, k)
             grown.add(top, lp, ch)
-            C = ch.tolist()
-            for b in range(B):
-                paths[b] += [node_paths[b][i] + [t] for i in range(e) for t in C[b][i]]
         self.draft.crop(self.slots.cache, P0)  # forget the tree: only committed tokens stay cached
         self.rows, self.scores = grown.keep(caps, self.total)
         return pack(self.rows, self.device, calls=D)

@@ -295,7 +295,6 @@ class EagleProposer:
         logits = self.boost(self.draft.logits(root)[:, None], [[t] for t in self.toks])[:, 0]  # (B, V')
         score, toks = torch.log_softmax(logits, -1).topk(k, -1)  # (B, k) level 1
         grown = Growth(score, self.draft.full(toks))
-        paths = [[[t] for t in row] for row in self.draft.full(toks).tolist()] if self.copy else None  # node: from root
         lvl_feat = root[:, None].expand(B, k, -1)  # the current level's nodes' input features
         for d in range(1, D):  # expand the topk most confident nodes of level d
             if settled(grown.score, grown.lvl, d, caps, self.total, self.floor):
@@ -309,15 +308,10 @@ class EagleProposer:
             f, (kk, vv) = self.draft.step(grown.toks.gather(1, top), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
             past = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
             logits = self.draft.logits(f)  # (B, e, V')
-            if paths is not None:
-                node = [[paths[b][g] for g in row] for b, row in enumerate(top.tolist())]
-                logits = self.boost(logits, [[self.toks[b] + p for p in node[b]] for b in range(B)])
+            if self.copy:
+                logits = self.boost(logits, [[self.toks[b] + p for p in row] for b, row in enumerate(grown.paths(top))])
             lp, ch = torch.log_softmax(logits, -1).topk(k, -1)  # (B, e, k)
             grown.add(top, lp, self.draft.full(ch))
-            if paths is not None:
-                C = self.draft.full(ch).tolist()
-                for b in range(B):
-                    paths[b] += [node[b][i] + [t] for i in range(e) for t in C[b][i]]
             lvl_feat = f[:, :, None].expand(B, e, k, -1).flatten(1, 2)
         return grown.keep(caps, self.total)  # EAGLE-2's re-rank
 
