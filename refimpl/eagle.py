@@ -195,7 +195,7 @@ class EagleProposer:
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
         self.cache, self.floor = cache, check_floor(floor)
-        if not (isinstance(copy, (int, float)) and 0.0 <= copy < float("inf")):
+        if not (isinstance(copy, (int, float)) and not isinstance(copy, bool) and 0.0 <= copy < float("inf")):
             raise ValueError(f"copy must be a logit bias >= 0 (0: no copy prior), got {copy!r}")
         self.copy = float(copy)  # the copy prior per node: its 3..2-gram candidate's logit + copy
         self.use(draft)

@@ -273,7 +273,7 @@ def test_missing_draft_names_its_trainer(tiny, tmp_path):
 @pytest.mark.parametrize("kw,name", [({"total": 0}, "total"), ({"depth": 0}, "depth"), ({"topk": 0}, "topk"),
                                      ({"floor": 1.0}, "floor"), ({"max_new_tokens": 0}, "max_new_tokens"),
                                      ({"copy": -1.0}, "copy"), ({"copy": float("inf")}, "copy"),
-                                     ({"copy": "6"}, "copy")])
+                                     ({"copy": "6"}, "copy"), ({"copy": True}, "copy")])
 def test_bad_arguments(tiny, draft, spec_prompts, kw, name):
     with pytest.raises(ValueError, match=name):
         eagle3.generate(tiny, spec_prompts, draft=draft, **kw)

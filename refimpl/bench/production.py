@@ -100,8 +100,8 @@ METHODS = [
 
 
 #: the production map: every method of the course -> (vLLM 0.32, SGLang, Hugging Face generate, TensorRT-LLM),
-#: and the METHODS row of ours that runs it in vLLM here (None: not run by make production); "{v}" marks
-#: where *verified here* goes in the vLLM cell (default: its end)
+#: and a prefix of the name of the METHODS row of ours that runs it in vLLM here ("eagle (": "eagle" alone would
+#: match eagle3's row too; None: not run by make production); *verified here* goes at the end of the vLLM cell
 MAP = [
     ("AR + KV cache (01)", "default", "default", "`generate()`", "default", "ar"),
     ("draft model, speculative sampling (02-04a)", "`draft_model` (`refimpl.export smollm2-135m-draft`)",
@@ -141,8 +141,7 @@ def production_map(result: dict | None = None) -> str:
     for method, vllm, sgl, hf, trt, ours in MAP:
         row = next((m[0] for m in METHODS if ours and m[0].startswith(ours)), None)
         mark = " **verified here**" if row and row in ok else ""
-        vllm = vllm.replace("{v}", mark) if "{v}" in vllm else vllm + mark
-        lines.append(f"| {method} | {vllm} | {sgl} | {hf} | {trt} |")
+        lines.append(f"| {method} | {vllm}{mark} | {sgl} | {hf} | {trt} |")
     return "\n".join(lines)
 
 
