@@ -113,19 +113,41 @@ def collect(model, contexts: torch.Tensor, n: int, blocks: int, generator: torch
     return Trajectories(ctxs, states)
 
 
+def frontier_mask(state: torch.Tensor, target: torch.Tensor, horizon: int | None) -> torch.Tensor:
+    """(B, n) bool: the block positions whose prediction reads at most ``horizon`` wrong tokens past
+    the state's first wrong one, ``i <= f + horizon`` with ``f`` = the first ``i`` where
+    ``state_i != target_i`` (``n`` when none). ``None`` keeps every position (the paper's loss).
+
+    Why: Jacobi decoding only cashes the predictions just past the converged prefix (the next
+    call's guesses are read with one, two, ... wrong tokens before them); deep in a state of random
+    guesses the fixed point is out of reach, and fitting it there teaches the model to ignore its
+    context, which is what moves its own greedy text.
+    """
+    B, n = state.shape
+    if horizon is None:
+        return torch.ones(B, n, dtype=torch.bool, device=state.device)
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        raise ValueError(f"horizon must be None or an integer >= 0, got {horizon!r}")
+    wrong = state != target  # (B, n)
+    first = torch.where(wrong.any(1), wrong.int().argmax(1), torch.full((B,), n, device=state.device))  # (B,)
+    return torch.arange(n, device=state.device)[None, :] <= first[:, None] + horizon  # (B, n)
+
+
 def consistency_loss(model, context: torch.Tensor, state: torch.Tensor, target: torch.Tensor,
-                     teacher=None) -> torch.Tensor:
+                     teacher=None, horizon: int | None = None) -> torch.Tensor:
     """Eq. 4 (``target`` = the fixed point) or eq. 5 (``target`` = the next state): the forward KL
     ``D(q_teacher(. | x, target_<i) || q_theta(. | x, state_<i))`` summed over the block's ``n``
     positions, averaged over rows. ``teacher`` None = the model itself with the gradient stopped
-    (``theta^-``, as in the paper); a frozen model may be passed instead."""
+    (``theta^-``, as in the paper); a frozen model may be passed instead. ``horizon``: sum only over
+    the positions of :func:`frontier_mask` (ours, measured in chapter 15; None = every position)."""
     check_block(context, state, "state")
     if target.shape != state.shape:
         raise ValueError(f"target must have state's shape {tuple(state.shape)}; got {tuple(target.shape)}")
+    keep = frontier_mask(state, target, horizon)  # (B, n)
     with torch.no_grad():
         t = F.log_softmax(block_logits(model if teacher is None else teacher, context, target).float(), -1)  # (B, n, V)
     s = F.log_softmax(block_logits(model, context, state).float(), -1)  # (B, n, V)
-    return (t.exp() * (t - s)).sum(-1).sum(-1).mean()
+    return ((t.exp() * (t - s)).sum(-1) * keep).sum(-1).mean()
 
 
 def ar_loss(model, context: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -134,12 +156,12 @@ def ar_loss(model, context: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), text.reshape(-1))
 
 
-def cllm_loss(model, batch, ar_weight: float = 1.0, teacher=None) -> tuple[torch.Tensor, dict]:
+def cllm_loss(model, batch, ar_weight: float = 1.0, teacher=None, horizon: int | None = None) -> tuple[torch.Tensor, dict]:
     """``L = L_consistency + ar_weight * L_AR`` on one :meth:`Trajectories.sample` batch."""
     if ar_weight < 0:
         raise ValueError(f"ar_weight must be >= 0, got {ar_weight}")
     context, state, target, fixed = batch
-    lc = consistency_loss(model, context, state, target, teacher)
+    lc = consistency_loss(model, context, state, target, teacher, horizon)
     la = ar_loss(model, context, fixed)
     return lc + ar_weight * la, {"consistency": float(lc.detach()), "ar": float(la.detach())}
 

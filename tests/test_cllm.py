@@ -34,10 +34,14 @@ def test_trajectory_equals_a_step_by_step_replay_and_ends_at_greedy(tiny, ctx):
     assert later.shape[0] == 1, "the fixed point does not move"
 
 
-def brute_kl_sum(tiny, ctx, state, target, teacher_model):
+def brute_kl_sum(tiny, ctx, state, target, teacher_model, horizon=None):
     total = 0.0
     for b in range(ctx.shape[0]):
+        wrong = [i for i in range(state.shape[1]) if state[b, i] != target[b, i]]
+        first = wrong[0] if wrong else state.shape[1]
         for i in range(state.shape[1]):
+            if horizon is not None and i > first + horizon:
+                continue  # more than `horizon` wrong tokens past the first one: outside the frontier
             t = torch.tensor([ctx[b].tolist() + target[b, :i].tolist()])
             s = torch.tensor([ctx[b].tolist() + state[b, :i].tolist()])
             p = torch.softmax(teacher_model(input_ids=t).logits[0, -1].double(), -1)
@@ -64,6 +68,27 @@ def test_consistency_and_ar_losses_equal_brute_force(tiny, ctx):
             nll -= float(torch.log_softmax(logits, -1)[fixed[b, i]])
     with torch.no_grad():
         assert float(cllm.ar_loss(tiny.model, ctx, fixed)) == pytest.approx(nll / (3 * n), rel=1e-4)
+
+
+def test_the_frontier_loss_keeps_the_positions_near_the_first_wrong_token(tiny, ctx):
+    gen = torch.Generator(device="cpu").manual_seed(4)
+    n = 6
+    states = cllm.jacobi_trajectory(tiny.model, ctx, cllm.context_guesses(ctx, n, gen))
+    state, fixed = states[min(1, states.shape[0] - 1)], states[-1]
+    state = state.clone()
+    state[0, 2] = (fixed[0, 2] + 1) % 4096  # row 0: first wrong token at 2 whatever the trajectory did
+    state[0, :2] = fixed[0, :2]
+    keep = cllm.frontier_mask(state, fixed, 1)
+    assert keep[0].tolist() == [True, True, True, True, False, False]
+    assert cllm.frontier_mask(fixed, fixed, 0).all(), "a converged state keeps every position"
+    for h in (0, 2):
+        with torch.no_grad():
+            got = float(cllm.consistency_loss(tiny.model, ctx, state, fixed, horizon=h))
+        assert got == pytest.approx(brute_kl_sum(tiny, ctx, state, fixed, tiny.model, horizon=h), rel=1e-4, abs=1e-7)
+    with torch.no_grad():
+        full = float(cllm.consistency_loss(tiny.model, ctx, state, fixed))
+        assert float(cllm.consistency_loss(tiny.model, ctx, state, fixed, horizon=n)) == pytest.approx(full, rel=1e-6)
+        assert float(cllm.consistency_loss(tiny.model, ctx, state, fixed, horizon=0)) < full
 
 
 def test_a_frozen_teacher_and_the_local_target(tiny, ctx):
@@ -112,6 +137,9 @@ def test_bad_arguments_raise(tiny, ctx):
         cllm.collect(tiny.model, ctx, 3, 0, gen)
     with pytest.raises(ValueError, match="target"):
         cllm.consistency_loss(tiny.model, ctx, ctx[:, :3], ctx[:, :2])
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="horizon"):
+            cllm.consistency_loss(tiny.model, ctx, ctx[:, :3], ctx[:, :3], horizon=bad)
     with pytest.raises(ValueError, match="ar_weight"):
         cllm.cllm_loss(tiny.model, (ctx, ctx[:, :3], ctx[:, :3], ctx[:, :3]), ar_weight=-1.0)
 

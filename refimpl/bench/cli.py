@@ -77,7 +77,7 @@ def main(argv=None):
         rows = dllm.run(fast=args.fast)
         md = markdown_table(rows, dllm.COLS)
     elif args.suite == "learned":
-        rows = learned.run(fast=args.fast)
+        rows = learned.run(fast=args.fast, prepack=prepack)
         md = markdown_table(rows, learned.COLS)
     elif args.suite == "matmul":
         lm = models.load(args.model, device="cpu", prepack=False)

@@ -70,8 +70,8 @@ def summarise(task, results, prompts, tiny, reference, ar_of) -> list[dict]:
     return rows
 
 
-def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64) -> list[dict]:
-    tiny, cllm = models.load("tiny"), models.load("tiny-cllm")
+def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool | None = None) -> list[dict]:
+    tiny, cllm = models.load("tiny", prepack=prepack), models.load("tiny-cllm", prepack=prepack)
     prompts = kjv_prompts(tiny.tokenizer, 2 if fast else 8)
     rows = []
     for name, lm in (("tiny", tiny), ("tiny-cllm", cllm)):
@@ -87,12 +87,13 @@ def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64) -> list[dict]:
     return summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in ("tiny", "tiny-cllm")})
 
 
-def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: int = 8) -> list[dict]:
-    tiny = models.load("tiny")
+def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: int = 8,
+                  prepack: bool | None = None) -> list[dict]:
+    tiny = models.load("tiny", prepack=prepack)
     prompts = kjv_prompts(tiny.tokenizer, 2 if fast else 8)
     rows = [("tiny", "AR (cache)", lambda p: autoregressive.generate(tiny, [p], max_new_tokens=new, eos_token_id=[]))]
     for name in ("tiny-bdlm", "tiny-bdlm-dparallel"):
-        lm = models.load(name)
+        lm = models.load(name, prepack=prepack)
         rows.append((name, "one token per step", lambda p, lm=lm: block_diffusion.generate(
             lm, [p], gen_length=new, block_length=block, eos_token_id=[])))
         for t in (0.9, 0.7, 0.5):
@@ -105,6 +106,8 @@ def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: in
                                                                                ("tiny", "AR (cache)")))
 
 
-def run(fast: bool = False) -> list[dict]:
+def run(fast: bool = False, prepack: bool | None = None) -> list[dict]:
+    """Both workloads; ``prepack`` as :func:`refimpl.models.load` takes it, the same for every model
+    (True: packed linears and the lean forward, the fastest AR path for ``tiny`` on a 2-core CPU)."""
     torch.manual_seed(0)
-    return run_cllm(fast) + run_dparallel(fast)
+    return run_cllm(fast, prepack=prepack) + run_dparallel(fast, prepack=prepack)
