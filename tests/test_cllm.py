@@ -41,7 +41,7 @@ def brute_kl_sum(tiny, ctx, state, target, teacher_model, horizon=None):
         first = wrong[0] if wrong else state.shape[1]
         for i in range(state.shape[1]):
             if horizon is not None and i > first + horizon:
-                continue  # more than `horizon` wrong tokens past the first one: outside the frontier
+                continue  # its context holds more than `horizon` state tokens from the first wrong one on
             t = torch.tensor([ctx[b].tolist() + target[b, :i].tolist()])
             s = torch.tensor([ctx[b].tolist() + state[b, :i].tolist()])
             p = torch.softmax(teacher_model(input_ids=t).logits[0, -1].double(), -1)
