@@ -134,6 +134,18 @@ def block_predictions(first: torch.Tensor, block_logits: torch.Tensor) -> torch.
     return torch.cat([first[:, None], block_logits[:, :-1]], 1)
 
 
+def learned_commit(rule, predictions: torch.Tensor, masked: torch.Tensor, mask_id: int,
+                   step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step's choice by a learned ``rule`` (see :func:`generate`): MASK is never predicted, the
+    choice is restricted to ``masked``, and a row left with nothing to commit is an error."""
+    predictions = predictions.index_fill(-1, torch.tensor([mask_id], device=predictions.device), float("-inf"))
+    x0, sel = rule(predictions, masked, step)
+    sel = sel & masked
+    if not bool((sel.any(-1) | ~masked.any(-1)).all()):
+        raise ValueError("rule committed no masked position in a row: the block would never finish")
+    return x0, sel
+
+
 # ---------------------------------------------------------------------------------------
 # the sampler
 # ---------------------------------------------------------------------------------------
@@ -161,7 +173,7 @@ def check_args(model, prompts, gen_length, block_length, steps, threshold, facto
 def generate(model, prompts, gen_length: int = 32, block_length: int = 8, steps: int | None = None,
              threshold: float | None = None, factor: float | None = None, temperature: float = 0.0,
              remasking: str = "low_confidence", cache: bool = True, generator: torch.Generator | None = None,
-             eos_token_id=None) -> Generation:
+             eos_token_id=None, rule=None) -> Generation:
     """Block-diffusion decoding of ``gen_length`` tokens after each prompt (see the module doc).
 
     ``steps`` (default ``gen_length``: one token per step) is split evenly over the blocks;
@@ -175,6 +187,10 @@ def generate(model, prompts, gen_length: int = 32, block_length: int = 8, steps:
                                         temperature, remasking)
     if not isinstance(cache, bool):
         raise ValueError(f"cache must be True or False, got {cache!r}")
+    if rule is not None and (not callable(rule) or threshold is not None or factor is not None or temperature):
+        raise ValueError("rule must be a callable commit rule, used alone (no threshold / factor) and greedy "
+                         f"(temperature 0); got rule={rule!r}, threshold={threshold}, factor={factor}, "
+                         f"temperature={temperature}")
     eos = eos_set(eos_token_id, model.eos_token_id)
     dev, B = model.device, len(prompts)
     stats = Stats(rows=B)
@@ -200,9 +216,12 @@ def generate(model, prompts, gen_length: int = 32, block_length: int = 8, steps:
                     first = lp[:, -1]  # (B, V): the clean token before the block predicts its first token
                 pending, pmask = pending[:, :0], None
                 masked = x == mask_id
-                x0, sel = denoise_step(block_predictions(first, lb), masked, mask_id,  # MASK never predicted
-                                       k=sched[:, min(step, per_block - 1)], threshold=threshold, factor=factor,
-                                       temperature=temperature, remasking=remasking, generator=generator)
+                if rule is not None:
+                    x0, sel = learned_commit(rule, block_predictions(first, lb), masked, mask_id, step)
+                else:
+                    x0, sel = denoise_step(block_predictions(first, lb), masked, mask_id,  # MASK never predicted
+                                           k=sched[:, min(step, per_block - 1)], threshold=threshold, factor=factor,
+                                           temperature=temperature, remasking=remasking, generator=generator)
                 x = torch.where(sel, x0, x)
                 committed.append(sel.sum(-1).tolist())
                 step += 1

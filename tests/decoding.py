@@ -83,3 +83,11 @@ ENTRY_POINTS = list(entry_points({"tiny": None, "tiny-draft": None, "prompts": N
 EXACT_GREEDY = [n for n in ENTRY_POINTS if n in {"ar no cache", "speculative", "adaptive", "tree", "dynamic tree",
                                                  "medusa", "eagle", "eagle-3", "jacobi", "lookahead", "prompt lookup",
                                                  "sam + recycling", "dllm draft"}]
+
+
+def kjv_contexts(lm) -> torch.Tensor:
+    """(3, L) three King James openings cut to the shortest one's length (the dLLM chapters' contexts)."""
+    texts = ["And God said, Let there be light", "In the beginning God created the", "The LORD is my shepherd; I"]
+    ids = [lm.encode(t) for t in texts]
+    L = min(len(i) for i in ids)
+    return torch.tensor([i[:L] for i in ids])

@@ -9,6 +9,8 @@ import torch
 from refimpl import block_diffusion, dparallel, models
 from refimpl.diffusion_steps import denoise_step
 
+from decoding import kjv_contexts  # tests/decoding.py
+
 
 @pytest.fixture(scope="module")
 def bdlm():
@@ -17,10 +19,7 @@ def bdlm():
 
 @pytest.fixture(scope="module")
 def ctx(bdlm):
-    texts = ["And God said, Let there be light", "In the beginning God created the", "The LORD is my shepherd; I"]
-    ids = [bdlm.encode(t) for t in texts]
-    L = min(len(i) for i in ids)
-    return torch.tensor([i[:L] for i in ids])
+    return kjv_contexts(bdlm)
 
 
 def test_record_equals_the_sampler_and_a_step_by_step_replay(bdlm, ctx):

@@ -8,8 +8,9 @@ median time per prompt:
   target call, tokens/s, speed-up vs AR *of the same model*, and exact = the row's tokens equal that
   model's own AR greedy tokens (the verification core's guarantee).
 - ``dparallel``: ``tiny-bdlm`` and ``tiny-bdlm-dparallel``, 32 new tokens in blocks of 8, one token
-  per step and Fast-dLLM thresholds, each with the exact block cache; speed-up vs AR ``tiny`` (the
-  model ``tiny-bdlm`` was adapted from).
+  per step, Fast-dLLM thresholds and Learn2PD's trained filter (:mod:`refimpl.learn2pd`) at three
+  ``tau``, each with the exact block cache; speed-up vs AR ``tiny`` (the model ``tiny-bdlm`` was
+  adapted from).
 
 Quality, because a fine-tuned model is a different model: perplexity of the generated tokens under
 ``tiny`` (lower = more natural to the original), the fraction of repeated 3-grams (perplexity alone
@@ -23,7 +24,7 @@ import time
 
 import torch
 
-from .. import autoregressive, block_diffusion, jacobi, lookahead, models
+from .. import autoregressive, block_diffusion, jacobi, learn2pd, lookahead, models
 from ..cllm import agreement
 from ..data import kjv_prompts
 from .dllm import ar_perplexity, repetition
@@ -99,6 +100,10 @@ def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: in
         for t in (0.9, 0.7, 0.5):
             rows.append((name, f"threshold {t}", lambda p, lm=lm, t=t: block_diffusion.generate(
                 lm, [p], gen_length=new, block_length=block, threshold=t, eos_token_id=[])))
+        filt = learn2pd.load_filter(lm)
+        for t in (0.7, 0.6, 0.5):
+            rows.append((name, f"learn2pd filter {t}", lambda p, lm=lm, r=learn2pd.FilterRule(filt, t):
+                         block_diffusion.generate(lm, [p], gen_length=new, block_length=block, eos_token_id=[], rule=r)))
     res = timed(rows, prompts, 1 if fast else repeats)
     reference = [g.tokens[0] for g in res["tiny-bdlm", "one token per step"][1]]
     # a dLLM's speed-up is against AR tiny, the model it was adapted from; exactness does not apply

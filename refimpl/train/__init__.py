@@ -13,7 +13,8 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
 - ``eagle3-tiny``, ``eagle3-smollm2-135m`` (EAGLE-3: multi-layer features, training-time test):
   :mod:`refimpl.train.eagle3`;
 - ``tiny-cllm`` (``tiny`` on its Jacobi trajectories), ``tiny-bdlm-dparallel`` (``tiny-bdlm`` with
-  certainty forcing): :mod:`refimpl.train.cllm` (chapter 15).
+  certainty forcing), ``learn2pd-tiny-bdlm-dparallel`` / ``learn2pd-tiny-bdlm`` (Learn2PD's filter):
+  :mod:`refimpl.train.cllm` (chapter 15).
 
 The helpers every trainer shares (token streams, the optimisation loop, fp16 files) are
 :mod:`refimpl.train.common`, re-exported here.
@@ -37,4 +38,6 @@ TRAINERS: dict[str, str] = {
     "eagle3-smollm2-135m": "refimpl.train.eagle3:train_eagle3_smollm2",
     "tiny-cllm": "refimpl.train.cllm:train_tiny_cllm",
     "tiny-bdlm-dparallel": "refimpl.train.cllm:train_tiny_bdlm_dparallel",
+    "learn2pd-tiny-bdlm-dparallel": "refimpl.train.cllm:train_learn2pd",
+    "learn2pd-tiny-bdlm": "refimpl.train.cllm:train_learn2pd_bdlm",
 }

@@ -3,7 +3,9 @@
 - ``tiny-cllm``: ``tiny`` fine-tuned on its own greedy Jacobi trajectories with the consistency
   + AR loss (:mod:`refimpl.cllm`, CLLMs arXiv 2403.00835 §3);
 - ``tiny-bdlm-dparallel``: ``tiny-bdlm`` distilled on its own one-token-per-step trajectories with
-  certainty forcing (:mod:`refimpl.dparallel`, dParallel arXiv 2509.26488 §3).
+  certainty forcing (:mod:`refimpl.dparallel`, dParallel arXiv 2509.26488 §3);
+- ``learn2pd-tiny-bdlm-dparallel``, ``learn2pd-tiny-bdlm``: Learn2PD's filter (:mod:`refimpl.learn2pd`,
+  arXiv 2509.25188) for each dLLM, which stays frozen.
 
 Both report what the chapter measures: the speed term (Jacobi tokens per call; threshold-decoding
 calls) before and after, and how far the text moved (agreement with the original's greedy text).
@@ -19,6 +21,7 @@ import torch
 from .. import block_diffusion, data, jacobi
 from ..cllm import agreement, cllm_loss, collect
 from ..dparallel import certainty_forcing_loss, record
+from ..learn2pd import Filter, FilterData, FilterRule, collect as collect_filter_data, filter_loss, save_filter
 from ..models import load_folder, zoo_folder
 from .common import causal_lm_perplexity, encode_docs, random_windows, save_half, train_loop, write_report
 
@@ -84,11 +87,11 @@ def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int =
     return write_report(out_dir, report)
 
 
-def threshold_calls(lm, prompts, threshold: float, gen_length: int = 32, block_length: int = 8):
+def threshold_calls(lm, prompts, threshold: float | None, gen_length: int = 32, block_length: int = 8, rule=None):
     calls, outs = 0, []
     for p in prompts:
         g = block_diffusion.generate(lm, [p], gen_length=gen_length, block_length=block_length, threshold=threshold,
-                                     eos_token_id=[])
+                                     eos_token_id=[], rule=rule)
         calls += g.stats.nfe
         outs.append(g.tokens[0])
     return calls / len(prompts), outs
@@ -137,3 +140,55 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 20
               "agreement_with_base_one_token_per_step": round(agreement(text_after, one), 3),
               "collect_seconds": round(collect_s), "minutes": round(minutes, 1), "threads": torch.get_num_threads()}
     return write_report(out_dir, report)
+
+
+def train_learn2pd(out_dir: str, base: str = "tiny-bdlm-dparallel", steps: int = 2000, contexts: int = 512,
+                   context_length: int = 48, block_length: int = 8, blocks: int = 4, batch: int = 256,
+                   lr: float = 1e-2, hidden: int = 32, tau: float = 0.5, seed: int = 0):
+    """Learn2PD's filter for the frozen dLLM ``base``: replay ``contexts`` one-token-per-step trajectories
+    (``blocks`` blocks of ``block_length`` after ``context_length`` King James tokens, where the benchmark
+    decodes) state by state, then ``steps`` steps of binary cross-entropy on "argmax == final"."""
+    torch.manual_seed(seed)
+    lm = load_base(base)
+    tok, mask_id = lm.tokenizer, lm.mask_token_id
+    stream = encode_docs(tok, data.kjv_split()[0], tok.eos_token_id)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    t0 = time.time()
+    parts = [collect_filter_data(lm.model, record(lm.model, random_windows(stream, 64, context_length, gen), mask_id,
+                                                  block_length, blocks), mask_id)
+             for _ in range(max(contexts // 64, 1))]
+    collect_s = time.time() - t0
+    held = parts.pop() if len(parts) > 1 else parts[0]  # the last batch of contexts: held out for the report
+    train = FilterData(*(torch.cat([getattr(p, f) for p in parts]) for f in ("feats", "labels", "masked")))
+    filt = Filter(block_length, hidden)
+    train_loop(filt, lambda s: filter_loss(filt, *train.batch(batch, gen)), steps, lr, f"train learn2pd-{base}",
+               warmup=50)
+    with torch.no_grad():
+        prob = torch.sigmoid(filt(held.feats))[held.masked]
+    right, conf = held.labels[held.masked].bool(), held.feats[:, :block_length][held.masked]
+    minutes = (time.time() - t0) / 60
+    prompts = data.kjv_prompts(tok, 8)
+    one = [block_diffusion.generate(lm, [p], gen_length=32, block_length=block_length, eos_token_id=[]).tokens[0]
+           for p in prompts]
+    save_filter(filt, out_dir, base)
+    calls_thr, text_thr = threshold_calls(lm, prompts, tau)
+    calls_filter, text_filter = threshold_calls(lm, prompts, None, rule=FilterRule(filt, tau))
+    report = {"base": base, "steps": steps, "rows": int(train.feats.shape[0]), "block_length": block_length,
+              "context_length": context_length, "hidden": hidden, "params": sum(p.numel() for p in filt.parameters()),
+              "held_out_label_rate": round(float(right.float().mean()), 3),
+              f"held_out_filter_above_{tau}": {"fraction": round(float((prob > tau).float().mean()), 3),
+                                               "precision": round(float(right[prob > tau].float().mean()), 3)},
+              f"held_out_confidence_above_{tau}": {"fraction": round(float((conf > tau).float().mean()), 3),
+                                                   "precision": round(float(right[conf > tau].float().mean()), 3)},
+              f"calls_per_32_tokens_threshold_{tau}": round(calls_thr, 2),
+              f"calls_per_32_tokens_filter_{tau}": round(calls_filter, 2),
+              "agreement_with_one_token_per_step": {"threshold": round(agreement(text_thr, one), 3),
+                                                    "filter": round(agreement(text_filter, one), 3)},
+              "collect_seconds": round(collect_s), "minutes": round(minutes, 1), "threads": torch.get_num_threads()}
+    save_filter(filt, out_dir, base, report)
+    return write_report(out_dir, report)
+
+
+def train_learn2pd_bdlm(out_dir: str, **options):
+    """Learn2PD's filter for ``tiny-bdlm`` itself (no distillation): :func:`train_learn2pd`."""
+    return train_learn2pd(out_dir, base="tiny-bdlm", **options)
