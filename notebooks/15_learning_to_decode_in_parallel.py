@@ -38,7 +38,8 @@
 # 2. compute the global and the local consistency loss by hand and match the library's;
 # 3. fine-tune a model for a few seconds and measure its tokens per call move, with its output still equal to its own AR greedy;
 # 4. compute dParallel's certainty-forcing loss by hand, and say why certainty is forced only where the model is right;
-# 5. read a speed-up as tokens per call divided by the cost of one call, and a quality cost as perplexity, repetition and agreement.
+# 5. train Learn2PD's filter on a dLLM's trajectories and compare it with the confidence threshold at equal precision;
+# 6. read a speed-up as tokens per call divided by the cost of one call, and a quality cost as perplexity, repetition and agreement.
 
 # %% [markdown]
 # ## Parameters
@@ -343,6 +344,93 @@ ax.set(xlabel="calls per 32 tokens", ylabel="perplexity under tiny"); ax.legend(
 plt.show()
 
 # %% [markdown]
+# ## Part 3 · Learn2PD: learn *which* predictions are final
+# The threshold asks "is the model sure?"; the question that matters is "will this prediction still be
+# the token the model ends up writing here?". Learn2PD ("Learning to Parallel: Accelerating Diffusion
+# Large Language Models via Adaptive Parallel Decoding", arXiv 2509.25188) answers it with a tiny
+# filter trained on the model's own one-token-per-step trajectories: at each state, the label of a
+# masked position is `argmax == final token`. The filter reads three numbers per position of the
+# block (confidence, the gap to the second choice, and whether the argmax is the same as at the
+# previous step) and outputs one logit per position; the dLLM stays frozen. The features by hand on
+# one state, against `learn2pd.features`:
+
+# %%
+from refimpl import learn2pd
+
+tr = dparallel.record(bdlm_dp.model, ctx, MASK, 8, 1)          # one block of 8 after the first prompt
+state = tr.state(0, torch.tensor([3], device=DEVICE), MASK)    # 3 tokens committed
+pred = dparallel.block_logits(bdlm_dp.model, ctx, state).detach().double()
+pred[..., MASK] = float("-inf")                                # MASK is never predicted
+probs = pred.softmax(-1)[0]                                    # (b, V)
+masked = (state == MASK)[0]
+by_hand = []
+for column in ("confidence", "gap"):
+    for i in range(8):
+        top = probs[i].sort(descending=True).values
+        by_hand.append(1.0 if not masked[i] else float(top[0] if column == "confidence" else top[0] - top[1]))
+_, _, feats = learn2pd.features(pred, masked[None])            # same = 0: no previous step given
+assert torch.allclose(feats[0, :16].double(), torch.tensor(by_hand, dtype=torch.float64), atol=1e-6)
+print("confidence:", [round(x, 2) for x in by_hand[:8]])
+label = (pred.argmax(-1) == tr.final[0])[0]
+print("label (argmax == final; - = committed):", [int(l) if m else "-" for l, m in zip(label.tolist(), masked.tolist())])
+
+# %% [markdown]
+# ### A live filter, against the confidence it reads
+# Collect rows from a few trajectories, train a filter for a few seconds, then ask both rules the
+# same question on held-out rows: when each commits the same number of positions (the count the
+# confidence threshold picks), how many of them are right?
+
+# %%
+torch.manual_seed(SEED)
+ctxs = torch.stack([kjv_stream[i: i + 48] for i in range(0, 48 * 97, 97)]).to(DEVICE)      # 48 contexts
+rows = learn2pd.collect(bdlm_dp.model, dparallel.record(bdlm_dp.model, ctxs, MASK, 8, 2), MASK)
+n_train = rows.feats.shape[0] * 3 // 4                         # the last quarter is held out
+live = learn2pd.Filter(8)
+opt = torch.optim.Adam(live.parameters(), lr=1e-2)
+g = torch.Generator(device="cpu").manual_seed(SEED)
+for _ in range(200 if FAST else 1000):
+    idx = torch.randint(0, n_train, (128,), generator=g)
+    loss = learn2pd.filter_loss(live, rows.feats[idx], rows.labels[idx], rows.masked[idx])
+    opt.zero_grad(); loss.backward(); opt.step()
+m = rows.masked[n_train:]
+with torch.no_grad():
+    p_final = torch.sigmoid(live(rows.feats[n_train:]))[m]
+right, conf = rows.labels[n_train:][m].bool(), rows.feats[n_train:, :8][m]
+for t in (0.5, 0.7, 0.9):
+    k = int((conf > t).sum())                                  # as many as the threshold commits
+    by_conf, by_filter = conf.topk(k).indices, p_final.topk(k).indices
+    print(f"commit {k / len(conf):.0%} of the masked positions: confidence > {t} gets {right[by_conf].float().mean():.0%} "
+          f"right, the live filter's top {k} get {right[by_filter].float().mean():.0%}")
+
+# %% [markdown]
+# ### The zoo's filters on the calls-vs-quality picture
+# `python -m refimpl.train learn2pd-tiny-bdlm-dparallel` (and `learn2pd-tiny-bdlm`) trains the same
+# filter on 448 contexts in a few minutes. It decodes through `block_diffusion.generate(..., rule=
+# learn2pd.FilterRule(filter, tau))`, with the exact block cache. Each new point is one `tau`.
+
+# %%
+import matplotlib.ticker
+
+TAUS = (0.7, 0.6, 0.5)
+for name, lm in (("tiny-bdlm", bdlm), ("tiny-bdlm-dparallel", bdlm_dp)):
+    rule_filter = learn2pd.load_filter(lm)
+    for t in TAUS:
+        outs, calls = [], 0
+        for p in prompts:
+            gdec = block_diffusion.generate(lm, [p], gen_length=32, block_length=8, eos_token_id=[],
+                                            rule=learn2pd.FilterRule(rule_filter, t))
+            outs.append(gdec.tokens[0]); calls += gdec.stats.nfe
+        curve[name, "filter", t] = (calls / len(prompts), dllm_bench.ar_perplexity(tiny, prompts, outs))
+fig, ax = plt.subplots(figsize=(6, 3))
+for name, color in (("tiny-bdlm", "C0"), ("tiny-bdlm-dparallel", "C1")):
+    ax.plot(*zip(*[curve[name, t] for t in THRESHOLDS]), "o-", color=color, label=f"{name}, threshold")
+    ax.plot(*zip(*[curve[name, "filter", t] for t in TAUS]), "s--", color=color, label=f"{name}, Learn2PD filter")
+ax.set(xlabel="calls per 32 tokens", ylabel="perplexity under tiny (log scale)", yscale="log"); ax.legend(fontsize=7)
+ax.set_yticks([4, 6, 10, 20, 40]); ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+plt.show()
+
+# %% [markdown]
 # ### Exercise 3: predict the speed-up
 # A method's speed-up over AR is its tokens per call divided by the cost of one call in AR steps.
 # Write `predicted_speedup(tokens_per_call, call_cost)`. The check measures `tiny-cllm`'s Jacobi
@@ -436,5 +524,8 @@ print(open(path).read() if os.path.exists(path) else "(run the benchmark to see 
 # - Threshold decoding only saves calls where the dLLM is sure of tokens it cannot see yet.
 #   Certainty forcing distils the model on its own trajectories and sharpens it only where it is
 #   already right; the threshold then fires earlier.
+# - Confidence is only a proxy for "this token is final". A filter of ~1 K parameters trained on the
+#   model's own trajectories (Learn2PD) answers that question directly and commits more tokens per
+#   call at the same precision, without touching the model.
 # - A speed-up is tokens per call / cost per call: on this CPU a Jacobi call costs ~1.8 AR steps on
 #   `tiny`, so tokens per call must clear that before wall-clock improves.
