@@ -336,14 +336,16 @@ if main and have_model:
 # ## dLLMs: calls vs quality
 # A dLLM sampler's cost is its number of denoiser calls (NFE) and its quality moves with it. The
 # Pareto front: no other point is both cheaper and better. (`tiny-bdlm` rows of the dLLM suite,
-# perplexity of the text under AR `tiny`; chapter 15's distilled model adds its points.)
+# perplexity of the text under AR `tiny`; chapter 15's distilled model and Learn2PD's filters add theirs.)
 
 # %%
 dl = (cap["tiny"] or {}).get("dllm_rows") or (load("dllm_bdlm", "dllm_tiny.json") or {}).get("rows", [])
 learned = (load("learned", "learned_tiny.json") or {}).get("rows", [])
 pts = [(x["nfe_per_row"], x["perplexity"], x["method"]) for x in dl if x["task"] == "kjv-bdlm" and x.get("perplexity")]
-pts += [(32 / x["tokens_per_call"], x["perplexity"], "dParallel " + x["method"]) for x in learned
-        if x.get("model") == "tiny-bdlm-dparallel" and x.get("tokens_per_call") and x.get("perplexity")]
+pts += [(32 / x["tokens_per_call"], x["perplexity"],                  # chapter 15: dParallel, Learn2PD's filters
+         ("dParallel " if x["model"] == "tiny-bdlm-dparallel" else "tiny-bdlm ") + x["method"]) for x in learned
+        if (x.get("model") == "tiny-bdlm-dparallel" or "learn2pd" in x.get("method", ""))
+        and x.get("tokens_per_call") and x.get("perplexity")]
 
 
 def pareto(points):
@@ -353,10 +355,11 @@ def pareto(points):
 
 front = pareto(pts)
 fig, ax = plt.subplots(figsize=(7, 4))
-at = {}                                   # points that share a place get one label
+at = {}                                   # front points that share a place get one label
 for n, ppl, name in pts:
     ax.scatter(n, ppl, color="C1" if (n, ppl, name) in front else "C0")
-    at.setdefault((round(n, 1), round(ppl, 1)), []).append(name)
+    if (n, ppl, name) in front:           # the rest are listed below the picture
+        at.setdefault((round(n, 1), round(ppl, 1)), []).append(name)
 column = {}                               # labels in one column of calls are stacked apart
 for (n, ppl), names in sorted(at.items(), key=lambda kv: (round(kv[0][0]), -kv[0][1])):
     i = column.setdefault(round(n), 0)
@@ -372,6 +375,7 @@ ax.set_yscale("log")
 ax.set_title("dLLM samplers: calls vs quality (orange: the Pareto front)")
 plt.show()
 print("Pareto front:", [(round(n, 1), round(p, 2), name) for n, p, name in front])
+print("behind it (blue):", [(round(n, 1), round(p, 2), name) for n, p, name in sorted(pts) if (n, p, name) not in front])
 
 # %% [markdown]
 # ## The road to production: our drafters in vLLM
