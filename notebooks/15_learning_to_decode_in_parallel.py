@@ -369,7 +369,7 @@ for column in ("confidence", "gap"):
         top = probs[i].sort(descending=True).values
         by_hand.append(1.0 if not masked[i] else float(top[0] if column == "confidence" else top[0] - top[1]))
 _, _, feats = learn2pd.features(pred, masked[None])            # same = 0: no previous step given
-assert torch.allclose(feats[0, :16].double(), torch.tensor(by_hand, dtype=torch.float64), atol=1e-6)
+assert torch.allclose(feats[0, :16].double(), torch.tensor(by_hand, dtype=torch.float64, device=DEVICE), atol=1e-6)
 print("confidence:", [round(x, 2) for x in by_hand[:8]])
 label = (pred.argmax(-1) == tr.final[0])[0]
 print("label (argmax == final; - = committed):", [int(l) if m else "-" for l, m in zip(label.tolist(), masked.tolist())])
@@ -389,7 +389,7 @@ live = learn2pd.Filter(8)
 opt = torch.optim.Adam(live.parameters(), lr=1e-2)
 g = torch.Generator(device="cpu").manual_seed(SEED)
 for _ in range(200 if FAST else 1000):
-    idx = torch.randint(0, n_train, (128,), generator=g)
+    idx = torch.randint(0, n_train, (128,), generator=g, device="cpu")  # the rows live on the CPU
     loss = learn2pd.filter_loss(live, rows.feats[idx], rows.labels[idx], rows.masked[idx])
     opt.zero_grad(); loss.backward(); opt.step()
 m = rows.masked[n_train:]
