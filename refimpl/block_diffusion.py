@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .diffusion_steps import check_commit_rule, check_prompts, denoise_step, num_transfer_tokens
+from .diffusion_steps import check_commit_rule, check_prompts, denoise_step, never_mask, num_transfer_tokens
 from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
 from .lm import left_pad
 from .speculative import SlotCache
@@ -138,8 +138,7 @@ def learned_commit(rule, predictions: torch.Tensor, masked: torch.Tensor, mask_i
                    step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One step's choice by a learned ``rule`` (see :func:`generate`): MASK is never predicted, the
     choice is restricted to ``masked``, and a row left with nothing to commit is an error."""
-    predictions = predictions.index_fill(-1, torch.tensor([mask_id], device=predictions.device), float("-inf"))
-    x0, sel = rule(predictions, masked, step)
+    x0, sel = rule(never_mask(predictions, mask_id), masked, step)
     sel = sel & masked
     if not bool((sel.any(-1) | ~masked.any(-1)).all()):
         raise ValueError("rule committed no masked position in a row: the block would never finish")

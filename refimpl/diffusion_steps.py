@@ -70,12 +70,22 @@ def select_topk(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return rank < k[:, None]
 
 
-def select_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Positions with conf > threshold, plus each row's most confident one (rows with any finite conf)."""
-    sel = conf > threshold
+def most_confident(conf: torch.Tensor) -> torch.Tensor:
+    """(B, N) confidences (-inf where not masked) -> (B, N) bool: each row's most confident position,
+    none in a row with no finite confidence (the commit every threshold-like rule adds: progress)."""
     best = conf.argmax(-1, keepdim=True)  # (B, 1)
     has = torch.isfinite(conf).any(-1, keepdim=True)  # (B, 1)
-    return sel | (torch.zeros_like(sel).scatter_(-1, best, True) & has)
+    return torch.zeros(conf.shape, dtype=torch.bool, device=conf.device).scatter_(-1, best, True) & has
+
+
+def select_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Positions with conf > threshold, plus each row's most confident one (rows with any finite conf)."""
+    return (conf > threshold) | most_confident(conf)
+
+
+def never_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """(..., V) logits with the MASK column at -inf: a sampler never predicts MASK."""
+    return logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
 
 
 def select_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
@@ -112,7 +122,7 @@ def denoise_step(logits: torch.Tensor, masked: torch.Tensor, mask_id: int, k: to
     (LLaDA), or Fast-dLLM's ``threshold`` / ``factor`` rule; ``kernel`` (from
     :func:`selection_kernel`) fuses the greedy low-confidence cases. Rows are independent.
     """
-    logits = logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+    logits = never_mask(logits, mask_id)
     if kernel is not None:
         x0, _, sel = kernel(logits, masked, k=k, threshold=threshold)
     else:

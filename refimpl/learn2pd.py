@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .diffusion_steps import most_confident, never_mask
 from .dparallel import Trajectories, block_logits
 from .generation import check_positive_int
 from .medusa import read_folder, write_folder
@@ -102,8 +103,7 @@ def collect(model, traj: Trajectories, mask_id: int) -> FilterData:
         for s in range(b):
             state = traj.state(k, torch.full((B,), s, device=traj.final[k].device), mask_id)  # (B, b)
             m = state == mask_id
-            pred = block_logits(model, traj.contexts[k], state)  # (B, b, V)
-            pred = pred.index_fill(-1, torch.tensor([mask_id], device=pred.device), float("-inf"))
+            pred = never_mask(block_logits(model, traj.contexts[k], state), mask_id)  # (B, b, V)
             x0, _, f = features(pred, m, previous)
             previous = x0
             feats.append(f.cpu())
@@ -138,8 +138,7 @@ class FilterRule:
         x0, conf, feats = features(predictions, masked, None if step == 0 else self.previous)
         self.previous = x0
         prob = torch.sigmoid(self.filt(feats.to(next(self.filt.parameters()).device))).to(masked.device)  # (B, b)
-        best = torch.zeros_like(masked).scatter_(-1, conf.argmax(-1, keepdim=True), True)
-        return x0, ((prob > self.tau) | best) & masked
+        return x0, ((prob > self.tau) | most_confident(conf)) & masked
 
 
 def save_filter(filt: Filter, folder: str, base_model: str, report: dict | None = None) -> None:

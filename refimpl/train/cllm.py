@@ -170,7 +170,6 @@ def train_learn2pd(out_dir: str, base: str = "tiny-bdlm-dparallel", steps: int =
     prompts = data.kjv_prompts(tok, 8)
     one = [block_diffusion.generate(lm, [p], gen_length=32, block_length=block_length, eos_token_id=[]).tokens[0]
            for p in prompts]
-    save_filter(filt, out_dir, base)
     calls_thr, text_thr = threshold_calls(lm, prompts, tau)
     calls_filter, text_filter = threshold_calls(lm, prompts, None, rule=FilterRule(filt, tau))
     report = {"base": base, "steps": steps, "rows": int(train.feats.shape[0]), "block_length": block_length,
