@@ -33,7 +33,11 @@ COLS = [("task", "task", ""), ("model", "model", ""), ("method", "method", ""),
         ("tokens_per_call", "tokens / call", ".2f"), ("calls_per_row", "calls / row", ".1f"),
         ("tokens_per_s", "tokens/s", ".0f"), ("speedup", "speed-up vs AR", ".2f"),
         ("exact", "= own AR greedy", ""), ("perplexity", "ppl under tiny", ".2f"),
-        ("repetition", "repeated 3-grams", ".1%"), ("agreement", "agreement with original", ".1%")]
+        ("repetition", "repeated 3-grams", ".1%"), ("agreement", "agreement with original", ".1%"),
+        ("collapsed", "prompts off (ppl > 2x tiny's)", "")]
+
+#: prompts for the quality-only pass of the CLLM rows: the timed 8 and 16 more held-out chapters
+QUALITY_PROMPTS = 24
 
 
 def timed(rows: list[tuple[str, str, object]], prompts, repeats: int) -> dict:
@@ -85,7 +89,26 @@ def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool 
                   lambda p, lm=lm: lookahead.generate(lm, [p], max_new_tokens=new, eos_token_id=[]))]
     res = timed(rows, prompts, 1 if fast else repeats)
     reference = [g.tokens[0] for g in res["tiny", "AR (cache)"][1]]
-    return summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in ("tiny", "tiny-cllm")})
+    out = summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in ("tiny", "tiny-cllm")})
+    return out + held_out_quality(tiny, cllm, 4 if fast else QUALITY_PROMPTS, new)
+
+
+def held_out_quality(tiny, cllm, n: int, new: int = 64) -> list[dict]:
+    """Quality only (untimed), on ``n`` held-out prompts, the timed ones first: each model's AR greedy
+    text (every exact row of that model writes the same) -> perplexity under ``tiny`` over all of
+    them, and ``collapsed`` = how many prompts get a text with more than twice the perplexity of
+    ``tiny``'s own greedy text for that prompt (a fine-tune can hold on average and break on a few)."""
+    prompts = kjv_prompts(tiny.tokenizer, n)
+    texts = {name: [autoregressive.generate(lm, [p], max_new_tokens=new, eos_token_id=[]).tokens[0] for p in prompts]
+             for name, lm in (("tiny", tiny), ("tiny-cllm", cllm))}
+    own = [ar_perplexity(tiny, [p], [t]) for p, t in zip(prompts, texts["tiny"])]
+    rows = []
+    for name, toks in texts.items():
+        each = [ar_perplexity(tiny, [p], [t]) for p, t in zip(prompts, toks)]
+        rows.append(dict(task="cllm-quality", model=name, method=f"AR greedy, {len(prompts)} held-out prompts (untimed)",
+                         perplexity=ar_perplexity(tiny, prompts, toks), repetition=repetition(toks),
+                         agreement=agreement(toks, texts["tiny"]), collapsed=sum(e > 2 * o for e, o in zip(each, own))))
+    return rows
 
 
 def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: int = 8,
