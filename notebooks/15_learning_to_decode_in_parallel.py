@@ -506,6 +506,9 @@ print(before, "->", shown)
 # ## The benchmark
 # `env -u TRITON_INTERPRET python -m refimpl.bench --suite learned --threads 2` runs every row on 8
 # held-out prompts, interleaved, with medians (`bench_results/learned/`); the README discusses it.
+# The `-quality` rows are an untimed pass over 24 held-out prompts: a fine-tune can keep its quality
+# on average and break on a few prompts, so they count the prompts whose text's perplexity is more
+# than twice the reference's (`tiny-cllm` collapses into comma loops on 3 of 24).
 
 # %%
 path = os.path.join(models.MODELS_DIR, "..", "bench_results", "learned", "learned_tiny.md")

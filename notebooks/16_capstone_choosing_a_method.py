@@ -344,7 +344,7 @@ learned = (load("learned", "learned_tiny.json") or {}).get("rows", [])
 pts = [(x["nfe_per_row"], x["perplexity"], x["method"]) for x in dl if x["task"] == "kjv-bdlm" and x.get("perplexity")]
 pts += [(32 / x["tokens_per_call"], x["perplexity"],                  # chapter 15: dParallel, Learn2PD's filters
          ("dParallel " if x["model"] == "tiny-bdlm-dparallel" else "tiny-bdlm ") + x["method"]) for x in learned
-        if (x.get("model") == "tiny-bdlm-dparallel" or "learn2pd" in x.get("method", ""))
+        if x.get("task") == "dparallel" and (x.get("model") == "tiny-bdlm-dparallel" or "learn2pd" in x.get("method", ""))
         and x.get("tokens_per_call") and x.get("perplexity")]
 
 

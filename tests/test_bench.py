@@ -121,3 +121,29 @@ def test_latency_suite_reports_the_floor(tmp_path, monkeypatch):
     assert all(r["x_floor"] == pytest.approx(r["ms"] / result["floor_ms"]) for r in result["rows"])
     assert "floor" in open(os.path.join(out, "latency_tiny.md")).read()
     assert os.path.getsize(os.path.join(out, "latency_tiny.png")) > 1000
+
+
+def test_held_out_quality_counts_the_prompts_a_row_breaks(tiny):
+    """The learned suite's untimed quality pass: a row that writes the reference's text is off on no
+    prompt; a row that writes commas is off on every one (its perplexity under tiny is far above
+    twice the reference's), and its calls, agreement and perplexity are measured, not copied."""
+    from refimpl import autoregressive
+    from refimpl.bench import learned
+    from refimpl.bench.dllm import ar_perplexity
+
+    comma = tiny.encode(",")[-1]
+
+    def ar(p):
+        return autoregressive.generate(tiny, [p], max_new_tokens=8, eos_token_id=[])
+
+    def commas(p):
+        return Generation([[comma] * 8], Stats(target_calls=4))
+
+    rows = [("tiny", "AR", ar), ("tiny", "copy of AR", ar), ("broken", "commas", commas)]
+    out = {r["method"].split(",")[0]: r for r in learned.held_out_quality("q", tiny, rows, ("tiny", "AR"), 3)}
+    assert out["AR"]["collapsed"] == 0 and out["copy of AR"]["collapsed"] == 0
+    assert out["copy of AR"]["agreement"] == 1.0 and out["AR"]["tokens_per_call"] == 1.0
+    assert out["commas"]["collapsed"] == 3 and out["commas"]["tokens_per_call"] == 2.0
+    assert out["commas"]["agreement"] < 1.0 and out["commas"]["calls_per_row"] == 4.0
+    prompts = learned.kjv_prompts(tiny.tokenizer, 3)
+    assert out["commas"]["perplexity"] == pytest.approx(ar_perplexity(tiny, prompts, [[comma] * 8] * 3))
