@@ -21,6 +21,7 @@ prompts whose text is off, not only the mean.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -105,16 +106,18 @@ def held_out_quality(task: str, tiny, rows, reference: tuple[str, str], n: int) 
     prompts = kjv_prompts(tiny.tokenizer, n)
     gens = {(m, k): [fn(p) for p in prompts] for m, k, fn in rows}
     texts = {key: [g.tokens[0] for g in gs] for key, gs in gens.items()}
-    ref = texts[reference]
-    own = [ar_perplexity(tiny, [p], [t]) for p, t in zip(prompts, ref)]
+    each = {key: [ar_perplexity(tiny, [p], [t]) for p, t in zip(prompts, toks)] for key, toks in texts.items()}
+    ref, own = texts[reference], each[reference]
     out = []
     for (model, method), toks in texts.items():
-        each = [ar_perplexity(tiny, [p], [t]) for p, t in zip(prompts, toks)]
+        calls = sum(g.stats.target_calls for g in gens[model, method])
+        lengths = [len(t) for t in toks]
+        # the perplexity over all prompts from the per-prompt ones: exp(sum of NLLs / tokens), no second pass
+        nll = sum(k * math.log(x) for k, x in zip(lengths, each[model, method]))
         out.append(dict(task=task, model=model, method=f"{method}, {len(prompts)} held-out prompts (untimed)",
-                        tokens_per_call=sum(map(len, toks)) / sum(g.stats.target_calls for g in gens[model, method]),
-                        calls_per_row=sum(g.stats.target_calls for g in gens[model, method]) / len(prompts),
-                        perplexity=ar_perplexity(tiny, prompts, toks), repetition=repetition(toks),
-                        agreement=agreement(toks, ref), collapsed=sum(e > 2 * o for e, o in zip(each, own))))
+                        tokens_per_call=sum(lengths) / calls, calls_per_row=calls / len(prompts),
+                        perplexity=math.exp(nll / max(sum(lengths), 1)), repetition=repetition(toks),
+                        agreement=agreement(toks, ref), collapsed=sum(e > 2 * o for e, o in zip(each[model, method], own))))
     return out
 
 
