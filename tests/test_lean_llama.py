@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from refimpl import autoregressive, drafts, models, speculative
-from refimpl.models import lean_llama
+from refimpl.models import cpu_gemv, lean_llama
 
 
 def small_llama(**over):
@@ -188,15 +188,34 @@ def steps_of(lm, ids, cuts=(0, 9, 10, 15, 16)):
     return out
 
 
-def test_fused_prepacked_forward_keeps_the_bits_of_hugging_face():
-    """Same weights prepacked: the lean forward (q/k/v and gate/up fused, residuals inside the
-    product) gives Hugging Face's logits bit for bit, prefill and k = 1 / 5 steps, B = 2."""
+def test_fused_prepacked_forward_keeps_the_bits_of_hugging_face(monkeypatch):
+    """Same weights prepacked, products by oneDNN (``REFIMPL_GEMV=0``): the lean forward (q/k/v and
+    gate/up fused, residuals inside the product) gives Hugging Face's logits bit for bit, prefill
+    and k = 1 / 5 steps, B = 2."""
+    monkeypatch.setenv("REFIMPL_GEMV", "0")
     lean, hf = lean_and_hf(small_llama())
     ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(4))
-    assert all(lean_llama.projections(lean.model)[i].packed for i in range(2))
+    assert all(lean_llama.projections(lean.model)[i].packed and not lean_llama.projections(lean.model)[i].gemv
+               for i in range(2))
     for got, want in zip(steps_of(lean, ids), steps_of(hf, ids)):
         assert torch.equal(got, want)
     torch.testing.assert_close(lean.logits(ids), hf.logits(ids), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no AVX2/FMA CPU or no C++ compiler")
+def test_gemv_forward_matches_hugging_face_and_scores_a_block_as_its_rows():
+    """Products by :mod:`refimpl.models.cpu_gemv` (the default where it builds): Hugging Face's
+    logits within 1e-5 (the sums run in another order), and each matrix product gives a row the
+    same bits in a block of 5 as alone."""
+    lean, hf = lean_and_hf(small_llama())
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(4))
+    proj = lean_llama.projections(lean.model)
+    assert all(p.gemv for p in proj)
+    for got, want in zip(steps_of(lean, ids), steps_of(hf, ids)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    h = torch.randn(1, 5, 48, generator=torch.Generator().manual_seed(8))
+    alone = torch.cat([proj[0].qkv(h[:, i:i + 1]) for i in range(5)], 1)
+    assert torch.equal(proj[0].qkv(h), alone)
 
 
 def test_unpacked_lean_lm_matches_hugging_face_within_tolerance():
@@ -215,16 +234,16 @@ def test_unpacked_lean_lm_matches_hugging_face_within_tolerance():
 def test_negative_controls_a_wrong_layout_or_a_skipped_add_is_caught(fault, monkeypatch):
     """The equality above would fail if the fused matrix had k and v swapped, or if the residual
     add inside the product were skipped."""
-    from refimpl.models.cpu_linear import pack_weight, packed_linear
+    from refimpl.models.cpu_linear import pack_weight
 
     lean, hf = lean_and_hf(small_llama())
     ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(6))
     proj = lean_llama.projections(lean.model)[1]
     if fault == "qkv layout":
         q, k, v, *_ = (w.detach() for w in proj.sources)
-        proj.w_qkv = pack_weight(torch.cat([q, v, k]))
+        proj.w_qkv = torch.cat([q, v, k]) if proj.gemv else pack_weight(torch.cat([q, v, k]))
     else:
-        monkeypatch.setattr(proj, "down", lambda a, residual: packed_linear(a, proj.w_down))
+        monkeypatch.setattr(proj, "down", lambda a, residual, threads=None: proj.product(a, proj.w_down, None, threads))
     got, want = steps_of(lean, ids), steps_of(hf, ids)
     assert not torch.allclose(got[0], want[0], atol=1e-3)
 
@@ -236,7 +255,8 @@ def test_fused_weights_follow_in_place_edits():
     with torch.no_grad():
         lean.model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
     after = lean.logits(ids)
-    assert not torch.allclose(before, after) and torch.equal(after, hf.logits(ids))
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, hf.logits(ids), atol=1e-5, rtol=1e-5)
 
 
 def test_load_picks_the_lean_forward_with_an_off_switch(tiny):
@@ -284,4 +304,5 @@ def test_smollm2_default_is_the_lean_forward_and_greedy_equals_hugging_face():
     assert got == hf_greedy(lm, prompts, 16)
     plain = models.LM(lm.model, lm.tokenizer)  # the same weights through Hugging Face's forward
     ids = torch.tensor([prompts[0]])
-    torch.testing.assert_close(lm.logits(ids), plain.logits(ids), atol=1e-4, rtol=0)
+    # 30 layers of sums in another order (cpu_gemv): logits of size ~20 agree to 5e-4
+    torch.testing.assert_close(lm.logits(ids), plain.logits(ids), atol=5e-4, rtol=0)

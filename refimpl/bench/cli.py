@@ -22,7 +22,7 @@ import os
 import torch
 
 from .. import models
-from ..models import cpu_linear
+from ..models import cpu_linear, lean_llama
 from ..prompts import encode_prompt, prompt_set
 from . import capstone, dllm, learned, roofline
 from .decode import DECODE_COLS, Context, category_table, hardware, markdown_table, run_decode
@@ -34,6 +34,14 @@ INTERPRETER_REFUSAL = ("TRITON_INTERPRET=1 is set: Triton kernels would run in t
 
 def prepacked(model) -> bool:
     return any(isinstance(m, cpu_linear.PrepackedLinear) for m in model.modules())
+
+
+def products(lm) -> str:
+    """Which kernel runs the target's matrix products: ``cpu_gemv`` (the lean forward's default on
+    an AVX2 CPU), ``onednn`` (prepacked) or ``torch`` (``F.linear``)."""
+    if isinstance(lm, lean_llama.LeanLM) and lean_llama.projections(lm.model)[0].gemv:
+        return "cpu_gemv"
+    return "onednn" if prepacked(lm.model) else "torch"
 
 
 def main(argv=None):
@@ -87,6 +95,7 @@ def main(argv=None):
         lm = models.load(args.model, device=args.device, prepack=prepack, fast=fast)
         packed = prepacked(lm.model)
         result["forward"] = type(lm).__name__  # LeanLM: the lean forward; LM: Hugging Face's
+        result["products"] = products(lm)
         result.update(roofline.run(lm, fast=args.fast))
         rows = result.pop("rows")
         md = roofline.markdown(result, rows)
@@ -95,6 +104,7 @@ def main(argv=None):
         lm = models.load(args.model, device=args.device, prepack=prepack, fast=fast)
         packed = prepacked(lm.model)
         result["forward"] = type(lm).__name__  # LeanLM: the lean forward; LM: Hugging Face's
+        result["products"] = products(lm)
         if args.suite == "capstone":
             methods = [m for m, _ in capstone.capstone_rows(args.model)]
         else:
@@ -128,7 +138,8 @@ def main(argv=None):
     hw = result["hardware"]
     header = (f"## {args.suite} benchmark: {args.model}\n\n{hw['device']} ({hw['processor']}, "
               f"{hw['cpu_count']} cores, torch threads {hw['torch_threads']}), torch {hw['torch']}"
-              f"{', linear weights prepacked for oneDNN' if packed else ''}\n\n")
+              f"{', linear weights prepacked for oneDNN' if packed else ''}"
+              f"{', lean forward products by cpu_gemv' if result.get('products') == 'cpu_gemv' else ''}\n\n")
     md = header + md + "\n"
     stem = os.path.join(args.out, f"{args.suite}_{args.model.replace('/', '_')}")
     with open(stem + ".json", "w") as f:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from ..diffusion_lm import rms_norm, rope_angles
 from ..drafts import TrimmedLM
 from ..lm import LM, as_token_batch, check_taps
+from . import cpu_gemv
 from .cpu_linear import PrepackedLinear, pack_weight, packed_linear
 
 
@@ -117,52 +118,63 @@ class KVCache:
 class Projections:
     """One decoder layer's four matrix products, as :func:`forward` calls them.
 
-    ``packed``: q/k/v fused into one prepacked (H + 2 Hkv) D x hidden matrix, gate/up into one
-    2 I x hidden matrix, ``o_proj`` and ``down_proj`` prepacked with the residual added inside the
-    product. Otherwise the layer's own modules are called one by one (any device or dtype).
+    ``packed``: q/k/v fused into one (H + 2 Hkv) D x hidden matrix, gate/up into one 2 I x hidden
+    matrix, the residual added inside the ``o_proj`` and ``down_proj`` products. ``gemv``: those
+    matrices go to :func:`refimpl.models.cpu_gemv.linear` (plain row-major copies); otherwise they
+    are prepacked for oneDNN. Not packed: the layer's own modules are called one by one (any device
+    or dtype).
     """
 
-    def __init__(self, layer, packed: bool):
+    def __init__(self, layer, packed: bool, gemv: bool = False):
         att, mlp = layer.self_attn, layer.mlp
-        self.layer, self.packed = layer, packed
+        self.layer, self.packed, self.gemv = layer, packed, packed and gemv
         self.sources = (att.q_proj.weight, att.k_proj.weight, att.v_proj.weight, att.o_proj.weight,
                         mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
         self.version = self.signature()
         if packed:
             q, k, v, o, g, u, d = (w.detach() for w in self.sources)
-            self.w_qkv = pack_weight(torch.cat([q, k, v]))  # ((H + 2 Hkv) D, hidden)
-            self.w_o = pack_weight(o)
-            self.w_gate_up = pack_weight(torch.cat([g, u]))  # (2 I, hidden)
-            self.w_down = pack_weight(d)
+            prep = (lambda w: w.contiguous()) if self.gemv else pack_weight
+            self.w_qkv = prep(torch.cat([q, k, v]))  # ((H + 2 Hkv) D, hidden)
+            self.w_o = prep(o)
+            self.w_gate_up = prep(torch.cat([g, u]))  # (2 I, hidden)
+            self.w_down = prep(d)
 
     def signature(self) -> tuple:
         """Changes when a source weight is moved, cast or edited in place (then rebuild)."""
         return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in self.sources)
 
-    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+    def product(self, x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None,
+                threads: int | None = None) -> torch.Tensor:
+        """``add + x @ W.T`` with a fused matrix ``w``, by the kernel this layer was built for
+        (``threads``: :func:`refimpl.models.cpu_gemv.linear`'s)."""
+        if self.gemv:
+            return cpu_gemv.linear(x, w, add, threads)
+        return packed_linear(x, w, add=add)
+
+    def qkv(self, h: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """(B, Q, hidden) -> (B, Q, (H + 2 Hkv) D): q, k and v side by side."""
         if self.packed:
-            return packed_linear(h, self.w_qkv)
+            return self.product(h, self.w_qkv, None, threads)
         att = self.layer.self_attn
         return torch.cat([att.q_proj(h), att.k_proj(h), att.v_proj(h)], -1)
 
-    def o(self, a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def o(self, a: torch.Tensor, residual: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """residual + o_proj(a), a (B, Q, H D)."""
         if self.packed:
-            return packed_linear(a, self.w_o, add=residual)
+            return self.product(a, self.w_o, residual, threads)
         return residual + self.layer.self_attn.o_proj(a)
 
-    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gate_up(self, h: torch.Tensor, threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, Q, hidden) -> gate, up (B, Q, I) each."""
         if self.packed:
-            return packed_linear(h, self.w_gate_up).chunk(2, -1)
+            return self.product(h, self.w_gate_up, None, threads).chunk(2, -1)
         mlp = self.layer.mlp
         return mlp.gate_proj(h), mlp.up_proj(h)
 
-    def down(self, a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def down(self, a: torch.Tensor, residual: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """residual + down_proj(a), a (B, Q, I)."""
         if self.packed:
-            return packed_linear(a, self.w_down, add=residual)
+            return self.product(a, self.w_down, residual, threads)
         return residual + self.layer.mlp.down_proj(a)
 
 
@@ -171,16 +183,26 @@ PROJECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def projections(model) -> list[Projections]:
-    """The layers' :class:`Projections`: fused and packed when the model's linears are prepacked
-    (:func:`refimpl.models.cpu_linear.prepack_linears`) and it sits on a CPU in fp32."""
+    """The layers' :class:`Projections`: fused when the model's linears are prepacked
+    (:func:`refimpl.models.cpu_linear.prepack_linears`) and it sits on a CPU in fp32, then run by
+    :mod:`refimpl.models.cpu_gemv` where it is available, by oneDNN otherwise."""
     inner = model.model
     packed = (isinstance(inner.layers[0].self_attn.q_proj, PrepackedLinear)
               and model.lm_head.weight.device.type == "cpu" and model.lm_head.weight.dtype == torch.float32)
+    gemv = packed and cpu_gemv.available()
     have = PROJECTIONS.get(model)
-    if (have is None or len(have) != len(inner.layers) or have[0].packed != packed
+    if (have is None or len(have) != len(inner.layers) or have[0].packed != packed or have[0].gemv != gemv
             or any(p.version != p.signature() for p in have)):
-        have = PROJECTIONS[model] = [Projections(layer, packed) for layer in inner.layers]
+        have = PROJECTIONS[model] = [Projections(layer, packed, gemv) for layer in inner.layers]
     return have
+
+
+def head(model, proj: Projections, hidden: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """The LM head on ``hidden`` (B, Q', hidden) -> (B, Q', V), by the layers' kernel when it has no bias."""
+    lm_head = model.lm_head
+    if proj.gemv and getattr(lm_head, "bias", None) is None and lm_head.weight.is_contiguous():
+        return cpu_gemv.linear(hidden, lm_head.weight.detach(), None, threads)
+    return lm_head(hidden)
 
 
 def _mask(Q: int, P: int, attention_mask: torch.Tensor | None, device, dtype) -> torch.Tensor | None:
@@ -234,60 +256,62 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
     """
     if not supports(model):
         raise ValueError("model must be a plain Llama-recipe causal LM (lean_llama.supports(model) is False)")
-    stage = probe or (lambda name: NO_PROBE)
-    cfg, inner = model.config, model.model
-    B, Q = input_ids.shape
-    P = cache.length
-    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-    eps = cfg.rms_norm_eps
-    if position_ids is None:
-        position_ids = torch.arange(P, P + Q, device=input_ids.device)[None].expand(B, Q)
-    with stage("embed"):
-        x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
-    with stage("rope"):
-        theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
-        cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
-    mask = _mask(Q, P, attention_mask, x.device, x.dtype)
-    scale = inner.layers[0].self_attn.scaling
-    streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
-    for li, proj in enumerate(projections(model)):
-        layer = proj.layer
-        if li in taps:
-            streams[li] = x
-        with stage("norm"):
-            h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
-        with stage("qkv"):
-            t = proj.qkv(h)  # (B, Q, (H + 2 Hkv) D)
+    layers = projections(model)
+    with cpu_gemv.cores(layers[0].gemv) as threads:  # torch single-threaded, the products on every core
+        stage = probe or (lambda name: NO_PROBE)
+        cfg, inner = model.config, model.model
+        B, Q = input_ids.shape
+        P = cache.length
+        H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+        eps = cfg.rms_norm_eps
+        if position_ids is None:
+            position_ids = torch.arange(P, P + Q, device=input_ids.device)[None].expand(B, Q)
+        with stage("embed"):
+            x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
         with stage("rope"):
-            qk = rotate(t[..., :(H + Hkv) * D].view(B, Q, H + Hkv, D).transpose(1, 2), cos2, sin2)
-            q, k = qk[:, :H], qk[:, H:]  # (B, H, Q, D), (B, Hkv, Q, D)
-            v = t[..., (H + Hkv) * D:].view(B, Q, Hkv, D).transpose(1, 2)
-        with stage("cache"):
-            keys, values = cache.write(li, k, v)  # (B, Hkv, P+Q, D)
-        with stage("attention"):
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                               enable_gqa=H != Hkv)  # (B, H, Q, D)
-        with stage("o_proj"):
-            x = proj.o(o.transpose(1, 2).reshape(B, Q, H * D), x)
+            theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+            cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
+            cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
+        mask = _mask(Q, P, attention_mask, x.device, x.dtype)
+        scale = inner.layers[0].self_attn.scaling
+        streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
+        for li, proj in enumerate(layers):
+            layer = proj.layer
+            if li in taps:
+                streams[li] = x
+            with stage("norm"):
+                h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
+            with stage("qkv"):
+                t = proj.qkv(h, threads)  # (B, Q, (H + 2 Hkv) D)
+            with stage("rope"):
+                qk = rotate(t[..., :(H + Hkv) * D].view(B, Q, H + Hkv, D).transpose(1, 2), cos2, sin2)
+                q, k = qk[:, :H], qk[:, H:]  # (B, H, Q, D), (B, Hkv, Q, D)
+                v = t[..., (H + Hkv) * D:].view(B, Q, Hkv, D).transpose(1, 2)
+            with stage("cache"):
+                keys, values = cache.write(li, k, v)  # (B, Hkv, P+Q, D)
+            with stage("attention"):
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                                   enable_gqa=H != Hkv)  # (B, H, Q, D)
+            with stage("o_proj"):
+                x = proj.o(o.transpose(1, 2).reshape(B, Q, H * D), x, threads)
+            with stage("norm"):
+                h = norm(x, layer.post_attention_layernorm.weight, eps)
+            with stage("gate_up"):
+                gate, up = proj.gate_up(h, threads)  # (B, Q, I) each
+            with stage("swiglu"):
+                a = F.silu(gate) * up
+            with stage("down"):
+                x = proj.down(a, x, threads)
+        cache.length = P + Q
         with stage("norm"):
-            h = norm(x, layer.post_attention_layernorm.weight, eps)
-        with stage("gate_up"):
-            gate, up = proj.gate_up(h)  # (B, Q, I) each
-        with stage("swiglu"):
-            a = F.silu(gate) * up
-        with stage("down"):
-            x = proj.down(a, x)
-    cache.length = P + Q
-    with stage("norm"):
-        hidden = norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
-    with stage("lm_head"):
-        logits = model.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
-    if taps:
-        streams[len(inner.layers)] = hidden
-        hidden = torch.cat([streams[i] for i in taps], -1)  # (B, Q, len(taps) hidden)
-    return logits, hidden
+            hidden = norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
+        with stage("lm_head"):
+            logits = head(model, layers[0], hidden[:, -logits_to_keep:] if logits_to_keep else hidden, threads)
+        if taps:
+            streams[len(inner.layers)] = hidden
+            hidden = torch.cat([streams[i] for i in taps], -1)  # (B, Q, len(taps) hidden)
+        return logits, hidden
 
 
 def on_device(lm, input_ids, cache: KVCache, position_ids=None, attention_mask=None, logits_to_keep: int = 0,

@@ -1,0 +1,89 @@
+"""refimpl.models.cpu_gemv: the hand-written products give F.linear's results (within float
+reordering), give a row the same bits whatever the number of rows, and refuse what they cannot do."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from refimpl.models import cpu_gemv
+
+pytestmark = pytest.mark.skipif(not cpu_gemv.available(), reason="no AVX2/FMA CPU or no C++ compiler")
+
+
+@pytest.mark.parametrize("n_out, k_in", [(1536, 576), (13, 37), (96, 1536), (8, 8), (5, 3)])
+@pytest.mark.parametrize("rows", [1, 2, 5, 17])
+def test_equals_f_linear_with_and_without_add(n_out, k_in, rows):
+    g = torch.Generator().manual_seed(n_out + rows)
+    w, x = torch.randn(n_out, k_in, generator=g), torch.randn(1, rows, k_in, generator=g)
+    add = torch.randn(1, rows, n_out, generator=g)
+    torch.testing.assert_close(cpu_gemv.linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(cpu_gemv.linear(x, w, add), add + F.linear(x, w), atol=1e-4, rtol=1e-5)
+
+
+def test_rows_scored_together_get_the_bits_they_get_alone():
+    """Verification's property: a token's logits do not depend on how many tokens share the call
+    (every blocking path of the kernel: 1 row, 3-row and 2-row tiles, 8-row groups and leftovers)."""
+    g = torch.Generator().manual_seed(1)
+    for n_out, k_in in ((1539, 580), (96, 1536)):
+        w, x = torch.randn(n_out, k_in, generator=g), torch.randn(40, k_in, generator=g)
+        add = torch.randn(40, n_out, generator=g)
+        alone = torch.cat([cpu_gemv.linear(x[i:i + 1], w, add[i:i + 1]) for i in range(40)])
+        for k in (2, 3, 4, 5, 9, 16, 40):
+            assert torch.equal(cpu_gemv.linear(x[:k], w, add[:k]), alone[:k]), k
+
+
+def test_negative_controls_a_transposed_weight_or_a_dropped_add_is_caught():
+    g = torch.Generator().manual_seed(2)
+    w, x, add = torch.randn(64, 64, generator=g), torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    want = add + F.linear(x, w)
+    assert not torch.allclose(cpu_gemv.linear(x, w.t().contiguous(), add), want, atol=1e-2)
+    assert not torch.allclose(cpu_gemv.linear(x, w), want, atol=1e-2)
+
+
+def test_bad_inputs_raise_value_errors_naming_them():
+    w, x = torch.randn(16, 8), torch.randn(2, 8)
+    with pytest.raises(ValueError, match="x must be a CPU float32"):
+        cpu_gemv.linear(x.double(), w)
+    with pytest.raises(ValueError, match="weight"):
+        cpu_gemv.linear(torch.randn(2, 9), w)
+    with pytest.raises(ValueError, match="weight"):
+        cpu_gemv.linear(torch.randn(2, 16), w.t())  # not contiguous
+    with pytest.raises(ValueError, match="add must have"):
+        cpu_gemv.linear(x, w, torch.randn(2, 15))
+
+
+def test_the_off_switch(monkeypatch):
+    monkeypatch.setenv("REFIMPL_GEMV", "0")
+    assert not cpu_gemv.available()
+
+
+def test_helper_threads_give_the_same_bits_and_survive_a_new_count():
+    """The kernel's own threads (2 and 3 helpers, back to 2): each share of the rows gives the bits
+    one thread gives, and changing the count retires the old helpers cleanly."""
+    g = torch.Generator().manual_seed(3)
+    w, x, add = torch.randn(1000, 96, generator=g), torch.randn(5, 96, generator=g), torch.randn(5, 1000, generator=g)
+    one = cpu_gemv.linear(x, w, add, threads=1)
+    for t in (2, 3, 2, 4):
+        for _ in range(20):
+            assert torch.equal(cpu_gemv.linear(x, w, add, threads=t), one)
+
+
+def test_a_forward_leaves_torch_its_threads():
+    with cpu_gemv.cores() as threads:
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == threads
+
+
+def test_a_forked_child_starts_its_own_helpers():
+    """After ``fork`` the parent's helper threads do not exist in the child: it must not wait for them."""
+    import os
+    import signal
+
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(512, 64, generator=g), torch.randn(2, 64, generator=g)
+    want = cpu_gemv.linear(x, w, threads=2)  # the parent now has a helper
+    pid = os.fork()
+    if pid == 0:  # the child: a hang would be killed by the alarm and fail the check below
+        signal.alarm(20)
+        os._exit(0 if torch.equal(cpu_gemv.linear(x, w, threads=2), want) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
