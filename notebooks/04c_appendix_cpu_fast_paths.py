@@ -376,8 +376,8 @@ print(f"buffers allocated in {steps} steps: {len(set(caps))} (a concatenating ca
 # reads (every matrix, the head included), and a step's time per stage.
 #
 # `models.load` gives a prepacked target a `LeanLM`: its cached steps run through
-# `lean_llama.forward` with the products *fused*, and its logits keep Hugging Face's bits.
-# (`fast=False` gives the plain Hugging Face forward back.) With `TARGET = "tiny"` the weights
+# `lean_llama.forward` with the products *fused* and, on an AVX2 CPU, computed by a kernel written
+# for decoding (below). (`fast=False` gives the plain Hugging Face forward back.) With `TARGET = "tiny"` the weights
 # fit in the CPU's cache, so the floor means little; the committed SmolLM2 run below is the real
 # picture.
 
@@ -406,9 +406,35 @@ h = torch.randn(5, fast_target.config.hidden_size, device="cpu")
 fused = cpu_linear.packed_linear(h, w_qkv)                           # (5, (H + 2 Hkv) D)
 apart = torch.cat([att.q_proj(h), att.k_proj(h), att.v_proj(h)], -1) # three prepacked products
 assert torch.equal(fused, apart)
+print("fused q/k/v == three products, bit for bit")
+
+# %% [markdown]
+# ### A product written for decoding
+# oneDNN is tuned for larger batches than a decoder's 1-16 rows. `refimpl/models/cpu_gemv.cpp`
+# (~70 lines of AVX2, compiled on first use) does only this job: it reads each weight matrix in
+# its own row-major layout, 8 rows at a time with 8 independent sums (enough loads in flight to
+# keep the memory bus busy), reuses those rows from L1 for the other tokens of a block, and
+# splits the rows over torch's own threads. Every output is the same sequence of float operations
+# whatever the number of rows, so a token scored in a block of 5 gets the bits it gets alone --
+# the property greedy verification needs. It is not oneDNN's or MKL's order of summing, so the
+# logits move by ~1e-6 relative; the greedy text does not (checked here and on every benchmark prompt).
+# Measured on SmolLM2's 121 matrices in a row (2 threads, cold caches): 1 row 32 ms against
+# oneDNN's 47, 5 rows 41 against 59. `REFIMPL_GEMV=0` in the environment switches it off.
+
+# %%
+from refimpl.models import cpu_gemv
+
 ids = torch.tensor([prompts[0] + ref.tokens[0]], device="cpu")
-assert torch.equal(fast_target.logits(ids), plain_target.logits(ids))
-print(f"fused q/k/v == three products, bit for bit; the whole LeanLM == Hugging Face's forward on the same weights")
+if cpu_gemv.available():
+    w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach()   # (N, hidden)
+    alone = torch.cat([cpu_gemv.linear(h[i:i + 1], w) for i in range(5)])
+    assert torch.equal(cpu_gemv.linear(h, w), alone)                 # a block of 5 == its rows alone
+    print("max |cpu_gemv - F.linear|:", (alone - torch.nn.functional.linear(h, w)).abs().max().item())
+diff = (fast_target.logits(ids) - plain_target.logits(ids)).abs().max().item()
+same = autoregressive.generate(fast_target, prompts[:2], max_new_tokens=32).tokens == \
+    autoregressive.generate(plain_target, prompts[:2], max_new_tokens=32).tokens
+assert diff < 1e-4 and same
+print(f"LeanLM vs Hugging Face's forward: logits within {diff:.1e}, greedy text identical: {same}")
 
 # %% [markdown]
 # Where one step goes, stage by stage (`lean_llama.forward(..., probe=...)` times each stage;
@@ -472,13 +498,13 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
       f"stages that read no weights: {rest:.1f} ms; Hugging Face's forward {saved['hf_step_ms']['1']:.1f} ms")
 
 # %% [markdown]
-# What the picture says. The matrix products read at 7-14 GB/s where a plain sum reads at 17-27:
-# one product per matrix, each a few MB, restarts the memory stream and the two threads every
-# time, and the tensor operations between them (norms, rotary, attention: ~30 of them per layer,
-# each a few microseconds of dispatch, longer right after a product has flushed the caches) add
-# ~15 ms that read no weights at all. Fusing took a step from 7 products per layer to 4 and the
-# residual adds into them; what is left would take writing the whole layer as one kernel (what
-# llama.cpp and vLLM's CPU backend do), or reading fewer bytes: SmolLM2's weights came to us as a
+# What the picture says. With oneDNN the matrix products read at 7-14 GB/s where a plain sum
+# reads at 17-27: one library call per matrix, each a few MB, restarting the memory stream and
+# waking the second thread every time. The hand-written products read at 12-19 GB/s in a step.
+# The tensor operations between them (norms, rotary, attention: ~15 per layer, each a few
+# microseconds of dispatch) still add ~10 ms that read no weights at all. What is left would take
+# writing the whole layer as one kernel (what llama.cpp and vLLM's CPU backend do), or reading
+# fewer bytes: SmolLM2's weights came to us as a
 # 4.5-bit GGUF, so an int4 kernel could read 7x less -- but torch's CPU int4 product
 # (`_weight_int4pack_mm_for_cpu`) with fp32 activations ran 8x *slower* here than the fp32 one.
 
@@ -491,6 +517,8 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
 #   the same math with the same logits in less time (`lean_llama`, used by the zoo's SmolLM2 draft).
 # - A target's step is paced by reading its weights: fusing the products that share an input (q/k/v,
 #   gate/up) and folding the residual adds into them cuts the calls per layer from 9 to 4 without
-#   moving a bit (`lean_llama.LeanLM`, `models.load`'s default for prepacked targets). The floor is
-#   bytes / bandwidth; `--suite latency` shows how far a step is from it and which stage is why.
+#   moving a bit, and products written for 1-16 rows (`cpu_gemv`, batch-invariant) read the
+#   weights faster than oneDNN (`lean_llama.LeanLM`, `models.load`'s default
+#   for prepacked targets). The floor is bytes / bandwidth; `--suite latency` shows how far a step
+#   is from it and which stage is why.
 # - None of this changes a single output token: they only move `v` and `c` in `tau / (v + gamma·c)`.

@@ -56,34 +56,10 @@ def test_the_off_switch(monkeypatch):
     assert not cpu_gemv.available()
 
 
-def test_helper_threads_give_the_same_bits_and_survive_a_new_count():
-    """The kernel's own threads (2 and 3 helpers, back to 2): each share of the rows gives the bits
-    one thread gives, and changing the count retires the old helpers cleanly."""
+def test_shares_of_the_rows_give_the_bits_one_thread_gives():
+    """Rows split over 2, 3 or 4 threads: every output is still computed by one thread, in one order."""
     g = torch.Generator().manual_seed(3)
     w, x, add = torch.randn(1000, 96, generator=g), torch.randn(5, 96, generator=g), torch.randn(5, 1000, generator=g)
     one = cpu_gemv.linear(x, w, add, threads=1)
     for t in (2, 3, 2, 4):
-        for _ in range(20):
-            assert torch.equal(cpu_gemv.linear(x, w, add, threads=t), one)
-
-
-def test_a_forward_leaves_torch_its_threads():
-    with cpu_gemv.cores() as threads:
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == threads
-
-
-def test_a_forked_child_starts_its_own_helpers():
-    """After ``fork`` the parent's helper threads do not exist in the child: it must not wait for them."""
-    import os
-    import signal
-
-    g = torch.Generator().manual_seed(4)
-    w, x = torch.randn(512, 64, generator=g), torch.randn(2, 64, generator=g)
-    want = cpu_gemv.linear(x, w, threads=2)  # the parent now has a helper
-    pid = os.fork()
-    if pid == 0:  # the child: a hang would be killed by the alarm and fail the check below
-        signal.alarm(20)
-        os._exit(0 if torch.equal(cpu_gemv.linear(x, w, threads=2), want) else 1)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert torch.equal(cpu_gemv.linear(x, w, add, threads=t), one)

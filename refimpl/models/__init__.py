@@ -8,9 +8,11 @@ local cache. Nothing is ever downloaded: a missing model raises ``FileNotFoundEr
 and how to get it. ``attn="triton"`` routes attention through :func:`kernels.decode_attention`.
 
 CPU fast paths live here too, because the zoo uses them: :mod:`refimpl.models.cpu_linear`
-(prepacked fp32 linears, on by default for the larger targets on a CPU) and
+(prepacked fp32 linears, on by default for the larger targets on a CPU),
 :mod:`refimpl.models.lean_llama` (a lean forward with fused projections: the SmolLM2 target's and
-its draft's cached steps; ``load(name, fast=False)`` goes back to the plain Hugging Face forward).
+its draft's cached steps; ``load(name, fast=False)`` goes back to the plain Hugging Face forward)
+and :mod:`refimpl.models.cpu_gemv` (that forward's matrix products on an AVX2 CPU; ``REFIMPL_GEMV=0``
+keeps oneDNN's).
 """
 from __future__ import annotations
 

@@ -3,29 +3,20 @@
 // y[r, n] = add[r, n] + sum_k x[r, k] * W[n, k]     x (R, K), W (N, K) row-major, y and add (R, N)
 //
 // A decode step multiplies 1 to ~16 rows by every weight matrix once, so its floor is the time
-// to read the weights (chapter 00, appendix 04c). Four habits get close to it (refimpl/models/cpu_gemv.py):
+// to read the weights (chapter 00, appendix 04c). Three habits get close to it (refimpl/models/cpu_gemv.py):
 // - the weight is read in its own row-major layout, 8 output rows at a time (8 independent
-//   accumulator chains: enough loads in flight to keep the memory bus busy), each thread one
-//   contiguous share of the rows;
+//   accumulator chains: enough loads in flight to keep the memory bus busy);
 // - with R > 1 rows, the first row streams the 8 weight rows in from memory, and the others reuse
 //   them from L1, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1 weight
 //   vector = the 16 AVX2 registers);
-// - the threads stay awake between products: a step runs ~120 products with ~100 us of small
-//   serial work between them (norms, rotary, attention), and a helper thread that went to sleep
-//   takes longer to wake than a 1 MB product takes to read. The helpers spin (with `pause`) for
-//   about a millisecond after each product, then sleep on a condition variable;
+// - each thread (torch's OpenMP threads, static schedule) reads one contiguous share of the rows;
 // - every output element is the same sequence of operations whatever R and the blocking: an
 //   8-lane FMA chain over k in steps of 8, a fixed horizontal sum, then the scalar tail. So a
 //   row scored inside a block of R rows gets exactly the bits it gets alone, the property greedy
 //   verification relies on (a draft token's logits do not depend on how many were drafted).
 #include <immintrin.h>
+#include <omp.h>
 #include <stddef.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
 
 static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), always in this order
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -76,88 +67,12 @@ static inline void rows8(const float* W, const float* x, float* y, const float* 
     }
 }
 
-// ---- a small thread pool: helpers 1..T-1 take equal shares of the 8-row groups, the caller share 0
-struct Job {
-    const float *W, *x;
-    float* y;
-    const float* add;
-    int R, K, N, T;  // T == 0: helpers exit
-};
-static Job job;
-static std::atomic<unsigned> generation{0};  // bumped once per product: the helpers' start signal
-static std::atomic<int> finished{0}, sleepers{0}, alive{0};
-// never destroyed: at exit the helpers may still wait on them, and destroying a condition variable
-// that has waiters blocks forever
-static std::mutex& mu = *new std::mutex;
-static std::condition_variable& wake = *new std::condition_variable;
-static int helpers = 0;
-static pid_t owner = 0;  // a forked child has no helpers: it starts its own
-static const int SPINS = 1 << 15;  // ~1 ms of `pause` before a helper sleeps
-
-static void share(const Job& j, int t) {
-    const int groups = (j.N + 7) / 8;
-    const int g0 = (int)((long)groups * t / j.T), g1 = (int)((long)groups * (t + 1) / j.T);
-    for (int g = g0; g < g1; g++) rows8(j.W, j.x, j.y, j.add, j.R, j.K, j.N, 8 * g);
-}
-
-static void helper(int t, unsigned seen) {
-    for (;;) {
-        unsigned now;
-        for (int spins = 0; (now = generation.load()) == seen;) {
-            if (++spins < SPINS) {
-                _mm_pause();
-                continue;
-            }
-            std::unique_lock<std::mutex> lock(mu);
-            sleepers++;
-            wake.wait(lock, [&] { return generation.load() != seen; });
-            sleepers--;
-        }
-        seen = now;
-        if (job.T == 0) {
-            alive--;
-            finished++;
-            return;
-        }
-        if (t < job.T) share(job, t);
-        finished++;
-    }
-}
-
-static void start(const Job& j) {  // publish a job and wake the helpers
-    job = j;
-    finished.store(0);
-    generation.fetch_add(1);
-    if (sleepers.load() > 0) {
-        std::lock_guard<std::mutex> lock(mu);
-        wake.notify_all();
-    }
-}
-
-static void ensure_helpers(int n) {
-    if (owner != getpid()) {  // first call, or a forked child: the parent's helpers are not here
-        owner = getpid();
-        helpers = 0;
-        alive.store(0);
-    }
-    if (helpers == n) return;
-    if (helpers > 0) {  // a new thread count: retire the old helpers
-        start(Job{nullptr, nullptr, nullptr, nullptr, 0, 0, 0, 0});
-        while (alive.load() > 0) _mm_pause();
-    }
-    helpers = n;
-    alive.store(n);
-    for (int t = 1; t <= n; t++) std::thread(helper, t, generation.load()).detach();
-}
-
+// The threads are torch's own (OpenMP, the same runtime torch loaded): one pool for every
+// operation of a step, so a thread that just ran torch's softmax is the one that runs the next
+// product, and no two pools fight for the two cores.
 extern "C" void refimpl_gemv(const float* W, const float* x, float* y, const float* add,
                              int R, int K, int N, int threads) {
-    if (threads <= 1 || N < 64) {  // one thread, or too small to share
-        for (int n0 = 0; n0 < N; n0 += 8) rows8(W, x, y, add, R, K, N, n0);
-        return;
-    }
-    ensure_helpers(threads - 1);
-    start(Job{W, x, y, add, R, K, N, threads});
-    share(job, 0);
-    while (finished.load() < helpers) _mm_pause();
+    const int groups = (N + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N >= 64)
+    for (int g = 0; g < groups; g++) rows8(W, x, y, add, R, K, N, 8 * g);
 }

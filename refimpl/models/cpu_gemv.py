@@ -5,11 +5,11 @@ Chapter 00's roofline: a one-token step must read every weight once, so its floo
 Model for Multicore Architectures", CACM 2009). On this course's 2-core machine oneDNN's prepacked
 products (:mod:`refimpl.models.cpu_linear`) read SmolLM2-135M's 538 MB at 10-14 GB/s where a plain
 ``sum`` reads 20-24: each product is a library call tuned for larger batches. ``cpu_gemv.cpp``
-(~80 lines, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
+(~70 lines, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
 8 output rows per pass with one accumulator chain each, x rows reused from L1, each thread a
-contiguous half of the matrix. Measured over SmolLM2's 121 matrices in a cycle (cold caches, 2
-threads): 1 row 30-34 ms against oneDNN's 39-46; 5 rows 39-49 against 46-64; on a par from 16 rows
-up (``python -m refimpl.bench --suite latency`` measures your machine).
+contiguous share of the matrix. Measured over SmolLM2's 121 matrices in a row (cold caches, 2
+threads, a ``sum`` reading 20.8 GB/s): 1 row 32 ms against oneDNN's 47, 5 rows 41 against 59, 16
+rows 50 against 65; ``python -m refimpl.bench --suite latency`` measures your machine.
 
 The products are *batch-invariant*: every output element is the same sequence of float operations
 whatever the number of rows, so a draft token scored in a block of ``k`` gets exactly the logits
@@ -17,16 +17,16 @@ it gets alone (the tests check ``torch.equal``). They are not the bits of MKL or
 run in another order: ~1e-6 relative); greedy output stays Hugging Face's on every benchmark
 prompt, which the tests and the benchmark's ``exact`` column check.
 
-The source is compiled on first use with the system's C++ compiler (``g++ -O3 -mavx2 -mfma``,
-~2 s) into ``$REFIMPL_CACHE/build`` and loaded with ``ctypes``. Its threads are its own, kept
-awake between products (a sleeping thread wakes slower than a small product reads); the lean
-forward runs torch single-threaded meanwhile (:func:`cores`), so the two never fight for a core. :func:`available` is False -- and
+The source is compiled on first use with the system's C++ compiler (``g++ -O3 -mavx2 -mfma -fopenmp``,
+~2 s) into ``$REFIMPL_CACHE/build`` and loaded with ``ctypes``. Its threads are torch's own OpenMP
+threads (``torch.get_num_threads()`` of them). A version with its own helper threads, kept
+spinning between products, ran AR as fast but a speculative step slower: those helpers and
+torch's threads fought over the two cores around every draft call. :func:`available` is False -- and
 the lean forward keeps oneDNN -- on a CPU without AVX2/FMA, without a compiler, or with
 ``REFIMPL_GEMV=0`` in the environment (the off switch, e.g. to compare).
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -39,7 +39,7 @@ import tempfile
 import torch
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemv.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-pthread", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
 def cpu_has_avx2_fma() -> bool:
@@ -66,6 +66,7 @@ def library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None or not cpu_has_avx2_fma():
         return None
+    torch.zeros(2).sum()  # torch's OpenMP runtime is loaded first: the kernel links to the same one
     with open(SOURCE, "rb") as f:
         key = hashlib.sha256(f.read() + " ".join(FLAGS).encode()).hexdigest()[:16]
     path = os.path.join(build_dir(), f"cpu_gemv-{key}.so")
@@ -89,33 +90,12 @@ def available() -> bool:
     return os.environ.get("REFIMPL_GEMV", "1") != "0" and library() is not None
 
 
-@contextlib.contextmanager
-def cores(on: bool = True):
-    """Inside, torch runs single-threaded and yields the thread count it had, for the products.
-
-    The kernel's helper threads spin between products (see the source's header); torch's own
-    OpenMP threads spin after its parallel operations too, and two pools spinning on two cores
-    take turns at the scheduler's pace (measured: a step 3x slower). So a forward that uses the
-    kernel leaves the cores to it and runs the small operations between products on one thread.
-    ``on=False``: nothing changes (yields torch's count)."""
-    threads = torch.get_num_threads()
-    if not on or threads == 1:
-        yield threads
-        return
-    torch.set_num_threads(1)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(threads)
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
            threads: int | None = None) -> torch.Tensor:
     """``add + x @ weight.T`` (``add`` optional), every row computed alone: x (..., K) -> (..., N).
 
     ``weight`` (N, K) contiguous; x and ``add`` (..., N) CPU float32 (made contiguous here).
-    ``threads``: how many threads share the rows (None: ``torch.get_num_threads()``; inside
-    :func:`cores`, pass the count it yields).
+    ``threads``: how many of torch's threads share the rows (None: ``torch.get_num_threads()``).
     """
     lib = library()
     if lib is None:

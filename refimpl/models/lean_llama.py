@@ -143,38 +143,36 @@ class Projections:
         """Changes when a source weight is moved, cast or edited in place (then rebuild)."""
         return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in self.sources)
 
-    def product(self, x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None,
-                threads: int | None = None) -> torch.Tensor:
-        """``add + x @ W.T`` with a fused matrix ``w``, by the kernel this layer was built for
-        (``threads``: :func:`refimpl.models.cpu_gemv.linear`'s)."""
+    def product(self, x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """``add + x @ W.T`` with a fused matrix ``w``, by the kernel this layer was built for."""
         if self.gemv:
-            return cpu_gemv.linear(x, w, add, threads)
+            return cpu_gemv.linear(x, w, add)
         return packed_linear(x, w, add=add)
 
-    def qkv(self, h: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
         """(B, Q, hidden) -> (B, Q, (H + 2 Hkv) D): q, k and v side by side."""
         if self.packed:
-            return self.product(h, self.w_qkv, None, threads)
+            return self.product(h, self.w_qkv)
         att = self.layer.self_attn
         return torch.cat([att.q_proj(h), att.k_proj(h), att.v_proj(h)], -1)
 
-    def o(self, a: torch.Tensor, residual: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    def o(self, a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + o_proj(a), a (B, Q, H D)."""
         if self.packed:
-            return self.product(a, self.w_o, residual, threads)
+            return self.product(a, self.w_o, residual)
         return residual + self.layer.self_attn.o_proj(a)
 
-    def gate_up(self, h: torch.Tensor, threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, Q, hidden) -> gate, up (B, Q, I) each."""
         if self.packed:
-            return self.product(h, self.w_gate_up, None, threads).chunk(2, -1)
+            return self.product(h, self.w_gate_up).chunk(2, -1)
         mlp = self.layer.mlp
         return mlp.gate_proj(h), mlp.up_proj(h)
 
-    def down(self, a: torch.Tensor, residual: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    def down(self, a: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + down_proj(a), a (B, Q, I)."""
         if self.packed:
-            return self.product(a, self.w_down, residual, threads)
+            return self.product(a, self.w_down, residual)
         return residual + self.layer.mlp.down_proj(a)
 
 
@@ -197,11 +195,11 @@ def projections(model) -> list[Projections]:
     return have
 
 
-def head(model, proj: Projections, hidden: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+def head(model, proj: Projections, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head on ``hidden`` (B, Q', hidden) -> (B, Q', V), by the layers' kernel when it has no bias."""
     lm_head = model.lm_head
     if proj.gemv and getattr(lm_head, "bias", None) is None and lm_head.weight.is_contiguous():
-        return cpu_gemv.linear(hidden, lm_head.weight.detach(), None, threads)
+        return cpu_gemv.linear(hidden, lm_head.weight.detach())
     return lm_head(hidden)
 
 
@@ -257,61 +255,60 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
     if not supports(model):
         raise ValueError("model must be a plain Llama-recipe causal LM (lean_llama.supports(model) is False)")
     layers = projections(model)
-    with cpu_gemv.cores(layers[0].gemv) as threads:  # torch single-threaded, the products on every core
-        stage = probe or (lambda name: NO_PROBE)
-        cfg, inner = model.config, model.model
-        B, Q = input_ids.shape
-        P = cache.length
-        H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-        eps = cfg.rms_norm_eps
-        if position_ids is None:
-            position_ids = torch.arange(P, P + Q, device=input_ids.device)[None].expand(B, Q)
-        with stage("embed"):
-            x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
-        with stage("rope"):
-            theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-            cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
-            cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
-        mask = _mask(Q, P, attention_mask, x.device, x.dtype)
-        scale = inner.layers[0].self_attn.scaling
-        streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
-        for li, proj in enumerate(layers):
-            layer = proj.layer
-            if li in taps:
-                streams[li] = x
-            with stage("norm"):
-                h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
-            with stage("qkv"):
-                t = proj.qkv(h, threads)  # (B, Q, (H + 2 Hkv) D)
-            with stage("rope"):
-                qk = rotate(t[..., :(H + Hkv) * D].view(B, Q, H + Hkv, D).transpose(1, 2), cos2, sin2)
-                q, k = qk[:, :H], qk[:, H:]  # (B, H, Q, D), (B, Hkv, Q, D)
-                v = t[..., (H + Hkv) * D:].view(B, Q, Hkv, D).transpose(1, 2)
-            with stage("cache"):
-                keys, values = cache.write(li, k, v)  # (B, Hkv, P+Q, D)
-            with stage("attention"):
-                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                                   enable_gqa=H != Hkv)  # (B, H, Q, D)
-            with stage("o_proj"):
-                x = proj.o(o.transpose(1, 2).reshape(B, Q, H * D), x, threads)
-            with stage("norm"):
-                h = norm(x, layer.post_attention_layernorm.weight, eps)
-            with stage("gate_up"):
-                gate, up = proj.gate_up(h, threads)  # (B, Q, I) each
-            with stage("swiglu"):
-                a = F.silu(gate) * up
-            with stage("down"):
-                x = proj.down(a, x, threads)
-        cache.length = P + Q
+    stage = probe or (lambda name: NO_PROBE)
+    cfg, inner = model.config, model.model
+    B, Q = input_ids.shape
+    P = cache.length
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    eps = cfg.rms_norm_eps
+    if position_ids is None:
+        position_ids = torch.arange(P, P + Q, device=input_ids.device)[None].expand(B, Q)
+    with stage("embed"):
+        x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
+    with stage("rope"):
+        theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
+        cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
+    mask = _mask(Q, P, attention_mask, x.device, x.dtype)
+    scale = inner.layers[0].self_attn.scaling
+    streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
+    for li, proj in enumerate(layers):
+        layer = proj.layer
+        if li in taps:
+            streams[li] = x
         with stage("norm"):
-            hidden = norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
-        with stage("lm_head"):
-            logits = head(model, layers[0], hidden[:, -logits_to_keep:] if logits_to_keep else hidden, threads)
-        if taps:
-            streams[len(inner.layers)] = hidden
-            hidden = torch.cat([streams[i] for i in taps], -1)  # (B, Q, len(taps) hidden)
-        return logits, hidden
+            h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
+        with stage("qkv"):
+            t = proj.qkv(h)  # (B, Q, (H + 2 Hkv) D)
+        with stage("rope"):
+            qk = rotate(t[..., :(H + Hkv) * D].view(B, Q, H + Hkv, D).transpose(1, 2), cos2, sin2)
+            q, k = qk[:, :H], qk[:, H:]  # (B, H, Q, D), (B, Hkv, Q, D)
+            v = t[..., (H + Hkv) * D:].view(B, Q, Hkv, D).transpose(1, 2)
+        with stage("cache"):
+            keys, values = cache.write(li, k, v)  # (B, Hkv, P+Q, D)
+        with stage("attention"):
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                               enable_gqa=H != Hkv)  # (B, H, Q, D)
+        with stage("o_proj"):
+            x = proj.o(o.transpose(1, 2).reshape(B, Q, H * D), x)
+        with stage("norm"):
+            h = norm(x, layer.post_attention_layernorm.weight, eps)
+        with stage("gate_up"):
+            gate, up = proj.gate_up(h)  # (B, Q, I) each
+        with stage("swiglu"):
+            a = F.silu(gate) * up
+        with stage("down"):
+            x = proj.down(a, x)
+    cache.length = P + Q
+    with stage("norm"):
+        hidden = norm(x, inner.norm.weight, eps)  # (B, Q, hidden)
+    with stage("lm_head"):
+        logits = head(model, layers[0], hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+    if taps:
+        streams[len(inner.layers)] = hidden
+        hidden = torch.cat([streams[i] for i in taps], -1)  # (B, Q, len(taps) hidden)
+    return logits, hidden
 
 
 def on_device(lm, input_ids, cache: KVCache, position_ids=None, attention_mask=None, logits_to_keep: int = 0,
