@@ -66,7 +66,7 @@ def library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None or not cpu_has_avx2_fma():
         return None
-    torch.zeros(2).sum()  # torch's OpenMP runtime is loaded first: the kernel links to the same one
+    torch.zeros(2, device="cpu").sum()  # torch's OpenMP runtime is loaded first: the kernel links to the same one
     with open(SOURCE, "rb") as f:
         key = hashlib.sha256(f.read() + " ".join(FLAGS).encode()).hexdigest()[:16]
     path = os.path.join(build_dir(), f"cpu_gemv-{key}.so")
