@@ -15,9 +15,12 @@ Two costs sit on top of the arithmetic of a decode step, and this module removes
   large ones. When the model's linears are prepacked (:mod:`refimpl.models.cpu_linear`), the
   projections that read the same input are fused into one packed matrix per layer -- q, k and v
   (``(H + 2 Hkv) D`` rows), gate and up (``2 I`` rows) -- and the residual additions after
-  ``o_proj`` and ``down_proj`` run inside the product (oneDNN's binary ``add`` post-op). Four
-  products per layer instead of seven. Every output element is the same dot product as before,
-  so the logits keep their bits (checked in the tests).
+  ``o_proj`` and ``down_proj`` run inside the product. Four products per layer instead of seven.
+  On an AVX2 CPU the products are :mod:`refimpl.models.cpu_gemv`'s, written for 1-16 rows and
+  batch-invariant (a row gets the same bits in a block as alone), summing in another order than
+  Hugging Face's (logits within ~1e-6 relative, the same greedy text); elsewhere, or with
+  ``REFIMPL_GEMV=0``, they are oneDNN's (with its binary ``add`` post-op), and every output
+  element is then the same dot product as Hugging Face's, bit for bit (checked in the tests).
 
 The math is ``LlamaForCausalLM``'s: RMSNorm, rotary position embedding (Su et al., arXiv
 2104.09864, eq. 34; applied to q and k in one call), grouped-query attention (Ainslie et al.,
@@ -338,8 +341,8 @@ class LeanSteps:
 
 class LeanLM(LeanSteps, LM):
     """An :class:`refimpl.lm.LM` whose cached steps and ``logits`` run through :func:`forward`:
-    the same logits as the Hugging Face forward of the same model (bit for bit when both use the
-    prepacked linears), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
+    the same logits as the Hugging Face forward of the same model (bit for bit with oneDNN's
+    products, within ~1e-6 relative with :mod:`refimpl.models.cpu_gemv`'s), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
     target on a CPU in fp32; ``models.load(name, fast=False)`` returns the plain :class:`LM`.
     Handed a Hugging Face cache (a ``DynamicCache`` made elsewhere), ``forward`` runs Hugging
     Face's forward on it instead, so either kind of cache keeps working."""
