@@ -149,7 +149,7 @@ class Projections:
     def product(self, x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
         """``add + x @ W.T`` with a fused matrix ``w``, by the kernel this layer was built for."""
         if self.gemv:
-            return cpu_gemv.linear(x, w, add)
+            return cpu_gemv.run(x, w, add)  # operands fp32 on the CPU, w contiguous: built here
         return packed_linear(x, w, add=add)
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
@@ -202,7 +202,7 @@ def head(model, proj: Projections, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head on ``hidden`` (B, Q', hidden) -> (B, Q', V), by the layers' kernel when it has no bias."""
     lm_head = model.lm_head
     if proj.gemv and getattr(lm_head, "bias", None) is None and lm_head.weight.is_contiguous():
-        return cpu_gemv.linear(hidden, lm_head.weight.detach())
+        return cpu_gemv.run(hidden, lm_head.weight.detach())
     return lm_head(hidden)
 
 
