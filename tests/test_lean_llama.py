@@ -18,16 +18,33 @@ def small_llama(**over):
     return LlamaForCausalLM(LlamaConfig(**kw)).eval()
 
 
+PATHS = ["stage by stage", pytest.param("whole-layer kernel", marks=pytest.mark.skipif(
+    not cpu_gemv.available(), reason="no AVX2/FMA CPU or no C++ compiler"))]
+
+
+def llama_for(path):
+    """small_llama() as the lean forward runs it: plain modules stage by stage, or prepacked, whose
+    steps run one kernel call per layer (``cpu_gemv.LayerStep``) where cpu_gemv builds."""
+    from refimpl.models import cpu_linear
+
+    m = small_llama()
+    if path == "whole-layer kernel":
+        cpu_linear.prepack_linears(m)
+        assert lean_llama.projections(m)[0].gemv
+    return m
+
+
 def hf_step(model, ids, cache, **kw):
     with torch.no_grad():
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, **kw)
     return out.logits, out.past_key_values
 
 
-def test_prefill_steps_and_crop_equal_hugging_face():
+@pytest.mark.parametrize("path", PATHS)
+def test_prefill_steps_and_crop_equal_hugging_face(path):
     from transformers import DynamicCache
 
-    m = small_llama()
+    m = llama_for(path)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 97, (2, 90), generator=g)
     lean, ref = lean_llama.KVCache(2), DynamicCache(config=m.config)
@@ -52,10 +69,11 @@ def test_prefill_steps_and_crop_equal_hugging_face():
     assert last.shape == (2, 1, 97)
 
 
-def test_padding_mask_and_batch_select():
+@pytest.mark.parametrize("path", PATHS)
+def test_padding_mask_and_batch_select(path):
     from transformers import DynamicCache
 
-    m = small_llama()
+    m = llama_for(path)
     ids = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(2))
     am = torch.ones(3, 12, dtype=torch.long)
     am[1, :4] = 0  # a left-padded row
@@ -78,10 +96,11 @@ def test_padding_mask_and_batch_select():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_token_tree_mask_equals_hugging_face():
+@pytest.mark.parametrize("path", PATHS)
+def test_token_tree_mask_equals_hugging_face(path):
     from transformers import DynamicCache
 
-    m = small_llama()
+    m = llama_for(path)
     ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(3))
     lean, ref = lean_llama.KVCache(2), DynamicCache(config=m.config)
     lean_llama.forward(m, ids[:, :6], lean)
@@ -218,6 +237,59 @@ def test_gemv_forward_matches_hugging_face_and_scores_a_block_as_its_rows():
     assert torch.equal(proj[0].qkv(h), alone)
 
 
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no AVX2/FMA CPU or no C++ compiler")
+@pytest.mark.parametrize("mask", ["causal", "padding", "tree"])
+def test_whole_layer_kernel_scores_a_block_as_its_tokens_one_by_one(mask):
+    """A step of k tokens through the whole-layer kernel gives each token the logits, bit for bit,
+    it gets in k one-token steps (norm, products, rotary, attention all batch-invariant): what makes
+    a verification agree with AR decoding token for token. B = 2 rows; a padding mask and a chain
+    given as a 4-D tree mask take the kernel's mask path."""
+    lean, _ = lean_and_hf(small_llama())
+    ids = torch.randint(0, 97, (2, 14), generator=torch.Generator().manual_seed(9))
+    am = torch.ones(2, 14, dtype=torch.long)
+    am[1, :3] = 0
+    pos = (am.cumsum(-1) - 1).clamp(min=0) if mask == "padding" else torch.arange(14).expand(2, 14)
+
+    def masks(a, b):
+        if mask == "padding":
+            return am[:, :b]
+        if mask == "tree":  # a chain of b - a nodes after a cached tokens: the causal rule, as a tree mask
+            allowed = torch.arange(b)[None, :] <= torch.arange(a, b)[:, None]
+            return torch.zeros(1, 1, b - a, b).masked_fill(~allowed, float("-inf"))
+        return None
+
+    def run(cuts):
+        cache, out = lean.new_cache(), []
+        for a, b in zip(cuts, cuts[1:]):
+            logits, cache = lean.forward(ids[:, a:b], cache, position_ids=pos[:, a:b], attention_mask=masks(a, b))
+            out.append(logits)
+        return torch.cat(out, 1)
+
+    block, one_by_one = run([0, 8, 13, 14]), run([0, 8] + list(range(9, 15)))
+    assert torch.equal(block[:, 8:], one_by_one[:, 8:])
+    assert lean_llama.whole_layers(lean.model, lean_llama.projections(lean.model)[0], torch.zeros(2, 5, 48), 8,
+                                   torch.zeros(2, 1, 5, 12), torch.zeros(2, 1, 5, 12), None, None) is not None
+
+
+def test_stage_by_stage_and_whole_layer_paths_agree():
+    """A ``probe`` (the latency suite's timer) runs the layers stage by stage; the same step through
+    the whole-layer kernel gives the same logits within 1e-5."""
+    lean, _ = lean_and_hf(small_llama())
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(10))
+    seen = set()
+
+    def probe(name):
+        seen.add(name)
+        return lean_llama.NO_PROBE
+
+    c1, c2 = lean.new_cache(), lean.new_cache()
+    for a, b in ((0, 7), (7, 8), (8, 12)):
+        fused, _ = lean_llama.forward(lean.model, ids[:, a:b], c1)
+        staged, _ = lean_llama.forward(lean.model, ids[:, a:b], c2, probe=probe)
+        torch.testing.assert_close(fused, staged, atol=1e-5, rtol=1e-5)
+    assert {"qkv", "attention", "swiglu", "down"} <= seen
+
+
 def test_unpacked_lean_lm_matches_hugging_face_within_tolerance():
     m = small_llama()
     lean, hf = lean_llama.LeanLM(m, None), models.LM(m, None)
@@ -230,10 +302,11 @@ def test_unpacked_lean_lm_matches_hugging_face_within_tolerance():
     torch.testing.assert_close(got, hf.forward(ids)[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("fault", ["qkv layout", "skipped residual"])
+@pytest.mark.parametrize("fault", ["qkv layout", "norms swapped", "skipped residual"])
 def test_negative_controls_a_wrong_layout_or_a_skipped_add_is_caught(fault, monkeypatch):
-    """The equality above would fail if the fused matrix had k and v swapped, or if the residual
-    add inside the product were skipped."""
+    """The equality above would fail if the fused matrix had k and v swapped or the layer's two
+    norms were exchanged (either path), or if the residual add inside the product were skipped
+    (stage by stage)."""
     from refimpl.models.cpu_linear import pack_weight
 
     lean, hf = lean_and_hf(small_llama())
@@ -242,7 +315,24 @@ def test_negative_controls_a_wrong_layout_or_a_skipped_add_is_caught(fault, monk
     if fault == "qkv layout":
         q, k, v, *_ = (w.detach() for w in proj.sources)
         proj.w_qkv = torch.cat([q, v, k]) if proj.gemv else pack_weight(torch.cat([q, v, k]))
+        if proj.gemv:
+            proj.fused = (proj.fused[0], proj.w_qkv, *proj.fused[2:])
+    elif fault == "norms swapped":
+        with torch.no_grad():
+            proj.layer.input_layernorm.weight.uniform_(0.5, 1.5)  # not all ones, so a swap shows
+        lean_llama.projections(lean.model)  # rebuilt after the edit
+        proj = lean_llama.projections(lean.model)[1]
+        want = steps_of(hf, ids)
+        if proj.gemv:
+            n1, w_qkv, w_o, n2, *rest = proj.fused
+            proj.fused = (n2, w_qkv, w_o, n1, *rest)
+        else:
+            a, b = proj.layer.input_layernorm, proj.layer.post_attention_layernorm
+            proj.layer.input_layernorm, proj.layer.post_attention_layernorm = b, a
+        assert not torch.allclose(steps_of(lean, ids)[0], want[0], atol=1e-3)
+        return
     else:
+        monkeypatch.setattr(lean_llama, "whole_layers", lambda *a: None)  # this fault lives stage by stage
         monkeypatch.setattr(proj, "down", lambda a, residual: proj.product(a, proj.w_down))
     got, want = steps_of(lean, ids), steps_of(hf, ids)
     assert not torch.allclose(got[0], want[0], atol=1e-3)

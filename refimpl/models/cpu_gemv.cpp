@@ -26,13 +26,19 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
 }
 
 // Output rows n0 .. n0 + NB of x rows r0 .. r0 + RB.
+// pf: while the block computes from L1, pull pf_per_step cache lines of the next group per k step.
+struct Prefetch { const char *at, *end; int per_step; };
+
 template <int NB, int RB>
-static inline void block(const float* W, const float* x, float* y, const float* add, int K, int N, int n0, int r0) {
+static inline void block(const float* W, const float* x, float* y, const float* add, int K, int N, int n0, int r0,
+                         Prefetch* pf = nullptr) {
     const int K8 = K & ~7;
     __m256 acc[NB][RB];
     for (int i = 0; i < NB; i++)
         for (int j = 0; j < RB; j++) acc[i][j] = _mm256_setzero_ps();
     for (int k = 0; k < K8; k += 8) {
+        if (pf)
+            for (int c = 0; c < pf->per_step && pf->at < pf->end; c++, pf->at += 64) _mm_prefetch(pf->at, _MM_HINT_T0);
         __m256 xv[RB];
         for (int j = 0; j < RB; j++) xv[j] = _mm256_loadu_ps(x + (size_t)(r0 + j) * K + k);
         for (int i = 0; i < NB; i++) {
@@ -59,11 +65,15 @@ static inline void rows8(const float* W, const float* x, float* y, const float* 
         return;
     }
     block<8, 1>(W, x, y, add, K, N, n0, 0);  // the first row streams the 8 weight rows in ...
+    if (R == 1) return;
+    const int passes = 2 * ((R - 1 + 2) / 3), lines = (int)(((size_t)8 * K * 4 + 63) / 64), steps = passes * (K / 8);
+    const char* next = (const char*)(W + (size_t)(n0 + 8) * K);
+    Prefetch pf = {next, n0 + 16 <= N ? next + (size_t)8 * K * 4 : next, steps ? (lines + steps - 1) / steps : 0};
     for (int h = n0; h < n0 + 8; h += 4) {  // ... and the others reuse them from L1, 3 rows a pass
-        int r = 1;
-        for (; r + 3 <= R; r += 3) block<4, 3>(W, x, y, add, K, N, h, r);
-        if (R - r == 2) block<4, 2>(W, x, y, add, K, N, h, r);
-        else if (R - r == 1) block<4, 1>(W, x, y, add, K, N, h, r);
+        int r = 1;                          // (meanwhile the next group's rows are prefetched)
+        for (; r + 3 <= R; r += 3) block<4, 3>(W, x, y, add, K, N, h, r, &pf);
+        if (R - r == 2) block<4, 2>(W, x, y, add, K, N, h, r, &pf);
+        else if (R - r == 1) block<4, 1>(W, x, y, add, K, N, h, r, &pf);
     }
 }
 
@@ -75,4 +85,103 @@ extern "C" void refimpl_gemv(const float* W, const float* x, float* y, const flo
     const int groups = (N + 7) / 8;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N >= 64)
     for (int g = 0; g < groups; g++) rows8(W, x, y, add, R, K, N, 8 * g);
+}
+
+// ---- A whole decoder layer in one parallel region (the lean forward's default on an AVX2 CPU) ----
+// Between two products of a step the threads stay inside one OpenMP region (a barrier, not a
+// fork and join), and the stages that read no weights -- RMSNorm, rotary, the cache write,
+// attention, SwiGLU -- are a few loops instead of ~15 torch calls. Each stage keeps the
+// batch-invariance above: a row's norm, rotation and attention are computed from that row alone,
+// in an order that does not depend on how many rows came with it.
+#include <math.h>
+
+struct Layer {          // mirrored by refimpl/models/cpu_gemv.py (LayerArgs)
+    int B, Q, P, cap;   // batch, new tokens, cached positions, cache capacity
+    int hidden, H, Hkv, D, I, threads, mask_batch, mask_len;  // mask (mask_batch, Q, mask_len) or none
+    float eps, scale;
+    const float *norm1, *w_qkv, *w_o, *norm2, *w_gate_up, *w_down;
+    const float *x, *cos2, *sin2, *mask;   // x (B, Q, hidden); cos2 = [cos, cos], sin2 = [-sin, sin] (B, Q, D)
+    float *out, *keys, *values;            // out (B, Q, hidden); cache buffers (B, Hkv, cap, D)
+    float *h, *t, *o, *gu, *a;             // scratch: (R, hidden), (R, (H + 2 Hkv) D), (R, H D), (R, 2 I), (R, I)
+};
+
+static inline float dot(const float* u, const float* v, int n) {  // the order of block<1, 1>
+    const int n8 = n & ~7;
+    __m256 acc = _mm256_setzero_ps();
+    for (int k = 0; k < n8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(u + k), _mm256_loadu_ps(v + k), acc);
+    float s = hsum(acc);
+    for (int k = n8; k < n; k++) s += u[k] * v[k];
+    return s;
+}
+
+static void rmsnorm_rows(const float* x, const float* w, float* y, int R, int n, float eps) {
+#pragma omp for schedule(static)
+    for (int r = 0; r < R; r++) {  // y = w * (x / sqrt(mean(x^2) + eps)), as LlamaRMSNorm
+        const float* xr = x + (size_t)r * n;
+        const float inv = 1.0f / sqrtf(dot(xr, xr, n) / (float)n + eps);
+        for (int k = 0; k < n; k++) y[(size_t)r * n + k] = w[k] * (xr[k] * inv);
+    }
+}
+
+static void products(const float* W, const float* x, float* y, const float* add, int R, int K, int N) {
+#pragma omp for schedule(static)
+    for (int g = 0; g < (N + 7) / 8; g++) rows8(W, x, y, add, R, K, N, 8 * g);
+}
+
+extern "C" void refimpl_layer(const Layer* L) {
+    const int B = L->B, Q = L->Q, P = L->P, R = B * Q, D = L->D, H = L->H, Hkv = L->Hkv, hd = D / 2;
+    const int width = (H + 2 * Hkv) * D, Lk = P + Q, I = L->I;
+#pragma omp parallel num_threads(L->threads) if (L->threads > 1)
+    {
+        float* p = new float[Lk];  // this thread's attention probabilities
+        float acc[512];            // one head's output (D <= 512, checked by the caller)
+        rmsnorm_rows(L->x, L->norm1, L->h, R, L->hidden, L->eps);
+        products(L->w_qkv, L->h, L->t, nullptr, R, L->hidden, width);
+#pragma omp for schedule(static)
+        for (int i = 0; i < R * (H + 2 * Hkv); i++) {  // rotate q in place, k into the cache; copy v
+            const int r = i / (H + 2 * Hkv), j = i % (H + 2 * Hkv), b = r / Q, q = r % Q;
+            float* src = L->t + (size_t)r * width + (size_t)j * D;
+            if (j >= H + Hkv) {
+                float* dst = L->values + (((size_t)b * Hkv + (j - H - Hkv)) * L->cap + P + q) * D;
+                for (int d = 0; d < D; d++) dst[d] = src[d];
+                continue;
+            }
+            const float *c = L->cos2 + (size_t)r * D, *s = L->sin2 + (size_t)r * D;
+            for (int d = 0; d < D; d++) acc[d] = src[d] * c[d] + src[(d + hd) % D] * s[d];
+            float* dst = j < H ? src : L->keys + (((size_t)b * Hkv + (j - H)) * L->cap + P + q) * D;
+            for (int d = 0; d < D; d++) dst[d] = acc[d];
+        }
+#pragma omp for schedule(static)
+        for (int i = 0; i < B * H * Q; i++) {  // softmax(q k^T * scale + mask) v, one query and head
+            const int b = i / (H * Q), hh = (i / Q) % H, q = i % Q, r = b * Q + q;
+            const float* qv = L->t + (size_t)r * width + (size_t)hh * D;
+            const size_t kv = ((size_t)b * Hkv + hh / (H / Hkv)) * L->cap * D;
+            const float* m = L->mask ? L->mask + ((size_t)(L->mask_batch > 1 ? b : 0) * Q + q) * L->mask_len : nullptr;
+            const int n = m ? Lk : P + q + 1;  // without a mask: causal
+            float top = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < n; j++) {
+                p[j] = dot(qv, L->keys + kv + (size_t)j * D, D) * L->scale + (m ? m[j] : 0.0f);
+                top = p[j] > top ? p[j] : top;
+            }
+            for (int d = 0; d < D; d++) acc[d] = 0.0f;
+            for (int j = 0; j < n; j++) {
+                p[j] = top == -INFINITY ? 0.0f : expf(p[j] - top);
+                sum += p[j];
+                const float* v = L->values + kv + (size_t)j * D;
+                for (int d = 0; d < D; d++) acc[d] += p[j] * v[d];
+            }
+            float* dst = L->o + (size_t)r * H * D + (size_t)hh * D;  // (B, Q, H, D)
+            for (int d = 0; d < D; d++) dst[d] = sum > 0.0f ? acc[d] / sum : 0.0f;
+        }
+        products(L->w_o, L->o, L->out, L->x, R, H * D, L->hidden);  // out = x + o_proj(o)
+        rmsnorm_rows(L->out, L->norm2, L->h, R, L->hidden, L->eps);
+        products(L->w_gate_up, L->h, L->gu, nullptr, R, L->hidden, 2 * I);
+#pragma omp for schedule(static)
+        for (int i = 0; i < R * I; i++) {  // SwiGLU: silu(gate) * up
+            const float g = L->gu[(size_t)(i / I) * 2 * I + i % I], u = L->gu[(size_t)(i / I) * 2 * I + I + i % I];
+            L->a[i] = g / (1.0f + expf(-g)) * u;
+        }
+        products(L->w_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
+        delete[] p;
+    }
 }

@@ -82,6 +82,8 @@ def library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     lib.refimpl_gemv.restype = None
     lib.refimpl_gemv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    lib.refimpl_layer.restype = None
+    lib.refimpl_layer.argtypes = [ctypes.POINTER(LayerArgs)]
     return lib
 
 
@@ -132,3 +134,53 @@ def run(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
     else:
         y.zero_()
     return y
+
+
+class LayerArgs(ctypes.Structure):
+    """The arguments of ``refimpl_layer`` (``struct Layer`` in ``cpu_gemv.cpp``, field for field)."""
+
+    _fields_ = ([(n, ctypes.c_int) for n in ("B", "Q", "P", "cap", "hidden", "H", "Hkv", "D", "I", "threads",
+                                              "mask_batch", "mask_len")]
+                + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+                + [(n, ctypes.c_void_p) for n in ("norm1", "w_qkv", "w_o", "norm2", "w_gate_up", "w_down", "x",
+                                                   "cos2", "sin2", "mask", "out", "keys", "values",
+                                                   "h", "t", "o", "gu", "a")])
+
+
+class LayerStep:
+    """One cached step of a Llama-recipe decoder, a whole layer per kernel call (``refimpl_layer``).
+
+    Built once per step with what every layer shares: B rows of Q new tokens after P cached ones,
+    the rotary tables ``cos2 = [cos, cos]``, ``sin2 = [-sin, sin]`` (B, Q, D), an additive ``mask``
+    (B or 1, Q, P + Q) or None for the causal rule, and scratch buffers. :meth:`layer` then runs
+    RMSNorm, the fused q/k/v product, rotary, the cache write, grouped-query attention, ``o_proj``
+    with the residual, RMSNorm, the fused gate/up product, SwiGLU and ``down_proj`` with the
+    residual -- the math of ``LlamaDecoderLayer`` -- in one OpenMP region. The caller checks the
+    operands (CPU float32, contiguous, ``D <= 512``); :mod:`refimpl.models.lean_llama` does.
+    """
+
+    def __init__(self, B, Q, P, hidden, heads, kv_heads, head_dim, inter, eps, scale, cos2, sin2, mask=None,
+                 threads=None):
+        R, D = B * Q, head_dim
+        self.keep = [cos2, sin2, mask] + [torch.empty(R, n, dtype=torch.float32, device="cpu") for n in
+                                          (hidden, (heads + 2 * kv_heads) * D, heads * D, 2 * inter, inter)]
+        h, t, o, gu, a = self.keep[3:]
+        self.shape = (B, Q, hidden)
+        self.args = LayerArgs(B=B, Q=Q, P=P, hidden=hidden, H=heads, Hkv=kv_heads, D=D, I=inter,
+                              threads=torch.get_num_threads() if threads is None else int(threads),
+                              mask_batch=0 if mask is None else mask.shape[0],
+                              mask_len=0 if mask is None else mask.shape[-1], eps=eps, scale=scale,
+                              cos2=cos2.data_ptr(), sin2=sin2.data_ptr(), mask=None if mask is None else mask.data_ptr(),
+                              h=h.data_ptr(), t=t.data_ptr(), o=o.data_ptr(), gu=gu.data_ptr(), a=a.data_ptr())
+
+    def layer(self, x: torch.Tensor, weights, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """x (B, Q, hidden) -> the layer's output (B, Q, hidden); ``weights`` = (input norm, W_qkv,
+        W_o, post-attention norm, W_gate_up, W_down); the new keys and values are written into the
+        cache buffers ``keys``/``values`` (B, Hkv, capacity, D) at positions P .. P + Q."""
+        out = torch.empty(self.shape, dtype=torch.float32, device="cpu")
+        args = self.args
+        args.norm1, args.w_qkv, args.w_o, args.norm2, args.w_gate_up, args.w_down = (w.data_ptr() for w in weights)
+        args.x, args.out, args.keys, args.values = x.data_ptr(), out.data_ptr(), keys.data_ptr(), values.data_ptr()
+        args.cap = keys.shape[2]
+        library().refimpl_layer(ctypes.byref(args))
+        return out

@@ -101,18 +101,24 @@ class KVCache:
         self.keys = [None if k is None else k[rows] for k in self.keys]
         self.values = [None if v is None else v[rows] for v in self.values]
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v (B, Hkv, Q, D) after the cached ``length`` positions -> (B, Hkv, length + Q, D) views."""
-        P, Q = self.length, k.shape[2]
+    def buffers(self, layer: int, B: int, Hkv: int, Q: int, D: int, like: torch.Tensor):
+        """The layer's key and value buffers (B, Hkv, capacity, D) with room for Q more positions,
+        in ``like``'s dtype and on its device."""
+        P = self.length
         buf_k, buf_v = self.keys[layer], self.values[layer]
-        if buf_k is None or buf_k.shape[2] < P + Q or buf_k.shape[0] != k.shape[0]:
+        if buf_k is None or buf_k.shape[2] < P + Q or buf_k.shape[0] != B:
             cap = max(64, 2 * (P + Q))
-            new_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
-            new_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+            new_k, new_v = like.new_empty(B, Hkv, cap, D), like.new_empty(B, Hkv, cap, D)
             if buf_k is not None and P:
                 new_k[:, :, :P] = buf_k[:, :, :P]
                 new_v[:, :, :P] = buf_v[:, :, :P]
             self.keys[layer], self.values[layer] = buf_k, buf_v = new_k, new_v
+        return buf_k, buf_v
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v (B, Hkv, Q, D) after the cached ``length`` positions -> (B, Hkv, length + Q, D) views."""
+        P, Q = self.length, k.shape[2]
+        buf_k, buf_v = self.buffers(layer, k.shape[0], k.shape[1], Q, k.shape[3], k)
         buf_k[:, :, P:P + Q] = k
         buf_v[:, :, P:P + Q] = v
         return buf_k[:, :, :P + Q], buf_v[:, :, :P + Q]
@@ -133,6 +139,7 @@ class Projections:
         self.layer, self.packed, self.gemv = layer, packed, packed and gemv
         self.sources = (att.q_proj.weight, att.k_proj.weight, att.v_proj.weight, att.o_proj.weight,
                         mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        self.norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         self.version = self.signature()
         if packed:
             q, k, v, o, g, u, d = (w.detach() for w in self.sources)
@@ -141,10 +148,12 @@ class Projections:
             self.w_o = prep(o)
             self.w_gate_up = prep(torch.cat([g, u]))  # (2 I, hidden)
             self.w_down = prep(d)
+            n1, n2 = (w.detach() for w in self.norms)
+            self.fused = (n1, self.w_qkv, self.w_o, n2, self.w_gate_up, self.w_down)  # refimpl_layer's order
 
     def signature(self) -> tuple:
         """Changes when a source weight is moved, cast or edited in place (then rebuild)."""
-        return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in self.sources)
+        return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in self.sources + self.norms)
 
     def product(self, x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
         """``add + x @ W.T`` with a fused matrix ``w``, by the kernel this layer was built for."""
@@ -227,6 +236,25 @@ def _mask(Q: int, P: int, attention_mask: torch.Tensor | None, device, dtype) ->
 NO_PROBE = contextlib.nullcontext()
 
 
+def whole_layers(model, proj: Projections, x, P, cos2, sin2, attention_mask, mask) -> cpu_gemv.LayerStep | None:
+    """A :class:`refimpl.models.cpu_gemv.LayerStep` for this step when the layers' products are
+    cpu_gemv's and the step fits the whole-layer kernel (head size <= 512, a mask of one row per
+    query), else None: the layers then run stage by stage below (also when a ``probe`` times them)."""
+    cfg = model.config
+    (B, Q, hidden), D = x.shape, cos2.shape[-1]
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if not proj.gemv or D > 512 or x.dtype != torch.float32 or H % Hkv:
+        return None
+    if attention_mask is not None:  # None: the kernel applies the causal rule itself
+        if mask.shape[1] != 1 or mask.shape[0] not in (1, B) or mask.shape[2:] != (Q, P + Q):
+            return None
+        mask = mask[:, 0].contiguous()  # (B or 1, Q, P + Q)
+    tables = [t.expand(B, 1, Q, D).reshape(B, Q, D).contiguous() for t in (cos2, sin2)]
+    return cpu_gemv.LayerStep(B, Q, P, hidden, H, Hkv, D, cfg.intermediate_size, cfg.rms_norm_eps,
+                              model.model.layers[0].self_attn.scaling, *tables,
+                              mask=None if attention_mask is None else mask)
+
+
 def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
     """:func:`refimpl.diffusion_lm.apply_rope` in four calls instead of eight, with the same bits:
     x (B, h, Q, D) with ``cos2 = [cos, cos]`` and ``sin2 = [-sin, sin]`` (B, 1, Q, D) gives
@@ -275,11 +303,15 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
         cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
     mask = _mask(Q, P, attention_mask, x.device, x.dtype)
     scale = inner.layers[0].self_attn.scaling
+    step = None if probe else whole_layers(model, layers[0], x, P, cos2, sin2, attention_mask, mask)
     streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
     for li, proj in enumerate(layers):
         layer = proj.layer
         if li in taps:
             streams[li] = x
+        if step is not None:  # the whole layer in one kernel call
+            x = step.layer(x, proj.fused, *cache.buffers(li, B, Hkv, Q, D, x))
+            continue
         with stage("norm"):
             h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
         with stage("qkv"):
