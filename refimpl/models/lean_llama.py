@@ -21,6 +21,11 @@ Two costs sit on top of the arithmetic of a decode step, and this module removes
   Hugging Face's (logits within ~1e-6 relative, the same greedy text); elsewhere, or with
   ``REFIMPL_GEMV=0``, they are oneDNN's (with its binary ``add`` post-op), and every output
   element is then the same dot product as Hugging Face's, bit for bit (checked in the tests).
+- **The stages between the products.** With cpu_gemv's products a whole layer runs in one kernel
+  call (:func:`whole_layers`, :class:`refimpl.models.cpu_gemv.LayerStep`): norms, rotary, the cache
+  write, attention and SwiGLU as loops in the same OpenMP region as the products, where stage by
+  stage they are ~15 torch calls a layer and a thread fork/join per product. A ``probe`` (the
+  latency suite's timer) needs stage boundaries, so it gets the stage-by-stage path (the same math).
 
 The math is ``LlamaForCausalLM``'s: RMSNorm, rotary position embedding (Su et al., arXiv
 2104.09864, eq. 34; applied to q and k in one call), grouped-query attention (Ainslie et al.,
@@ -38,8 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +51,7 @@ from ..drafts import TrimmedLM
 from ..lm import LM, as_token_batch, check_taps
 from . import cpu_gemv
 from .cpu_linear import PrepackedLinear, pack_weight, packed_linear
+from .kv_cache import CacheLayer, KVCache  # noqa: F401  (lean_llama.KVCache: the chapters' name for it)
 
 
 def supports(model) -> bool:
@@ -60,68 +64,6 @@ def supports(model) -> bool:
     return (getattr(cfg, "model_type", None) == "llama" and rope.get("rope_type", "default") == "default"
             and not getattr(cfg, "attention_bias", False) and not getattr(cfg, "mlp_bias", False)
             and getattr(cfg, "hidden_act", None) == "silu")
-
-
-class CacheLayer(NamedTuple):
-    """One layer's cached keys and values (B, Hkv, length, D): views into :class:`KVCache`'s buffers."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-class KVCache:
-    """Keys and values of every layer in preallocated buffers (B, Hkv, capacity, D).
-
-    Appending writes into the buffer (capacity doubles when full) instead of concatenating; the
-    methods decoders use on a Hugging Face ``DynamicCache`` -- ``get_seq_length()``,
-    ``crop(-n)``, ``batch_select_indices(rows)``, ``layers[i].keys`` -- behave the same.
-    """
-
-    def __init__(self, num_layers: int):
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
-        self.length = 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
-
-    @property
-    def layers(self) -> list[CacheLayer]:
-        """Per layer, views of the first ``length`` cached positions (writes go to the buffers)."""
-        return [CacheLayer(k[:, :, :self.length], v[:, :, :self.length])
-                for k, v in zip(self.keys, self.values) if k is not None]
-
-    def crop(self, n: int) -> None:
-        """Drop the last ``-n`` positions (``n`` <= 0, as transformers 5's ``DynamicCache.crop``)."""
-        if n > 0:
-            raise ValueError(f"crop takes a negative count of positions to drop, got n={n}")
-        self.length = max(0, self.length + n)
-
-    def batch_select_indices(self, rows: torch.Tensor) -> None:
-        self.keys = [None if k is None else k[rows] for k in self.keys]
-        self.values = [None if v is None else v[rows] for v in self.values]
-
-    def buffers(self, layer: int, B: int, Hkv: int, Q: int, D: int, like: torch.Tensor):
-        """The layer's key and value buffers (B, Hkv, capacity, D) with room for Q more positions,
-        in ``like``'s dtype and on its device."""
-        P = self.length
-        buf_k, buf_v = self.keys[layer], self.values[layer]
-        if buf_k is None or buf_k.shape[2] < P + Q or buf_k.shape[0] != B:
-            cap = max(64, 2 * (P + Q))
-            new_k, new_v = like.new_empty(B, Hkv, cap, D), like.new_empty(B, Hkv, cap, D)
-            if buf_k is not None and P:
-                new_k[:, :, :P] = buf_k[:, :, :P]
-                new_v[:, :, :P] = buf_v[:, :, :P]
-            self.keys[layer], self.values[layer] = buf_k, buf_v = new_k, new_v
-        return buf_k, buf_v
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v (B, Hkv, Q, D) after the cached ``length`` positions -> (B, Hkv, length + Q, D) views."""
-        P, Q = self.length, k.shape[2]
-        buf_k, buf_v = self.buffers(layer, k.shape[0], k.shape[1], Q, k.shape[3], k)
-        buf_k[:, :, P:P + Q] = k
-        buf_v[:, :, P:P + Q] = v
-        return buf_k[:, :, :P + Q], buf_v[:, :, :P + Q]
 
 
 class Projections:
