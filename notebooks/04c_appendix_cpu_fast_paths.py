@@ -482,6 +482,45 @@ if SHOW_SOLUTIONS:
     show("04c", "predicted_step_ms")
 
 # %% [markdown]
+# ### The whole layer in one call
+# The breakdown has a second cost besides reading: ~15 tensor operations per layer that read no
+# weights (norms, rotary, the cache write, attention, SwiGLU), each a dispatch of a few
+# microseconds, and a fork and join of the threads around every product. `cpu_gemv.LayerStep`
+# runs a whole decoder layer as one kernel call: the threads enter one OpenMP region, meet at a
+# barrier between stages, and those stages are plain loops over the step's rows. Each keeps the
+# batch-invariance of the products (a query's scores, softmax and weighted sum in one fixed
+# order), so a block of 5 tokens still gets, bit for bit, the logits of 5 one-token steps. It is
+# `lean_llama.forward`'s default where `cpu_gemv` builds; a `probe` gets the stage-by-stage path.
+
+# %%
+import statistics, time
+
+
+def step_ms(probe, k=1):
+    """Median ms of a k-token step after the rest of ``ids``, through the default or a probed forward."""
+    cache = fast_target.new_cache()
+    lean_llama.forward(fast_target.model, ids[:, :-k], cache)
+    times = []
+    for _ in range(max(REPEATS, 5)):
+        t0 = time.perf_counter()
+        lean_llama.forward(fast_target.model, ids[:, -k:], cache, probe=probe)
+        times.append(1e3 * (time.perf_counter() - t0))
+        cache.crop(-k)
+    return statistics.median(times)
+
+
+if cpu_gemv.available():
+    n, c1, c2 = ids.shape[1], fast_target.new_cache(), fast_target.new_cache()
+    fast_target.forward(ids[:, :n - 5], c1)
+    fast_target.forward(ids[:, :n - 5], c2)
+    block = fast_target.forward(ids[:, n - 5:], c1)[0]                  # one step of 5 tokens
+    steps = torch.cat([fast_target.forward(ids[:, i:i + 1], c2)[0] for i in range(n - 5, n)], 1)
+    assert torch.equal(block, steps)
+    staged = lambda name: lean_llama.NO_PROBE                         # a probe that times nothing
+    print(f"a block of 5 == 5 one-token steps, bit for bit; one-token step: whole layers "
+          f"{step_ms(None):.2f} ms, stage by stage {step_ms(staged):.2f} ms")
+
+# %% [markdown]
 # ### SmolLM2-135M on the machine that built this course
 # `python -m refimpl.bench --suite latency --model smollm2-135m --threads 2` measures the floor,
 # latency(k) and the same weights through Hugging Face's forward, interleaved in one loop, and
@@ -498,13 +537,13 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
       f"stages that read no weights: {rest:.1f} ms; Hugging Face's forward {saved['hf_step_ms']['1']:.1f} ms")
 
 # %% [markdown]
-# What the picture says. With oneDNN the matrix products read at 7-14 GB/s where a plain sum
-# reads at 17-27: one library call per matrix, each a few MB, restarting the memory stream and
-# waking the second thread every time. The hand-written products read at 12-19 GB/s in a step.
-# The tensor operations between them (norms, rotary, attention: ~15 per layer, each a few
-# microseconds of dispatch) still add ~10 ms that read no weights at all. What is left would take
-# writing the whole layer as one kernel (what llama.cpp and vLLM's CPU backend do), or reading
-# fewer bytes: SmolLM2's weights came to us as a
+# What the picture says. The bars time the step stage by stage: the matrix products read at
+# 11-17 GB/s where a plain sum reads at ~19-28 (the machine drifts), and the tensor operations
+# between them (norms, rotary, attention: ~15 per layer, each a few microseconds of dispatch) add
+# ~10 ms that read no weights. The black tick is the default step, each layer one kernel call: those
+# ~10 ms and a thread fork/join per product are gone, and it lands near 1.4-1.5x the floor. What is
+# left is the kernel's own streaming (~0.8 of what the sum reads) and the LM head, 113 MB in a call
+# of its own. Reading fewer bytes would move the floor itself: SmolLM2's weights came to us as a
 # 4.5-bit GGUF, so an int4 kernel could read 7x less -- but torch's CPU int4 product
 # (`_weight_int4pack_mm_for_cpu`) with fp32 activations ran 8x *slower* here than the fp32 one.
 
@@ -517,8 +556,9 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
 #   the same math with the same logits in less time (`lean_llama`, used by the zoo's SmolLM2 draft).
 # - A target's step is paced by reading its weights: fusing the products that share an input (q/k/v,
 #   gate/up) and folding the residual adds into them cuts the calls per layer from 9 to 4 without
-#   moving a bit, and products written for 1-16 rows (`cpu_gemv`, batch-invariant) read the
-#   weights faster than oneDNN (`lean_llama.LeanLM`, `models.load`'s default
+#   moving a bit, products written for 1-16 rows (`cpu_gemv`, batch-invariant) read the
+#   weights faster than oneDNN, and a whole layer in one kernel call drops the ~15 small operations
+#   per layer between them (`lean_llama.LeanLM`, `models.load`'s default
 #   for prepacked targets). The floor is bytes / bandwidth; `--suite latency` shows how far a step
 #   is from it and which stage is why.
 # - None of this changes a single output token: they only move `v` and `c` in `tau / (v + gamma·c)`.

@@ -195,9 +195,10 @@ def markdown(result: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def stages_bar(ax, breakdowns: list[dict], floor_ms: float | None = None) -> None:
+def stages_bar(ax, breakdowns: list[dict], floor_ms: float | None = None, steps_ms: list | None = None) -> None:
     """One stacked bar per :func:`breakdown` (its stages in :data:`STAGES` order) on ``ax``, with
-    the floor as a red line when given."""
+    the floor as a red line when given, and ``steps_ms`` (one per bar: the default forward's step,
+    e.g. the whole-layer kernel's, which the stage timer cannot split) as black ticks."""
     import matplotlib.pyplot as plt
 
     for y, br in enumerate(breakdowns):
@@ -207,6 +208,8 @@ def stages_bar(ax, breakdowns: list[dict], floor_ms: float | None = None) -> Non
             left += br["stages"][s]
     if floor_ms is not None:
         ax.axvline(floor_ms, color="tab:red", ls="--")
+    for y, ms in enumerate(steps_ms or []):
+        ax.plot([ms, ms], [y - 0.45, y + 0.45], color="black", lw=2.5, label="default step" if y == 0 else None)
     ax.set_yticks(range(len(breakdowns)), [f"k={br['k']}" for br in breakdowns])
     ax.set_xlabel("ms" + ("" if floor_ms is None else " (red: the floor)"))
     ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
@@ -233,8 +236,10 @@ def figure(result: dict, rows: list[dict], path: str | None = None):
     a.set_title("latency(k) against the memory floor")
     a.legend(fontsize=7)
     if result.get("breakdown"):
-        stages_bar(b, result["breakdown"], result["floor_ms"])
-        b.set_title("where one step goes")
+        by_k = {r["k"]: r["ms"] for r in rows}
+        steps = [by_k.get(br["k"]) for br in result["breakdown"]]
+        stages_bar(b, result["breakdown"], result["floor_ms"], steps if None not in steps else None)
+        b.set_title("where one step goes, stage by stage (black: the default step)")
     fig.tight_layout()
     if path is None:
         return fig
