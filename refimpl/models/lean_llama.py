@@ -94,8 +94,9 @@ class Projections:
             self.fused = (n1, self.w_qkv, self.w_o, n2, self.w_gate_up, self.w_down)  # refimpl_layer's order
 
     def signature(self) -> tuple:
-        """Changes when a source weight is moved, cast or edited in place (then rebuild)."""
-        return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in self.sources + self.norms)
+        """Changes when a source weight is moved or cast (new storage) or edited in place (its version
+        counter): then the fused copies are rebuilt. Checked at every step, so kept to two numbers a weight."""
+        return tuple((w.data_ptr(), w._version) for w in self.sources + self.norms)
 
     def product(self, x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
         """``add + x @ W.T`` with a fused matrix ``w``, by the kernel this layer was built for."""
