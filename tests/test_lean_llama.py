@@ -273,7 +273,7 @@ def test_whole_layer_kernel_scores_a_block_as_its_tokens_one_by_one(mask):
 
 def test_stage_by_stage_and_whole_layer_paths_agree():
     """A ``probe`` (the latency suite's timer) runs the layers stage by stage; the same step through
-    the whole-layer kernel gives the same logits within 1e-5."""
+    the whole-layer kernel gives the same logits and residual streams (``taps``) within 1e-5."""
     lean, _ = lean_and_hf(small_llama())
     ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(10))
     seen = set()
@@ -284,9 +284,11 @@ def test_stage_by_stage_and_whole_layer_paths_agree():
 
     c1, c2 = lean.new_cache(), lean.new_cache()
     for a, b in ((0, 7), (7, 8), (8, 12)):
-        fused, _ = lean_llama.forward(lean.model, ids[:, a:b], c1)
-        staged, _ = lean_llama.forward(lean.model, ids[:, a:b], c2, probe=probe)
+        fused, taps = lean_llama.forward(lean.model, ids[:, a:b], c1, taps=(0, 1, 2))
+        staged, taps_staged = lean_llama.forward(lean.model, ids[:, a:b], c2, probe=probe, taps=(0, 1, 2))
         torch.testing.assert_close(fused, staged, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(taps, taps_staged, atol=1e-5, rtol=1e-5)  # every layer's residual stream
+        assert taps.shape == (2, b - a, 3 * 48)
     assert {"qkv", "attention", "swiglu", "down"} <= seen
 
 

@@ -89,7 +89,7 @@ extern "C" void refimpl_gemv(const float* W, const float* x, float* y, const flo
     for (int g = 0; g < groups; g++) rows8(W, x, y, add, R, K, N, 8 * g);
 }
 
-// ---- A whole decoder layer in one parallel region (the lean forward's default on an AVX2 CPU) ----
+// ---- Whole decoder layers in one parallel region (the lean forward's default on an AVX2 CPU) ----
 // Between two products of a step the threads stay inside one OpenMP region (a barrier, not a
 // fork and join), and the stages that read no weights -- RMSNorm, rotary, the cache write,
 // attention, SwiGLU -- are a few loops instead of ~15 torch calls. Each stage keeps the
@@ -130,13 +130,13 @@ static void products(const float* W, const float* x, float* y, const float* add,
     for (int g = 0; g < (N + 7) / 8; g++) rows8(W, x, y, add, R, K, N, 8 * g);
 }
 
-extern "C" void refimpl_layer(const Layer* L) {
+// One layer, run by every thread of the region: each stage is a worksharing loop whose implicit
+// barrier makes its output visible to the next. p: this thread's attention probabilities (P + Q).
+static void layer_body(const Layer* L, float* p) {
     const int B = L->B, Q = L->Q, P = L->P, R = B * Q, D = L->D, H = L->H, Hkv = L->Hkv, hd = D / 2;
     const int width = (H + 2 * Hkv) * D, Lk = P + Q, I = L->I;
-#pragma omp parallel num_threads(L->threads) if (L->threads > 1)
     {
-        float* p = new float[Lk];  // this thread's attention probabilities
-        float acc[512];            // one head's output (D <= 512, checked by the caller)
+        float acc[512];  // one head's output (D <= 512, checked by the caller)
         rmsnorm_rows(L->x, L->norm1, L->h, R, L->hidden, L->eps);
         products(L->w_qkv, L->h, L->t, nullptr, R, L->hidden, width);
 #pragma omp for schedule(static)
@@ -184,6 +184,16 @@ extern "C" void refimpl_layer(const Layer* L) {
             L->a[i] = g / (1.0f + expf(-g)) * u;
         }
         products(L->w_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
+    }
+}
+
+// `count` layers in a row (each one's out is the next one's x) in one OpenMP region: between two
+// layers, as between two stages, the threads meet at a barrier instead of a join and a fork.
+extern "C" void refimpl_layers(const Layer* layers, int count) {
+#pragma omp parallel num_threads(layers[0].threads) if (layers[0].threads > 1)
+    {
+        float* p = new float[layers[0].P + layers[0].Q];
+        for (int l = 0; l < count; l++) layer_body(layers + l, p);
         delete[] p;
     }
 }

@@ -11,13 +11,13 @@ contiguous share of the matrix. Measured over SmolLM2's 121 matrices in a row (c
 threads, a ``sum`` reading 20.8 GB/s): 1 row 32 ms against oneDNN's 47, 5 rows 41 against 59, 16
 rows 50 against 65; ``python -m refimpl.bench --suite latency`` measures your machine.
 
-:class:`LayerStep` runs a whole Llama decoder layer in one call (``refimpl_layer``, ~100 more
-lines): RMSNorm, the fused q/k/v product, rotary, the cache write, grouped-query attention,
+:class:`LayerStep` runs all the decoder layers of a Llama step in one call (``refimpl_layers``,
+~100 more lines), each layer: RMSNorm, the fused q/k/v product, rotary, the cache write, grouped-query attention,
 ``o_proj`` with the residual, RMSNorm, the fused gate/up product, SwiGLU and ``down_proj`` with
 the residual, inside one OpenMP region. A stage-by-stage step pays a thread fork and join per
 product and ~15 torch calls per layer for the stages that read no weights (~11 ms of a ~40 ms
 SmolLM2 step on the course machine); in one region the threads meet at a barrier between stages
-and those stages are plain loops. It is what :func:`refimpl.models.lean_llama.forward` runs by
+and between layers, and those stages are plain loops. It is what :func:`refimpl.models.lean_llama.forward` runs by
 default where the kernel builds (a one-token SmolLM2 step ~30 ms instead of ~41, same machine).
 
 The products are *batch-invariant*: every output element is the same sequence of float operations
@@ -92,8 +92,8 @@ def library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     lib.refimpl_gemv.restype = None
     lib.refimpl_gemv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    lib.refimpl_layer.restype = None
-    lib.refimpl_layer.argtypes = [ctypes.POINTER(LayerArgs)]
+    lib.refimpl_layers.restype = None
+    lib.refimpl_layers.argtypes = [ctypes.POINTER(LayerArgs), ctypes.c_int]
     return lib
 
 
@@ -147,7 +147,7 @@ def run(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
 
 
 class LayerArgs(ctypes.Structure):
-    """The arguments of ``refimpl_layer`` (``struct Layer`` in ``cpu_gemv.cpp``, field for field)."""
+    """The arguments of one layer of ``refimpl_layers`` (``struct Layer`` in ``cpu_gemv.cpp``, field for field)."""
 
     _fields_ = ([(n, ctypes.c_int) for n in ("B", "Q", "P", "cap", "hidden", "H", "Hkv", "D", "I", "threads",
                                               "mask_batch", "mask_len")]
@@ -158,11 +158,11 @@ class LayerArgs(ctypes.Structure):
 
 
 class LayerStep:
-    """One cached step of a Llama-recipe decoder, a whole layer per kernel call (``refimpl_layer``).
+    """One cached step of a Llama-recipe decoder, all its layers in one kernel call (``refimpl_layers``).
 
     Built once per step with what every layer shares: B rows of Q new tokens after P cached ones,
     the rotary tables ``cos2 = [cos, cos]``, ``sin2 = [-sin, sin]`` (B, Q, D), an additive ``mask``
-    (B or 1, Q, P + Q) or None for the causal rule, and scratch buffers. :meth:`layer` then runs
+    (B or 1, Q, P + Q) or None for the causal rule, and scratch buffers. :meth:`run` then runs, per layer,
     RMSNorm, the fused q/k/v product, rotary, the cache write, grouped-query attention, ``o_proj``
     with the residual, RMSNorm, the fused gate/up product, SwiGLU and ``down_proj`` with the
     residual -- the math of ``LlamaDecoderLayer`` -- in one OpenMP region. The caller checks the
@@ -183,14 +183,19 @@ class LayerStep:
                               cos2=cos2.data_ptr(), sin2=sin2.data_ptr(), mask=None if mask is None else mask.data_ptr(),
                               h=h.data_ptr(), t=t.data_ptr(), o=o.data_ptr(), gu=gu.data_ptr(), a=a.data_ptr())
 
-    def layer(self, x: torch.Tensor, weights, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """x (B, Q, hidden) -> the layer's output (B, Q, hidden); ``weights`` = (input norm, W_qkv,
-        W_o, post-attention norm, W_gate_up, W_down); the new keys and values are written into the
-        cache buffers ``keys``/``values`` (B, Hkv, capacity, D) at positions P .. P + Q."""
-        out = torch.empty(self.shape, dtype=torch.float32, device="cpu")
-        args = self.args
-        args.norm1, args.w_qkv, args.w_o, args.norm2, args.w_gate_up, args.w_down = (w.data_ptr() for w in weights)
-        args.x, args.out, args.keys, args.values = x.data_ptr(), out.data_ptr(), keys.data_ptr(), values.data_ptr()
-        args.cap = keys.shape[2]
-        library().refimpl_layer(ctypes.byref(args))
-        return out
+    def run(self, x: torch.Tensor, weights: list, caches: list) -> torch.Tensor:
+        """x (B, Q, hidden) through ``len(weights)`` layers in one kernel call -> every layer's output
+        (layers, B, Q, hidden). ``weights[i]`` = layer i's (input norm, W_qkv, W_o, post-attention
+        norm, W_gate_up, W_down); ``caches[i]`` = its key and value buffers (B, Hkv, capacity, D),
+        where the new keys and values are written at positions P .. P + Q."""
+        n = len(weights)
+        outs = torch.empty(n, *self.shape, dtype=torch.float32, device="cpu")
+        layers = (LayerArgs * n)()
+        for i, (w, (keys, values)) in enumerate(zip(weights, caches)):
+            layers[i] = self.args  # a copy of the shared fields
+            a = layers[i]
+            a.norm1, a.w_qkv, a.w_o, a.norm2, a.w_gate_up, a.w_down = (t.data_ptr() for t in w)
+            a.x = (x if i == 0 else outs[i - 1]).data_ptr()
+            a.out, a.keys, a.values, a.cap = outs[i].data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2]
+        library().refimpl_layers(layers, n)
+        return outs

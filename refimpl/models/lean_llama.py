@@ -21,8 +21,8 @@ Two costs sit on top of the arithmetic of a decode step, and this module removes
   Hugging Face's (logits within ~1e-6 relative, the same greedy text); elsewhere, or with
   ``REFIMPL_GEMV=0``, they are oneDNN's (with its binary ``add`` post-op), and every output
   element is then the same dot product as Hugging Face's, bit for bit (checked in the tests).
-- **The stages between the products.** With cpu_gemv's products a whole layer runs in one kernel
-  call (:func:`whole_layers`, :class:`refimpl.models.cpu_gemv.LayerStep`): norms, rotary, the cache
+- **The stages between the products.** With cpu_gemv's products all the layers of a step run in
+  one kernel call (:func:`whole_layers`, :class:`refimpl.models.cpu_gemv.LayerStep`): norms, rotary, the cache
   write, attention and SwiGLU as loops in the same OpenMP region as the products, where stage by
   stage they are ~15 torch calls a layer and a thread fork/join per product. A ``probe`` (the
   latency suite's timer) needs stage boundaries, so it gets the stage-by-stage path (the same math).
@@ -91,7 +91,7 @@ class Projections:
             self.w_gate_up = prep(torch.cat([g, u]))  # (2 I, hidden)
             self.w_down = prep(d)
             n1, n2 = (w.detach() for w in self.norms)
-            self.fused = (n1, self.w_qkv, self.w_o, n2, self.w_gate_up, self.w_down)  # refimpl_layer's order
+            self.fused = (n1, self.w_qkv, self.w_o, n2, self.w_gate_up, self.w_down)  # refimpl_layers' order
 
     def signature(self) -> tuple:
         """Changes when a source weight is moved or cast (new storage) or edited in place (its version
@@ -248,13 +248,14 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
     scale = inner.layers[0].self_attn.scaling
     step = None if probe else whole_layers(model, layers[0], x, P, cos2, sin2, attention_mask, mask)
     streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
-    for li, proj in enumerate(layers):
+    if step is not None:  # every layer in one kernel call -> each one's output (layers, B, Q, hidden)
+        outs = step.run(x, [p.fused for p in layers], [cache.buffers(li, B, Hkv, Q, D, x) for li in range(len(layers))])
+        streams = {li: x if li == 0 else outs[li - 1] for li in taps if li < len(layers)}
+        x = outs[-1]
+    for li, proj in enumerate(layers if step is None else ()):
         layer = proj.layer
         if li in taps:
             streams[li] = x
-        if step is not None:  # the whole layer in one kernel call
-            x = step.layer(x, proj.fused, *cache.buffers(li, B, Hkv, Q, D, x))
-            continue
         with stage("norm"):
             h = norm(x, layer.input_layernorm.weight, eps)  # (B, Q, hidden)
         with stage("qkv"):
