@@ -486,8 +486,9 @@ if SHOW_SOLUTIONS:
 # The breakdown has a second cost besides reading: ~15 tensor operations per layer that read no
 # weights (norms, rotary, the cache write, attention, SwiGLU), each a dispatch of a few
 # microseconds, and a fork and join of the threads around every product. `cpu_gemv.LayerStep`
-# runs a whole decoder layer as one kernel call: the threads enter one OpenMP region, meet at a
-# barrier between stages, and those stages are plain loops over the step's rows. Each keeps the
+# runs whole decoder layers -- all of a step's layers in one kernel call: the threads enter one
+# OpenMP region, meet at a barrier between stages and between layers, and the stages that read no
+# weights are plain loops over the step's rows. Each keeps the
 # batch-invariance of the products (a query's scores, softmax and weighted sum in one fixed
 # order), so a block of 5 tokens still gets, bit for bit, the logits of 5 one-token steps. It is
 # `lean_llama.forward`'s default where `cpu_gemv` builds; a `probe` gets the stage-by-stage path.
@@ -540,7 +541,7 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
 # What the picture says. The bars time the step stage by stage: the matrix products read at
 # 11-17 GB/s where a plain sum reads at ~19-28 (the machine drifts), and the tensor operations
 # between them (norms, rotary, attention: ~15 per layer, each a few microseconds of dispatch) add
-# ~10 ms that read no weights. The black tick is the default step, each layer one kernel call: those
+# ~10 ms that read no weights. The black tick is the default step, all layers in one kernel call: those
 # ~10 ms and a thread fork/join per product are gone, and it lands near 1.4-1.5x the floor. What is
 # left is the kernel's own streaming (~0.8 of what the sum reads) and the LM head, 113 MB in a call
 # of its own. Reading fewer bytes would move the floor itself: SmolLM2's weights came to us as a
