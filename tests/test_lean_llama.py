@@ -268,7 +268,7 @@ def test_whole_layer_kernel_scores_a_block_as_its_tokens_one_by_one(mask):
     block, one_by_one = run([0, 8, 13, 14]), run([0, 8] + list(range(9, 15)))
     assert torch.equal(block[:, 8:], one_by_one[:, 8:])
     assert lean_llama.whole_layers(lean.model, lean_llama.projections(lean.model)[0], torch.zeros(2, 5, 48), 8,
-                                   torch.zeros(2, 1, 5, 12), torch.zeros(2, 1, 5, 12), None, None) is not None
+                                   torch.zeros(2, 1, 5, 12), torch.zeros(2, 1, 5, 12), None) is not None
 
 
 def test_stage_by_stage_and_whole_layer_paths_agree():

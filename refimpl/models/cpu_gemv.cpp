@@ -27,9 +27,10 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehl_ps(odd, pair)));
 }
 
-// Output rows n0 .. n0 + NB of x rows r0 .. r0 + RB.
-// pf: while the block computes from L1, pull pf_per_step cache lines of the next group per k step.
+// While a block computes from L1, it pulls per_step cache lines of the next group per k step.
 struct Prefetch { const char *at, *end; int per_step; };
+
+// Output rows n0 .. n0 + NB of x rows r0 .. r0 + RB (pf: the prefetch to interleave, if any).
 
 template <int NB, int RB>
 static inline void block(const float* W, const float* x, float* y, const float* add, int K, int N, int n0, int r0,
@@ -79,14 +80,19 @@ static inline void rows8(const float* W, const float* x, float* y, const float* 
     }
 }
 
+// Every product's 8-row groups, split over the threads of the enclosing region (static schedule).
+static void products(const float* W, const float* x, float* y, const float* add, int R, int K, int N) {
+#pragma omp for schedule(static)
+    for (int g = 0; g < (N + 7) / 8; g++) rows8(W, x, y, add, R, K, N, 8 * g);
+}
+
 // The threads are torch's own (OpenMP, the same runtime torch loaded): one pool for every
 // operation of a step, so a thread that just ran torch's softmax is the one that runs the next
 // product, and no two pools fight for the two cores.
 extern "C" void refimpl_gemv(const float* W, const float* x, float* y, const float* add,
                              int R, int K, int N, int threads) {
-    const int groups = (N + 7) / 8;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N >= 64)
-    for (int g = 0; g < groups; g++) rows8(W, x, y, add, R, K, N, 8 * g);
+#pragma omp parallel num_threads(threads) if (threads > 1 && N >= 64)
+    products(W, x, y, add, R, K, N);
 }
 
 // ---- Whole decoder layers in one parallel region (the lean forward's default on an AVX2 CPU) ----
@@ -125,66 +131,59 @@ static void rmsnorm_rows(const float* x, const float* w, float* y, int R, int n,
     }
 }
 
-static void products(const float* W, const float* x, float* y, const float* add, int R, int K, int N) {
-#pragma omp for schedule(static)
-    for (int g = 0; g < (N + 7) / 8; g++) rows8(W, x, y, add, R, K, N, 8 * g);
-}
-
 // One layer, run by every thread of the region: each stage is a worksharing loop whose implicit
 // barrier makes its output visible to the next. p: this thread's attention probabilities (P + Q).
 static void layer_body(const Layer* L, float* p) {
     const int B = L->B, Q = L->Q, P = L->P, R = B * Q, D = L->D, H = L->H, Hkv = L->Hkv, hd = D / 2;
     const int width = (H + 2 * Hkv) * D, Lk = P + Q, I = L->I;
-    {
-        float acc[512];  // one head's output (D <= 512, checked by the caller)
-        rmsnorm_rows(L->x, L->norm1, L->h, R, L->hidden, L->eps);
-        products(L->w_qkv, L->h, L->t, nullptr, R, L->hidden, width);
+    float acc[512];  // one head's output (D <= 512, checked by the caller)
+    rmsnorm_rows(L->x, L->norm1, L->h, R, L->hidden, L->eps);
+    products(L->w_qkv, L->h, L->t, nullptr, R, L->hidden, width);
 #pragma omp for schedule(static)
-        for (int i = 0; i < R * (H + 2 * Hkv); i++) {  // rotate q in place, k into the cache; copy v
-            const int r = i / (H + 2 * Hkv), j = i % (H + 2 * Hkv), b = r / Q, q = r % Q;
-            float* src = L->t + (size_t)r * width + (size_t)j * D;
-            if (j >= H + Hkv) {
-                float* dst = L->values + (((size_t)b * Hkv + (j - H - Hkv)) * L->cap + P + q) * D;
-                for (int d = 0; d < D; d++) dst[d] = src[d];
-                continue;
-            }
-            const float *c = L->cos2 + (size_t)r * D, *s = L->sin2 + (size_t)r * D;
-            for (int d = 0; d < D; d++) acc[d] = src[d] * c[d] + src[(d + hd) % D] * s[d];
-            float* dst = j < H ? src : L->keys + (((size_t)b * Hkv + (j - H)) * L->cap + P + q) * D;
-            for (int d = 0; d < D; d++) dst[d] = acc[d];
+    for (int i = 0; i < R * (H + 2 * Hkv); i++) {  // rotate q in place, k into the cache; copy v
+        const int r = i / (H + 2 * Hkv), j = i % (H + 2 * Hkv), b = r / Q, q = r % Q;
+        float* src = L->t + (size_t)r * width + (size_t)j * D;
+        if (j >= H + Hkv) {
+            float* dst = L->values + (((size_t)b * Hkv + (j - H - Hkv)) * L->cap + P + q) * D;
+            for (int d = 0; d < D; d++) dst[d] = src[d];
+            continue;
         }
-#pragma omp for schedule(static)
-        for (int i = 0; i < B * H * Q; i++) {  // softmax(q k^T * scale + mask) v, one query and head
-            const int b = i / (H * Q), hh = (i / Q) % H, q = i % Q, r = b * Q + q;
-            const float* qv = L->t + (size_t)r * width + (size_t)hh * D;
-            const size_t kv = ((size_t)b * Hkv + hh / (H / Hkv)) * L->cap * D;
-            const float* m = L->mask ? L->mask + ((size_t)(L->mask_batch > 1 ? b : 0) * Q + q) * L->mask_len : nullptr;
-            const int n = m ? Lk : P + q + 1;  // without a mask: causal
-            float top = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < n; j++) {
-                p[j] = dot(qv, L->keys + kv + (size_t)j * D, D) * L->scale + (m ? m[j] : 0.0f);
-                top = p[j] > top ? p[j] : top;
-            }
-            for (int d = 0; d < D; d++) acc[d] = 0.0f;
-            for (int j = 0; j < n; j++) {
-                p[j] = top == -INFINITY ? 0.0f : expf(p[j] - top);
-                sum += p[j];
-                const float* v = L->values + kv + (size_t)j * D;
-                for (int d = 0; d < D; d++) acc[d] += p[j] * v[d];
-            }
-            float* dst = L->o + (size_t)r * H * D + (size_t)hh * D;  // (B, Q, H, D)
-            for (int d = 0; d < D; d++) dst[d] = sum > 0.0f ? acc[d] / sum : 0.0f;
-        }
-        products(L->w_o, L->o, L->out, L->x, R, H * D, L->hidden);  // out = x + o_proj(o)
-        rmsnorm_rows(L->out, L->norm2, L->h, R, L->hidden, L->eps);
-        products(L->w_gate_up, L->h, L->gu, nullptr, R, L->hidden, 2 * I);
-#pragma omp for schedule(static)
-        for (int i = 0; i < R * I; i++) {  // SwiGLU: silu(gate) * up
-            const float g = L->gu[(size_t)(i / I) * 2 * I + i % I], u = L->gu[(size_t)(i / I) * 2 * I + I + i % I];
-            L->a[i] = g / (1.0f + expf(-g)) * u;
-        }
-        products(L->w_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
+        const float *c = L->cos2 + (size_t)r * D, *s = L->sin2 + (size_t)r * D;
+        for (int d = 0; d < D; d++) acc[d] = src[d] * c[d] + src[(d + hd) % D] * s[d];
+        float* dst = j < H ? src : L->keys + (((size_t)b * Hkv + (j - H)) * L->cap + P + q) * D;
+        for (int d = 0; d < D; d++) dst[d] = acc[d];
     }
+#pragma omp for schedule(static)
+    for (int i = 0; i < B * H * Q; i++) {  // softmax(q k^T * scale + mask) v, one query and head
+        const int b = i / (H * Q), hh = (i / Q) % H, q = i % Q, r = b * Q + q;
+        const float* qv = L->t + (size_t)r * width + (size_t)hh * D;
+        const size_t kv = ((size_t)b * Hkv + hh / (H / Hkv)) * L->cap * D;
+        const float* m = L->mask ? L->mask + ((size_t)(L->mask_batch > 1 ? b : 0) * Q + q) * L->mask_len : nullptr;
+        const int n = m ? Lk : P + q + 1;  // without a mask: causal
+        float top = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < n; j++) {
+            p[j] = dot(qv, L->keys + kv + (size_t)j * D, D) * L->scale + (m ? m[j] : 0.0f);
+            top = p[j] > top ? p[j] : top;
+        }
+        for (int d = 0; d < D; d++) acc[d] = 0.0f;
+        for (int j = 0; j < n; j++) {
+            p[j] = top == -INFINITY ? 0.0f : expf(p[j] - top);
+            sum += p[j];
+            const float* v = L->values + kv + (size_t)j * D;
+            for (int d = 0; d < D; d++) acc[d] += p[j] * v[d];
+        }
+        float* dst = L->o + (size_t)r * H * D + (size_t)hh * D;  // (B, Q, H, D)
+        for (int d = 0; d < D; d++) dst[d] = sum > 0.0f ? acc[d] / sum : 0.0f;
+    }
+    products(L->w_o, L->o, L->out, L->x, R, H * D, L->hidden);  // out = x + o_proj(o)
+    rmsnorm_rows(L->out, L->norm2, L->h, R, L->hidden, L->eps);
+    products(L->w_gate_up, L->h, L->gu, nullptr, R, L->hidden, 2 * I);
+#pragma omp for schedule(static)
+    for (int i = 0; i < R * I; i++) {  // SwiGLU: silu(gate) * up
+        const float g = L->gu[(size_t)(i / I) * 2 * I + i % I], u = L->gu[(size_t)(i / I) * 2 * I + I + i % I];
+        L->a[i] = g / (1.0f + expf(-g)) * u;
+    }
+    products(L->w_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
 }
 
 // `count` layers in a row (each one's out is the next one's x) in one OpenMP region: between two

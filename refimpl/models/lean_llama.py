@@ -179,7 +179,7 @@ def _mask(Q: int, P: int, attention_mask: torch.Tensor | None, device, dtype) ->
 NO_PROBE = contextlib.nullcontext()
 
 
-def whole_layers(model, proj: Projections, x, P, cos2, sin2, attention_mask, mask) -> cpu_gemv.LayerStep | None:
+def whole_layers(model, proj: Projections, x, P, cos2, sin2, attention_mask) -> cpu_gemv.LayerStep | None:
     """A :class:`refimpl.models.cpu_gemv.LayerStep` for this step when the layers' products are
     cpu_gemv's and the step fits the whole-layer kernel (head size <= 512, a mask of one row per
     query), else None: the layers then run stage by stage below (also when a ``probe`` times them)."""
@@ -188,14 +188,15 @@ def whole_layers(model, proj: Projections, x, P, cos2, sin2, attention_mask, mas
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     if not proj.gemv or D > 512 or x.dtype != torch.float32 or H % Hkv:
         return None
-    if attention_mask is not None:  # None: the kernel applies the causal rule itself
+    mask = None  # the kernel applies the causal rule itself
+    if attention_mask is not None:
+        mask = _mask(Q, P, attention_mask, x.device, x.dtype)
         if mask.shape[1] != 1 or mask.shape[0] not in (1, B) or mask.shape[2:] != (Q, P + Q):
             return None
         mask = mask[:, 0].contiguous()  # (B or 1, Q, P + Q)
     tables = [t.expand(B, 1, Q, D).reshape(B, Q, D).contiguous() for t in (cos2, sin2)]
     return cpu_gemv.LayerStep(B, Q, P, hidden, H, Hkv, D, cfg.intermediate_size, cfg.rms_norm_eps,
-                              model.model.layers[0].self_attn.scaling, *tables,
-                              mask=None if attention_mask is None else mask)
+                              model.model.layers[0].self_attn.scaling, *tables, mask=mask)
 
 
 def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
@@ -244,9 +245,9 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
         theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
         cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
-    mask = _mask(Q, P, attention_mask, x.device, x.dtype)
     scale = inner.layers[0].self_attn.scaling
-    step = None if probe else whole_layers(model, layers[0], x, P, cos2, sin2, attention_mask, mask)
+    step = None if probe else whole_layers(model, layers[0], x, P, cos2, sin2, attention_mask)
+    mask = None if step is not None else _mask(Q, P, attention_mask, x.device, x.dtype)  # stage by stage
     streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
     if step is not None:  # every layer in one kernel call -> each one's output (layers, B, Q, hidden)
         outs = step.run(x, [p.fused for p in layers], [cache.buffers(li, B, Hkv, Q, D, x) for li in range(len(layers))])
