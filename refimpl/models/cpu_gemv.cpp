@@ -4,14 +4,14 @@
 // y[r, n] = add[r, n] + sum_k x[r, k] * W[n, k]     x (R, K), W (N, K) row-major, y and add (R, N)
 //
 // A decode step multiplies 1 to ~16 rows by every weight matrix once, so its floor is the time
-// to read the weights (chapter 00, appendix 04c). Three habits get close to it (refimpl/models/cpu_gemv.py):
+// to read the weights (chapter 00, appendix 04c). These habits get close to it (refimpl/models/cpu_gemv.py):
 // - the weight is read in its own row-major layout, 8 output rows at a time (8 independent
-//   accumulator chains: enough loads in flight to keep the memory bus busy);
-// - with R > 1 rows, the first row streams the 8 weight rows in from memory, and the others reuse
-//   them from L1, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1 weight
-//   vector = the 16 AVX2 registers); meanwhile the next 8 rows are prefetched, so the memory bus
-//   keeps streaming while the cores compute (5 rows: ~10% faster than without);
-// - each thread (torch's OpenMP threads, static schedule) reads one contiguous share of the rows;
+//   accumulator chains: enough loads in flight to keep the memory bus busy), and those 8 rows
+//   come from 8 far-apart slabs of the thread's share, so each is one long sequential stream;
+// - with R > 1 rows, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1
+//   weight vector = the 16 AVX2 registers): the first pass streams the 4 weight rows in from
+//   memory, the later passes reuse them from L1;
+// - each thread (torch's OpenMP threads) reads one contiguous share of the rows;
 // - every output element is the same sequence of operations whatever R and the blocking: an
 //   8-lane FMA chain over k in steps of 8, a fixed horizontal sum, then the scalar tail. So a
 //   row scored inside a block of R rows gets exactly the bits it gets alone, the property greedy
@@ -27,63 +27,66 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehl_ps(odd, pair)));
 }
 
-// While a block computes from L1, it pulls per_step cache lines of the next group per k step.
-struct Prefetch { const char *at, *end; int per_step; };
-
-// Output rows n0 .. n0 + NB of x rows r0 .. r0 + RB (pf: the prefetch to interleave, if any).
-
+// Output columns n[0 .. NB) (weight rows w[0 .. NB)) for x rows r0 .. r0 + RB.
 template <int NB, int RB>
-static inline void block(const float* W, const float* x, float* y, const float* add, int K, int N, int n0, int r0,
-                         Prefetch* pf = nullptr) {
+static inline void block(const float* const* w, const int* n, const float* x, float* y, const float* add, int K, int N,
+                         int r0) {
     const int K8 = K & ~7;
     __m256 acc[NB][RB];
     for (int i = 0; i < NB; i++)
         for (int j = 0; j < RB; j++) acc[i][j] = _mm256_setzero_ps();
     for (int k = 0; k < K8; k += 8) {
-        if (pf)
-            for (int c = 0; c < pf->per_step && pf->at < pf->end; c++, pf->at += 64) _mm_prefetch(pf->at, _MM_HINT_T0);
         __m256 xv[RB];
         for (int j = 0; j < RB; j++) xv[j] = _mm256_loadu_ps(x + (size_t)(r0 + j) * K + k);
         for (int i = 0; i < NB; i++) {
-            __m256 w = _mm256_loadu_ps(W + (size_t)(n0 + i) * K + k);
-            for (int j = 0; j < RB; j++) acc[i][j] = _mm256_fmadd_ps(w, xv[j], acc[i][j]);
+            __m256 wv = _mm256_loadu_ps(w[i] + k);
+            for (int j = 0; j < RB; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
         }
     }
     for (int i = 0; i < NB; i++)
         for (int j = 0; j < RB; j++) {
-            const float* wr = W + (size_t)(n0 + i) * K;
             const float* xr = x + (size_t)(r0 + j) * K;
             float s = hsum(acc[i][j]);
-            for (int k = K8; k < K; k++) s += xr[k] * wr[k];  // K % 8 leftovers
-            size_t o = (size_t)(r0 + j) * N + n0 + i;
+            for (int k = K8; k < K; k++) s += xr[k] * w[i][k];  // K % 8 leftovers
+            size_t o = (size_t)(r0 + j) * N + n[i];
             y[o] = add ? add[o] + s : s;
         }
 }
 
-// 8 output rows (or the N % 8 leftovers, one at a time) for every row of x.
-static inline void rows8(const float* W, const float* x, float* y, const float* add, int R, int K, int N, int n0) {
-    if (n0 + 8 > N) {
-        for (int n = n0; n < N; n++)
-            for (int r = 0; r < R; r++) block<1, 1>(W, x, y, add, K, N, n, r);
-        return;
-    }
-    block<8, 1>(W, x, y, add, K, N, n0, 0);  // the first row streams the 8 weight rows in ...
-    if (R == 1) return;
-    const int passes = 2 * ((R - 1 + 2) / 3), lines = (int)(((size_t)8 * K * 4 + 63) / 64), steps = passes * (K / 8);
-    const char* next = (const char*)(W + (size_t)(n0 + 8) * K);
-    Prefetch pf = {next, n0 + 16 <= N ? next + (size_t)8 * K * 4 : next, steps ? (lines + steps - 1) / steps : 0};
-    for (int h = n0; h < n0 + 8; h += 4) {  // ... and the others reuse them from L1, 3 rows a pass
-        int r = 1;                          // (meanwhile the next group's rows are prefetched)
-        for (; r + 3 <= R; r += 3) block<4, 3>(W, x, y, add, K, N, h, r, &pf);
-        if (R - r == 2) block<4, 2>(W, x, y, add, K, N, h, r, &pf);
-        else if (R - r == 1) block<4, 1>(W, x, y, add, K, N, h, r, &pf);
+// 8 output columns (weight rows w, columns n) for every row of x: one row streams all 8 weight
+// rows at once; more rows go 4 weight rows x 3 rows of x at a time, the first pass streaming the
+// 4 weight rows in and the later passes reading them from L1.
+static inline void group8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
+                          int K, int N) {
+    if (R == 1) return block<8, 1>(w, n, x, y, add, K, N, 0);
+    for (int h = 0; h < 8; h += 4) {
+        int r = 0;
+        for (; r + 3 <= R; r += 3) block<4, 3>(w + h, n + h, x, y, add, K, N, r);
+        if (R - r == 2) block<4, 2>(w + h, n + h, x, y, add, K, N, r);
+        else if (R - r == 1) block<4, 1>(w + h, n + h, x, y, add, K, N, r);
     }
 }
 
-// Every product's 8-row groups, split over the threads of the enclosing region (static schedule).
+// One product, run by every thread of the enclosing region. Thread t owns the contiguous rows
+// lo .. hi of W and cuts them into 8 slabs of S rows; its j-th group is the j-th row of every
+// slab, so it reads 8 long sequential streams, each in its own pages. (8 adjacent rows instead,
+// 8 streams 2.3 KB apart that share pages, read SmolLM2's K = 576 matrices ~1.35x slower on the
+// course machine.) The hi - lo - 8 S leftover rows go one at a time. A barrier ends it, as a
+// worksharing loop would.
 static void products(const float* W, const float* x, float* y, const float* add, int R, int K, int N) {
-#pragma omp for schedule(static)
-    for (int g = 0; g < (N + 7) / 8; g++) rows8(W, x, y, add, R, K, N, 8 * g);
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int lo = (int)((long long)N * t / T), hi = (int)((long long)N * (t + 1) / T), S = (hi - lo) / 8;
+    const float* w[8];
+    int n[8];
+    for (int j = 0; j < S; j++) {
+        for (int i = 0; i < 8; i++) n[i] = lo + i * S + j, w[i] = W + (size_t)n[i] * K;
+        group8(w, n, x, y, add, R, K, N);
+    }
+    for (int m = lo + 8 * S; m < hi; m++) {
+        const float* wm = W + (size_t)m * K;
+        for (int r = 0; r < R; r++) block<1, 1>(&wm, &m, x, y, add, K, N, r);
+    }
+#pragma omp barrier
 }
 
 // The threads are torch's own (OpenMP, the same runtime torch loaded): one pool for every
