@@ -411,15 +411,19 @@ print("fused q/k/v == three products, bit for bit")
 # %% [markdown]
 # ### A product written for decoding
 # oneDNN is tuned for larger batches than a decoder's 1-16 rows. `refimpl/models/cpu_gemv.cpp`
-# (~70 lines of AVX2, compiled on first use) does only this job: it reads each weight matrix in
+# (~80 lines of AVX2, compiled on first use) does only this job: it reads each weight matrix in
 # its own row-major layout, 8 rows at a time with 8 independent sums (enough loads in flight to
 # keep the memory bus busy), reuses those rows from L1 for the other tokens of a block, and
-# splits the rows over torch's own threads. Every output is the same sequence of float operations
+# splits the rows over torch's own threads. *Which* 8 rows matters: 8 adjacent rows of a
+# 576-wide matrix are 8 streams 2.3 KB apart that share memory pages, and the hardware prefetcher
+# follows them badly; so each thread cuts its share into 8 slabs and takes one row from each, 8
+# long sequential streams (~1.35x the bandwidth on this course's machine, same bits).
+# Every output is the same sequence of float operations
 # whatever the number of rows, so a token scored in a block of 5 gets the bits it gets alone --
 # the property greedy verification needs. It is not oneDNN's or MKL's order of summing, so the
 # logits move by ~1e-6 relative; the greedy text does not (checked here and on every benchmark prompt).
-# Measured on SmolLM2's 121 matrices in a row (2 threads, cold caches): 1 row 32 ms against
-# oneDNN's 47, 5 rows 41 against 59. `REFIMPL_GEMV=0` in the environment switches it off.
+# Measured on SmolLM2's 121 matrices and the LM head in a row (2 threads, cold caches): 1 row 27 ms against
+# 39 with adjacent rows (oneDNN: 47), 5 rows 40 (oneDNN: 59). `REFIMPL_GEMV=0` switches it off.
 
 # %%
 from refimpl.models import cpu_gemv
@@ -539,12 +543,14 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
 
 # %% [markdown]
 # What the picture says. The bars time the step stage by stage: the matrix products read at
-# 11-17 GB/s where a plain sum reads at ~19-28 (the machine drifts), and the tensor operations
+# 13-23 GB/s where a plain sum reads at ~19-28 (the machine drifts), and the tensor operations
 # between them (norms, rotary, attention: ~15 per layer, each a few microseconds of dispatch) add
 # ~10 ms that read no weights. The black tick is the default step, all layers in one kernel call: those
-# ~10 ms and a thread fork/join per product are gone, and it lands near 1.4-1.5x the floor. What is
-# left is the kernel's own streaming (~0.8 of what the sum reads) and the LM head, 113 MB in a call
-# of its own. Reading fewer bytes would move the floor itself: SmolLM2's weights came to us as a
+# ~10 ms and a thread fork/join per product are gone, and it lands near 1.1x the floor. The price
+# shows in the k > 1 rows: at 5 tokens the step does 5x the multiply-adds, ~16 ms of compute on
+# these two cores, and it does not hide under the ~28 ms of streaming, so a 5-token verification
+# costs ~1.4x a one-token step (it cost ~1.1x when the one-token step itself streamed slowly).
+# Reading fewer bytes would move the floor itself: SmolLM2's weights came to us as a
 # 4.5-bit GGUF, so an int4 kernel could read 7x less -- but torch's CPU int4 product
 # (`_weight_int4pack_mm_for_cpu`) with fp32 activations ran 8x *slower* here than the fp32 one.
 

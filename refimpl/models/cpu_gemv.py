@@ -5,11 +5,12 @@ Chapter 00's roofline: a one-token step must read every weight once, so its floo
 Model for Multicore Architectures", CACM 2009). On this course's 2-core machine oneDNN's prepacked
 products (:mod:`refimpl.models.cpu_linear`) read SmolLM2-135M's 538 MB at 10-14 GB/s where a plain
 ``sum`` reads 20-24: each product is a library call tuned for larger batches. ``cpu_gemv.cpp``
-(~70 lines, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
-8 output rows per pass with one accumulator chain each, x rows reused from L1, each thread a
-contiguous share of the matrix. Measured over SmolLM2's 121 matrices in a row (cold caches, 2
-threads, a ``sum`` reading 20.8 GB/s): 1 row 32 ms against oneDNN's 47, 5 rows 41 against 59, 16
-rows 50 against 65; ``python -m refimpl.bench --suite latency`` measures your machine.
+(~80 lines, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
+8 output rows per pass with one accumulator chain each, those 8 rows taken from 8 slabs of the
+thread's share so that each is one long sequential stream, x rows reused from L1. Measured over
+SmolLM2's 121 matrices and the LM head in a row (cold caches, 2 threads): 1 row 27 ms where 8
+adjacent rows per pass took 39 in the same run (oneDNN: 47 in an earlier one), 5 rows 40 against
+41 (oneDNN: 59); ``python -m refimpl.bench --suite latency`` measures your machine.
 
 :class:`LayerStep` runs all the decoder layers of a Llama step in one call (``refimpl_layers``,
 ~100 more lines), each layer: RMSNorm, the fused q/k/v product, rotary, the cache write, grouped-query attention,
@@ -18,7 +19,8 @@ the residual, inside one OpenMP region. A stage-by-stage step pays a thread fork
 product and ~15 torch calls per layer for the stages that read no weights (~11 ms of a ~40 ms
 SmolLM2 step on the course machine); in one region the threads meet at a barrier between stages
 and between layers, and those stages are plain loops. It is what :func:`refimpl.models.lean_llama.forward` runs by
-default where the kernel builds (a one-token SmolLM2 step ~30 ms instead of ~41, same machine).
+default where the kernel builds (a one-token SmolLM2 step ~31 ms, 1.07x its memory floor, where
+stage by stage it takes ~42 on the same machine).
 
 The products are *batch-invariant*: every output element is the same sequence of float operations
 whatever the number of rows, so a draft token scored in a block of ``k`` gets exactly the logits
