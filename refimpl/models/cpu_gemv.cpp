@@ -8,9 +8,9 @@
 // - the weight is read in its own row-major layout, 8 output rows at a time (8 independent
 //   accumulator chains: enough loads in flight to keep the memory bus busy), and those 8 rows
 //   come from 8 far-apart slabs of the thread's share, so each is one long sequential stream;
-// - with R > 1 rows, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1
-//   weight vector = the 16 AVX2 registers): the first pass streams the 4 weight rows in from
-//   memory, the later passes reuse them from L1;
+// - with R > 1 rows, the first row streams the 8 weight rows in, and the others reuse them from
+//   L1, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1 weight vector =
+//   the 16 AVX2 registers), while prefetching the next group's rows;
 // - each thread (torch's OpenMP threads) reads one contiguous share of the rows;
 // - every output element is the same sequence of operations whatever R and the blocking: an
 //   8-lane FMA chain over k in steps of 8, a fixed horizontal sum, then the scalar tail. So a
@@ -27,15 +27,18 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehl_ps(odd, pair)));
 }
 
-// Output columns n[0 .. NB) (weight rows w[0 .. NB)) for x rows r0 .. r0 + RB.
+// Output columns n[0 .. NB) (weight rows w[0 .. NB)) for x rows r0 .. r0 + RB. `ahead`: while
+// computing, prefetch the row after each weight row (the next group's, in the same slab).
 template <int NB, int RB>
 static inline void block(const float* const* w, const int* n, const float* x, float* y, const float* add, int K, int N,
-                         int r0) {
+                         int r0, bool ahead = false) {
     const int K8 = K & ~7;
     __m256 acc[NB][RB];
     for (int i = 0; i < NB; i++)
         for (int j = 0; j < RB; j++) acc[i][j] = _mm256_setzero_ps();
     for (int k = 0; k < K8; k += 8) {
+        if (ahead)
+            for (int i = 0; i < NB; i++) _mm_prefetch((const char*)(w[i] + K + k), _MM_HINT_T0);
         __m256 xv[RB];
         for (int j = 0; j < RB; j++) xv[j] = _mm256_loadu_ps(x + (size_t)(r0 + j) * K + k);
         for (int i = 0; i < NB; i++) {
@@ -53,17 +56,18 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
         }
 }
 
-// 8 output columns (weight rows w, columns n) for every row of x: one row streams all 8 weight
-// rows at once; more rows go 4 weight rows x 3 rows of x at a time, the first pass streaming the
-// 4 weight rows in and the later passes reading them from L1.
+// 8 output columns (weight rows w, columns n) for every row of x. The first row of x streams the 8
+// weight rows in (8 sequential streams); the others reuse them from L1, 4 weight rows x 3 rows of
+// x at a time, and meanwhile prefetch the next group's rows, so the memory bus keeps streaming
+// while the cores compute (121 SmolLM2 products at 5 rows: ~20% faster than without).
 static inline void group8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
                           int K, int N) {
-    if (R == 1) return block<8, 1>(w, n, x, y, add, K, N, 0);
-    for (int h = 0; h < 8; h += 4) {
-        int r = 0;
-        for (; r + 3 <= R; r += 3) block<4, 3>(w + h, n + h, x, y, add, K, N, r);
-        if (R - r == 2) block<4, 2>(w + h, n + h, x, y, add, K, N, r);
-        else if (R - r == 1) block<4, 1>(w + h, n + h, x, y, add, K, N, r);
+    block<8, 1>(w, n, x, y, add, K, N, 0);
+    for (int h = 0; h < 8 && R > 1; h += 4) {
+        int r = 1;
+        for (; r + 3 <= R; r += 3) block<4, 3>(w + h, n + h, x, y, add, K, N, r, true);
+        if (R - r == 2) block<4, 2>(w + h, n + h, x, y, add, K, N, r, true);
+        else if (R - r == 1) block<4, 1>(w + h, n + h, x, y, add, K, N, r, true);
     }
 }
 
