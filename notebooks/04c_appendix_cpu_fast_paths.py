@@ -423,7 +423,7 @@ print("fused q/k/v == three products, bit for bit")
 # the property greedy verification needs. It is not oneDNN's or MKL's order of summing, so the
 # logits move by ~1e-6 relative; the greedy text does not (checked here and on every benchmark prompt).
 # Measured on SmolLM2's 121 matrices and the LM head in a row (2 threads, cold caches): 1 row 27 ms against
-# 39 with adjacent rows (oneDNN: 47), 5 rows 40 (oneDNN: 59). `REFIMPL_GEMV=0` switches it off.
+# 39 with adjacent rows (oneDNN: 47), 5 rows 34 (oneDNN: 59). `REFIMPL_GEMV=0` switches it off.
 
 # %%
 from refimpl.models import cpu_gemv

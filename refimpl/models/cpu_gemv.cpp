@@ -59,7 +59,8 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
 // 8 output columns (weight rows w, columns n) for every row of x. The first row of x streams the 8
 // weight rows in (8 sequential streams); the others reuse them from L1, 4 weight rows x 3 rows of
 // x at a time, and meanwhile prefetch the next group's rows, so the memory bus keeps streaming
-// while the cores compute (121 SmolLM2 products at 5 rows: ~20% faster than without).
+// while the cores compute (121 SmolLM2 products + LM head, same run: 5 rows 34.4 ms against 36.6
+// without, 8 rows 37.8 against 43.4).
 static inline void group8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
                           int K, int N) {
     block<8, 1>(w, n, x, y, add, K, N, 0);

@@ -9,8 +9,8 @@ products (:mod:`refimpl.models.cpu_linear`) read SmolLM2-135M's 538 MB at 10-14 
 8 output rows per pass with one accumulator chain each, those 8 rows taken from 8 slabs of the
 thread's share so that each is one long sequential stream, x rows reused from L1. Measured over
 SmolLM2's 121 matrices and the LM head in a row (cold caches, 2 threads): 1 row 27 ms where 8
-adjacent rows per pass took 39 in the same run (oneDNN: 47 in an earlier one), 5 rows 40 against
-41 (oneDNN: 59); ``python -m refimpl.bench --suite latency`` measures your machine.
+adjacent rows per pass took 39 in the same run, 5 rows 34 (oneDNN, in an earlier run: 47 and 59);
+``python -m refimpl.bench --suite latency`` measures your machine.
 
 :class:`LayerStep` runs all the decoder layers of a Llama step in one call (``refimpl_layers``,
 ~100 more lines), each layer: RMSNorm, the fused q/k/v product, rotary, the cache write, grouped-query attention,
