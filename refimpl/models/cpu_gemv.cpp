@@ -10,7 +10,8 @@
 //   come from 8 far-apart slabs of the thread's share, so each is one long sequential stream;
 // - with R > 1 rows, the first row streams the 8 weight rows in, and the others reuse them from
 //   L1, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1 weight vector =
-//   the 16 AVX2 registers), while prefetching the next group's rows; rows longer than ~768 floats
+//   the 16 AVX2 registers; 4 leftover rows of x as 3 x 4 tiles, 1 as 8 x 1), while prefetching
+//   the next group's rows; rows longer than ~768 floats
 //   (down_proj's 1536: 8 rows = 48 KB, more than L1) go by k ranges of 512, the accumulators
 //   parked in memory between ranges;
 // - each thread (torch's OpenMP threads) reads one contiguous share of the rows;
@@ -29,6 +30,9 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehl_ps(odd, pair)));
 }
 
+#define KC 512  // k range that keeps 8 weight rows (16 KB) and a few rows of x in L1
+#define RC 16   // up to this many rows of x, long weight rows go by k ranges
+
 // Output columns n[0 .. NB) (weight rows w[0 .. NB)) for x rows r0 .. r0 + RB, over k in [k0, k1).
 // `ahead` > 0: while computing, prefetch `ahead` floats past each weight row's k. `state`: the
 // accumulators carried between k ranges (loaded when k0 > 0, stored when k1 < K); the last range
@@ -39,7 +43,7 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
     const int K8 = K & ~7, end = k1 < K8 ? k1 : K8;
     __m256 acc[NB][RB];
     for (int i = 0; i < NB; i++)
-        for (int j = 0; j < RB; j++) acc[i][j] = k0 ? state[i * RB + j] : _mm256_setzero_ps();
+        for (int j = 0; j < RB; j++) acc[i][j] = k0 ? state[i * RC + j] : _mm256_setzero_ps();
     for (int k = k0; k < end; k += 8) {
         if (ahead)
             for (int i = 0; i < NB; i++) _mm_prefetch((const char*)(w[i] + ahead + k), _MM_HINT_T0);
@@ -52,7 +56,7 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
     }
     if (k1 < K) {
         for (int i = 0; i < NB; i++)
-            for (int j = 0; j < RB; j++) state[i * RB + j] = acc[i][j];
+            for (int j = 0; j < RB; j++) state[i * RC + j] = acc[i][j];
         return;
     }
     for (int i = 0; i < NB; i++)
@@ -65,30 +69,38 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
         }
 }
 
-// The rows of x after the first, for 4 weight rows over k in [k0, k1): 4 x 3 blocks, then 4 x 2 or 4 x 1.
-static inline void rest4(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
+// The rows of x after the first (1 .. R - 1) for the 8 weight rows over k in [k0, k1): 4 x 3
+// tiles, and for what is left: 4 rows of x as 3 x 4, 3 x 4 and 2 x 4 tiles, 2 rows as 4 x 2, one
+// as 8 x 1 (a 4 x 1 tile has 4 FMA chains, too few to keep the FMA units busy). `state` holds
+// weight row i, x row r's sum at [i * RC + r].
+static inline void rest8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
                          int K, int N, int ahead, int k0, int k1, __m256* state) {
     int r = 1;
-    for (; r + 3 <= R; r += 3) block<4, 3>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + 4 * (r - 1));
-    if (R - r == 2) block<4, 2>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + 4 * (r - 1));
-    else if (R - r == 1) block<4, 1>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + 4 * (r - 1));
+    for (; R - r >= 3 && R - r != 4; r += 3)
+        for (int h = 0; h < 8; h += 4) block<4, 3>(w + h, n + h, x, y, add, K, N, r, ahead, k0, k1, state + h * RC + r);
+    if (R - r == 4) {
+        block<3, 4>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + r);
+        block<3, 4>(w + 3, n + 3, x, y, add, K, N, r, ahead, k0, k1, state + 3 * RC + r);
+        block<2, 4>(w + 6, n + 6, x, y, add, K, N, r, ahead, k0, k1, state + 6 * RC + r);
+    } else if (R - r == 2) {
+        for (int h = 0; h < 8; h += 4) block<4, 2>(w + h, n + h, x, y, add, K, N, r, ahead, k0, k1, state + h * RC + r);
+    } else if (R - r == 1) {
+        block<8, 1>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + r);
+    }
 }
-
-#define KC 512  // k range that keeps 8 weight rows (16 KB) and a few rows of x in L1
-#define RC 16   // up to this many rows of x, long weight rows go by k ranges
 
 static inline void group8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
                           int K, int N) {
     if (K <= KC + KC / 2 || R == 1 || R > RC) {
         block<8, 1>(w, n, x, y, add, K, N, 0);
-        for (int h = 0; h < 8 && R > 1; h += 4) rest4(w + h, n + h, x, y, add, R, K, N, K, 0, 1 << 30, nullptr);
+        if (R > 1) rest8(w, n, x, y, add, R, K, N, K, 0, 1 << 30, nullptr);
         return;
     }
-    alignas(32) __m256 first[8], rest[2][4 * (RC - 1)];
+    alignas(32) __m256 state[8 * RC];
     for (int k0 = 0; k0 < K; k0 += KC) {
         const int k1 = k0 + KC < K ? k0 + KC : 1 << 30, ahead = k0 + KC < K ? KC : K - k0;
-        block<8, 1>(w, n, x, y, add, K, N, 0, 0, k0, k1, first);
-        for (int h = 0; h < 8; h += 4) rest4(w + h, n + h, x, y, add, R, K, N, ahead, k0, k1, rest[h / 4]);
+        block<8, 1>(w, n, x, y, add, K, N, 0, 0, k0, k1, state);
+        rest8(w, n, x, y, add, R, K, N, ahead, k0, k1, state);
     }
 }
 
