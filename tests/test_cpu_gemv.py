@@ -21,14 +21,14 @@ def test_equals_f_linear_with_and_without_add(n_out, k_in, rows):
 
 def test_rows_scored_together_get_the_bits_they_get_alone():
     """Verification's property: a token's logits do not depend on how many tokens share the call
-    (every blocking path of the kernel: 1 row, 4x3, 4x2, 3x4 and 8x1 tiles, 8-row groups and leftovers,
+    (every blocking path of the kernel: 1 row, one pass at 2-6 rows, 4x3, 4x2 and 3x4 tiles after a first pass, 8-row groups and leftovers,
     long weight rows by k ranges up to 16 rows and whole above, a K % 8 tail after the ranges)."""
     g = torch.Generator().manual_seed(1)
     for n_out, k_in in ((1539, 580), (96, 1536), (70, 1030)):
         w, x = torch.randn(n_out, k_in, generator=g), torch.randn(40, k_in, generator=g)
         add = torch.randn(40, n_out, generator=g)
         alone = torch.cat([cpu_gemv.linear(x[i:i + 1], w, add[i:i + 1]) for i in range(40)])
-        for k in (2, 3, 4, 5, 9, 16, 40):
+        for k in (2, 3, 4, 5, 6, 7, 8, 9, 16, 40):
             assert torch.equal(cpu_gemv.linear(x[:k], w, add[:k]), alone[:k]), k
 
 
