@@ -47,7 +47,7 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
     const int K8 = K & ~7, end = k1 < K8 ? k1 : K8;
     __m256 acc[NB][RB];
     for (int i = 0; i < NB; i++)
-        for (int j = 0; j < RB; j++) acc[i][j] = k0 ? state[i * RC + j] : _mm256_setzero_ps();
+        for (int j = 0; j < RB; j++) acc[i][j] = k0 ? state[i * RB + j] : _mm256_setzero_ps();
     for (int k = k0; k < end; k += 8) {
         if (ahead)
             for (int i = 0; i < NB; i++) _mm_prefetch((const char*)(w[i] + ahead + k), _MM_HINT_T0);
@@ -60,7 +60,7 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
     }
     if (state && k1 < K) {  // a range before the last: park the sums
         for (int i = 0; i < NB; i++)
-            for (int j = 0; j < RB; j++) state[i * RC + j] = acc[i][j];
+            for (int j = 0; j < RB; j++) state[i * RB + j] = acc[i][j];
         return;
     }
     for (int i = 0; i < NB; i++)
@@ -75,19 +75,20 @@ static inline void block(const float* const* w, const int* n, const float* x, fl
 
 // The rows of x after the first (1 .. R - 1, R >= 7) for the 8 weight rows over k in [k0, k1): 4 x 3
 // tiles, and what is left: 4 rows of x as 3 x 4, 3 x 4 and 2 x 4 tiles (a 4 x 1 tile has 4 FMA
-// chains, too few to keep the FMA units busy), 2 rows as 4 x 2. `state` holds weight row i, x row
-// r's sum at [i * RC + r].
+// chains, too few to keep the FMA units busy), 2 rows as 4 x 2. `state`: 8 RC + 32 sums, each tile's
+// own in a row (a 4 x 3 or 4 x 2 tile at x row j of half h from h RC + 4 (j - 1), the 3 x 4 tiles
+// from 8 RC on).
 static inline void rest8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
                          int K, int N, int ahead, int k0, int k1, __m256* state) {
-    int r = 1;
-    for (; R - r >= 3 && R - r != 4; r += 3)
-        for (int h = 0; h < 8; h += 4) block<4, 3>(w + h, n + h, x, y, add, K, N, r, ahead, k0, k1, state + h * RC + r);
+    const int m = R - 1, r = 1 + 3 * (m % 3 == 1 ? (m - 4) / 3 : m / 3);  // 4 x 3 tiles up to row r
+    for (int h = 0; h < 8; h += 4)  // each half's 4 weight rows stay in L1 across its tiles
+        for (int j = 1; j < r; j += 3) block<4, 3>(w + h, n + h, x, y, add, K, N, j, ahead, k0, k1, state + h * RC + 4 * (j - 1));
     if (R - r == 4) {
-        block<3, 4>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + r);
-        block<3, 4>(w + 3, n + 3, x, y, add, K, N, r, ahead, k0, k1, state + 3 * RC + r);
-        block<2, 4>(w + 6, n + 6, x, y, add, K, N, r, ahead, k0, k1, state + 6 * RC + r);
+        block<3, 4>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + 8 * RC);
+        block<3, 4>(w + 3, n + 3, x, y, add, K, N, r, ahead, k0, k1, state + 8 * RC + 12);
+        block<2, 4>(w + 6, n + 6, x, y, add, K, N, r, ahead, k0, k1, state + 8 * RC + 24);
     } else if (R - r == 2) {
-        for (int h = 0; h < 8; h += 4) block<4, 2>(w + h, n + h, x, y, add, K, N, r, ahead, k0, k1, state + h * RC + r);
+        for (int h = 0; h < 8; h += 4) block<4, 2>(w + h, n + h, x, y, add, K, N, r, ahead, k0, k1, state + h * RC + 4 * (r - 1));
     }
 }
 
@@ -105,10 +106,10 @@ static inline void group8(const float* const* w, const int* n, const float* x, f
         if (R > 1) rest8(w, n, x, y, add, R, K, N, K, 0, 1 << 30, nullptr);
         return;
     }
-    alignas(32) __m256 state[8 * RC];
+    alignas(32) __m256 first[8], state[8 * RC + 32];
     for (int k0 = 0; k0 < K; k0 += KC) {
         const int k1 = k0 + KC < K ? k0 + KC : 1 << 30, ahead = k0 + KC < K ? KC : K - k0;
-        block<8, 1>(w, n, x, y, add, K, N, 0, 0, k0, k1, state);
+        block<8, 1>(w, n, x, y, add, K, N, 0, 0, k0, k1, first);
         rest8(w, n, x, y, add, R, K, N, ahead, k0, k1, state);
     }
 }
