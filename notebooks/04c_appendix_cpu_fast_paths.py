@@ -548,10 +548,11 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
 # ~10 ms that read no weights. The black tick is the default step, all layers in one kernel call: those
 # ~10 ms and a thread fork/join per product are gone, and it lands near 1.1x the floor. The price
 # shows in the k > 1 rows: at 5 tokens the step does 5x the multiply-adds. Our tiles compute them at
-# 60-80 GFLOP/s in cache, well under these two cores' peak (~195 GFLOP/s, a loop of FMAs on
-# registers): each FMA of a tile waits on its loads, and the leftover rows go 4 wide. That is ~17 ms
-# of compute, only part of which hides under the ~20-28 ms of streaming, so a 5-token verification
-# costs ~1.3-1.6x a one-token step (it cost ~1.1x when the one-token step itself streamed slowly).
+# 60-90 GFLOP/s in cache, well under these two cores' peak (~195 GFLOP/s, a loop of FMAs on
+# registers): each FMA of a tile waits on its loads. 2-6 rows go in one pass, every row of x in
+# registers, so the FMAs run while the weights stream; still only part of them hides, and a 5-token
+# verification costs ~1.3x a one-token step (it cost ~1.1x when the one-token step itself streamed
+# slowly, ~1.6x before the one pass).
 # Reading fewer bytes would move the floor itself: SmolLM2's weights came to us as a
 # 4.5-bit GGUF, so an int4 kernel could read 7x less -- but torch's CPU int4 product
 # (`_weight_int4pack_mm_for_cpu`) with fp32 activations ran 8x *slower* here than the fp32 one.

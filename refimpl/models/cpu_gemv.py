@@ -7,9 +7,11 @@ products (:mod:`refimpl.models.cpu_linear`) read SmolLM2-135M's 538 MB at 10-14 
 ``sum`` reads 20-24: each product is a library call tuned for larger batches. ``cpu_gemv.cpp``
 (~120 lines, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
 8 output rows per pass with one accumulator chain each, those 8 rows taken from 8 slabs of the
-thread's share so that each is one long sequential stream, x rows reused from L1. Measured over
-SmolLM2's 121 matrices and the LM head in a row (cold caches, 2 threads): 1 row 27 ms where 8
-adjacent rows per pass took 39 in the same run, 5 rows 34 (oneDNN, in an earlier run: 47 and 59);
+thread's share so that each is one long sequential stream; 2-6 rows of x in one pass with all of them
+in registers, more rows reusing the weight rows from L1. Measured over SmolLM2's 121 matrices and the
+LM head in a row (cold caches, 2 threads): 1 row 27 ms where 8 adjacent rows per pass took 39 in the
+same run, 5 rows 34 before the one pass and ~25 after it, on a machine whose memory read faster
+(oneDNN, in an earlier run: 47 and 59);
 ``python -m refimpl.bench --suite latency`` measures your machine.
 
 :class:`LayerStep` runs all the decoder layers of a Llama step in one call (``refimpl_layers``,
