@@ -12,10 +12,10 @@
 //   registers), each prefetching its weight rows' next group; the FMAs then run while the weights
 //   stream, where a streaming pass and passes over L1 took turns (121 SmolLM2 products + head,
 //   means of 4 interleaved rounds: 4 rows 22.6 -> 22.3 ms, 5 rows 26.1 -> 24.6, 6 rows 30.2 -> 27.8);
-// - with more rows, the first row streams the 8 weight rows in, and the others reuse them from
-//   L1, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1 weight vector =
-//   the 16 AVX2 registers; 4 leftover rows of x as 3 x 4 tiles, 1 as 8 x 1), while prefetching
-//   the next group's rows; rows longer than ~768 floats
+// - with 7 or more rows, the first row streams the 8 weight rows in, and the others reuse them
+//   from L1, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1 weight vector =
+//   the 16 AVX2 registers; 4 leftover rows of x as 3 x 4 and 2 x 4 tiles, 2 as 4 x 2), while
+//   prefetching the next group's rows; at up to 16 rows, weight rows longer than ~768 floats
 //   (down_proj's 1536: 8 rows = 48 KB, more than L1) go by k ranges of 512, the accumulators
 //   parked in memory between ranges;
 // - each thread (torch's OpenMP threads) reads one contiguous share of the rows;
@@ -92,6 +92,8 @@ static inline void rest8(const float* const* w, const int* n, const float* x, fl
     }
 }
 
+// 8 weight rows (one from each slab: w, output columns n) times every row of x: one streaming pass
+// at 1 row, one pass of register tiles at 2-6, a streaming pass then tiles over L1 above.
 static inline void group8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
                           int K, int N) {
     switch (R) {  // 2-6 rows: one pass, every row of x in registers, each weight vector loaded once
