@@ -70,6 +70,29 @@ def test_copy_candidates_match_brute_force():
         assert got == [brute_force(h, t, max_n, min_n) for t in ends], (h, ends, max_n, min_n)
 
 
+def test_the_scan_and_the_vectorised_lookup_agree():
+    """``method="scan"`` (what a draft step's one end per row takes) == ``"vectorised"`` (batches):
+    random rows with unknown tokens (-1), padding ends (-1), every n-gram range."""
+    rng = random.Random(2)
+    for _ in range(400):
+        B, L, V = rng.randint(1, 3), rng.randint(1, 40), rng.randint(2, 6)
+        hist = torch.tensor([[rng.randrange(V) if rng.random() > 0.1 else -1 for _ in range(L)] for _ in range(B)])
+        ends = torch.tensor([[rng.randrange(-1, L) for _ in range(rng.randint(1, 5))]] * B)
+        max_n = rng.randint(1, 4)
+        min_n = rng.randint(1, max_n)
+        want = copy_prior.lookup_positions(hist, ends, max_n, min_n, method="vectorised")
+        assert torch.equal(copy_prior.lookup_positions(hist, ends, max_n, min_n, method="scan"), want)
+        assert torch.equal(copy_prior.lookup_positions(hist, ends, max_n, min_n), want)  # auto
+
+
+def test_lookup_bad_method_or_end_raises():
+    h = torch.tensor([1, 2, 1, 2])
+    with pytest.raises(ValueError, match="method"):
+        copy_prior.lookup_positions(h, torch.tensor([3]), method="fast")
+    with pytest.raises(ValueError, match="method='scan' needs every end"):
+        copy_prior.lookup_positions(h, torch.tensor([4]), method="scan")
+
+
 def test_copy_candidates_batched_rows_are_independent():
     rng = random.Random(1)
     hist = [[rng.randrange(4) for _ in range(30)] for _ in range(5)]
