@@ -26,8 +26,10 @@ def scan_positions(history: list[int], t: int, max_ngram: int, min_ngram: int) -
     scan back from ``t``: for ``n = max_ngram .. min_ngram``, the latest earlier start ``s`` with
     ``history[s : s + n] == history[t - n + 1 : t + 1]`` gives ``s + n``; ``-1`` where none."""
     for n in range(max_ngram, min_ngram - 1, -1):
+        if t < n:  # no earlier occurrence can end before t
+            continue
         pattern = history[t - n + 1: t + 1]
-        if t < n or min(pattern) < 0:  # too close to the start, or an unknown token in the n-gram
+        if min(pattern) < 0:  # an unknown token in the n-gram never matches
             continue
         for start in range(t - n, -1, -1):  # the occurrence ends at start + n - 1 < t
             if history[start] == pattern[0] and history[start: start + n] == pattern:
