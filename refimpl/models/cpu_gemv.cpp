@@ -1,28 +1,28 @@
 // Matrix-vector products for a CPU decode step, written to stream the weights at memory speed,
 // and (below) a whole Llama decoder layer built on them.
 //
-// y[r, n] = add[r, n] + sum_k x[r, k] * W[n, k]     x (R, K), W (N, K) row-major, y and add (R, N)
+// y[r, n] = add[r, n] + sum_k x[r, k] * W[n, k]     x (R, K), W (N, K), y and add (R, N)
 //
 // A decode step multiplies 1 to ~16 rows by every weight matrix once, so its floor is the time
 // to read the weights (chapter 00, appendix 04c). These habits get close to it (refimpl/models/cpu_gemv.py):
-// - the weight is read in its own row-major layout, 8 output rows at a time (8 independent
-//   accumulator chains: enough loads in flight to keep the memory bus busy), and those 8 rows
-//   come from 8 far-apart slabs of the thread's share, so each is one long sequential stream;
-// - with 2-6 rows, one pass: tiles of 4 weight rows x 2-3 rows of x or 2 x 4-6 (all of x in
-//   registers), each prefetching its weight rows' next group; the FMAs then run while the weights
-//   stream, where a streaming pass and passes over L1 took turns (121 SmolLM2 products + head,
-//   means of 4 interleaved rounds: 4 rows 22.6 -> 22.3 ms, 5 rows 26.1 -> 24.6, 6 rows 30.2 -> 27.8);
-// - with 7 or more rows, the first row streams the 8 weight rows in, and the others reuse them
-//   from L1, 4 weight rows x 3 rows of x at once (12 accumulators + 3 x vectors + 1 weight vector =
-//   the 16 AVX2 registers; 4 leftover rows of x as 3 x 4 and 2 x 4 tiles, 2 as 4 x 2), while
-//   prefetching the next group's rows; at up to 16 rows, weight rows longer than ~768 floats
-//   (down_proj's 1536: 8 rows = 48 KB, more than L1) go by k ranges of 512, the accumulators
-//   parked in memory between ranges;
-// - each thread (torch's OpenMP threads) reads one contiguous share of the rows;
-// - every output element is the same sequence of operations whatever R and the blocking: an
-//   8-lane FMA chain over k in steps of 8, a fixed horizontal sum, then the scalar tail. So a
-//   row scored inside a block of R rows gets exactly the bits it gets alone, the property greedy
-//   verification relies on (a draft token's logits do not depend on how many were drafted).
+// - the weight is packed once into panels of 16 output rows stored k-major (pack() in
+//   cpu_gemv.py): a k step of a panel is one 64-byte line, two 8-lane vectors, each multiplied by a
+//   broadcast x[r, k] into its own accumulators. No horizontal sums: accumulator lane c of panel p
+//   is output p 16 + c (the register-blocked "outer product" kernel of GotoBLAS / BLIS);
+// - enough independent FMA chains to cover the FMA latency, and few loads per FMA: 1 row of x takes
+//   4 panels at once (8 chains), 2-3 rows 2 panels (8-12), 4-6 rows one panel (8-12); more rows go
+//   in tiles of 4-6 over the same panel, which the first tile streamed into L1 / L2;
+// - the panels taken together come from far-apart slabs of the thread's share, so each is one
+//   long sequential stream, and the tile that streams a panel prefetches it 4 KB ahead;
+// - each thread (torch's OpenMP threads) reads one contiguous share of the panels;
+// - every output element is the same sequence of operations whatever R and the blocking: one FMA
+//   chain over k = 0 .. K - 1, then + add. So a row scored inside a block of R rows gets exactly
+//   the bits it gets alone, the property greedy verification relies on (a draft token's logits do
+//   not depend on how many were drafted).
+// Before the panels the weight was read row-major, 8 rows at a time, with an 8-lane chain per
+// output and a horizontal sum: same speed at 1 row, but 17 rows of tiny's products ran at ~45
+// GFLOP/s (2 threads) where the panels run at ~80, and a 16-token SmolLM2 step took ~72 ms where it
+// takes ~45 (refimpl/bench, --suite latency, measures yours).
 #include <immintrin.h>
 #include <omp.h>
 #include <stddef.h>
@@ -34,107 +34,109 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehl_ps(odd, pair)));
 }
 
-#define KC 512  // k range that keeps 8 weight rows (16 KB) and a few rows of x in L1
-#define RC 16   // up to this many rows of x, long weight rows go by k ranges
+#define PW 16       // outputs per panel
+#define AHEAD 1024  // floats: how far ahead in its panel a tile that streams it prefetches (64 k steps)
 
-// Output columns n[0 .. NB) (weight rows w[0 .. NB)) for x rows r0 .. r0 + RB, over k in [k0, k1).
-// `ahead` > 0: while computing, prefetch `ahead` floats past each weight row's k. `state`: the
-// accumulators carried between k ranges (loaded when k0 > 0, stored when k1 < K); the last range
-// finishes the sums.
-template <int NB, int RB>
-static inline void block(const float* const* w, const int* n, const float* x, float* y, const float* add, int K, int N,
-                         int r0, int ahead = 0, int k0 = 0, int k1 = 1 << 30, __m256* state = nullptr) {
-    const int K8 = K & ~7, end = k1 < K8 ? k1 : K8;
-    __m256 acc[NB][RB];
-    for (int i = 0; i < NB; i++)
-        for (int j = 0; j < RB; j++) acc[i][j] = k0 ? state[i * RB + j] : _mm256_setzero_ps();
-    for (int k = k0; k < end; k += 8) {
+// The packed layout (refimpl/models/cpu_gemv.py: pack): panel p holds weight rows p PW .. p PW + PW - 1
+// as K rows of PW floats, P[(p K + k) PW + c] = W[p PW + c, k] (zeros past N). A k step of a panel
+// is one 64-byte line: two 8-lane vectors, multiplied by one broadcast x[r, k] per row of x.
+
+// Output columns of NP panels (wp, panel numbers p) for x rows r0 .. r0 + RB: RB x 2 NP accumulators,
+// each the chain over k of one output element. `ahead`: prefetch distance (0 = none).
+template <int RB, int NP>
+static inline void tile(const float* const* wp, const int* p, const float* x, float* y, const float* add, int K, int N,
+                        int r0, int ahead) {
+    __m256 acc[RB][2 * NP];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int c = 0; c < 2 * NP; c++) acc[r][c] = _mm256_setzero_ps();
+    const float* xr = x + (size_t)r0 * K;
+    for (int k = 0; k < K; k++) {
         if (ahead)
-            for (int i = 0; i < NB; i++) _mm_prefetch((const char*)(w[i] + ahead + k), _MM_HINT_T0);
-        __m256 xv[RB];
-        for (int j = 0; j < RB; j++) xv[j] = _mm256_loadu_ps(x + (size_t)(r0 + j) * K + k);
-        for (int i = 0; i < NB; i++) {
-            __m256 wv = _mm256_loadu_ps(w[i] + k);
-            for (int j = 0; j < RB; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+#pragma GCC unroll 16
+            for (int i = 0; i < NP; i++) _mm_prefetch((const char*)(wp[i] + (size_t)k * PW + ahead), _MM_HINT_T0);
+        __m256 w[2 * NP];
+#pragma GCC unroll 16
+        for (int i = 0; i < NP; i++) {
+            w[2 * i] = _mm256_loadu_ps(wp[i] + (size_t)k * PW);
+            w[2 * i + 1] = _mm256_loadu_ps(wp[i] + (size_t)k * PW + 8);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; r++) {
+            const __m256 b = _mm256_broadcast_ss(xr + (size_t)r * K + k);
+#pragma GCC unroll 16
+            for (int c = 0; c < 2 * NP; c++) acc[r][c] = _mm256_fmadd_ps(w[c], b, acc[r][c]);
         }
     }
-    if (state && k1 < K) {  // a range before the last: park the sums
-        for (int i = 0; i < NB; i++)
-            for (int j = 0; j < RB; j++) state[i * RB + j] = acc[i][j];
-        return;
-    }
-    for (int i = 0; i < NB; i++)
-        for (int j = 0; j < RB; j++) {
-            const float* xr = x + (size_t)(r0 + j) * K;
-            float s = hsum(acc[i][j]);
-            for (int k = K8; k < K; k++) s += xr[k] * w[i][k];  // K % 8 leftovers
-            size_t o = (size_t)(r0 + j) * N + n[i];
-            y[o] = add ? add[o] + s : s;
+    // through memory, stored by unrolled loops: indexing acc in the loops below would make g++ keep
+    // acc on the stack and store every accumulator at every k step (measured 2-3x slower)
+    alignas(32) float t[RB][2 * NP][8];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int c = 0; c < 2 * NP; c++) _mm256_store_ps(t[r][c], acc[r][c]);
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NP; i++) {
+            const int n = p[i] * PW;
+            const float* s = t[r][2 * i];
+            float* yr = y + (size_t)(r0 + r) * N;
+            const float* ar = add ? add + (size_t)(r0 + r) * N : nullptr;
+            if (n + PW <= N) {
+                for (int h = 0; h < PW; h += 8) {
+                    const __m256 v = _mm256_load_ps(s + h);
+                    _mm256_storeu_ps(yr + n + h, ar ? _mm256_add_ps(_mm256_loadu_ps(ar + n + h), v) : v);
+                }
+            } else {
+                for (int c = 0; n + c < N; c++) yr[n + c] = ar ? ar[n + c] + s[c] : s[c];
+            }
         }
 }
 
-// The rows of x after the first (1 .. R - 1, R >= 7) for the 8 weight rows over k in [k0, k1): 4 x 3
-// tiles, and what is left: 4 rows of x as 3 x 4, 3 x 4 and 2 x 4 tiles (a 4 x 1 tile has 4 FMA
-// chains, too few to keep the FMA units busy), 2 rows as 4 x 2. `state`: 8 RC + 32 sums, each tile's
-// own in a row (a 4 x 3 or 4 x 2 tile at x row j of half h from h RC + 4 (j - 1), the 3 x 4 tiles
-// from 8 RC on).
-static inline void rest8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
-                         int K, int N, int ahead, int k0, int k1, __m256* state) {
-    const int m = R - 1, r = 1 + 3 * (m % 3 == 1 ? (m - 4) / 3 : m / 3);  // 4 x 3 tiles up to row r
-    for (int h = 0; h < 8; h += 4)  // each half's 4 weight rows stay in L1 across its tiles
-        for (int j = 1; j < r; j += 3) block<4, 3>(w + h, n + h, x, y, add, K, N, j, ahead, k0, k1, state + h * RC + 4 * (j - 1));
-    if (R - r == 4) {
-        block<3, 4>(w, n, x, y, add, K, N, r, ahead, k0, k1, state + 8 * RC);
-        block<3, 4>(w + 3, n + 3, x, y, add, K, N, r, ahead, k0, k1, state + 8 * RC + 12);
-        block<2, 4>(w + 6, n + 6, x, y, add, K, N, r, ahead, k0, k1, state + 8 * RC + 24);
-    } else if (R - r == 2) {
-        for (int h = 0; h < 8; h += 4) block<4, 2>(w + h, n + h, x, y, add, K, N, r, ahead, k0, k1, state + h * RC + 4 * (r - 1));
+// Every row of x against one panel: in ceil(R / 6) tiles of 4-6 rows (as even as can be; 1-3 rows
+// when R is), the first one streaming the panel in, the others reading it again from L1 / L2.
+static inline void panel(const float* w, int p, const float* x, float* y, const float* add, int R, int K, int N) {
+    const int tiles = (R + 5) / 6, base = R / tiles, extra = R % tiles;
+    for (int j = 0, r0 = 0; j < tiles; j++) {
+        const int rb = base + (j < extra), ahead = j ? 0 : AHEAD;
+        switch (rb) {
+            case 1: tile<1, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
+            case 2: tile<2, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
+            case 3: tile<3, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
+            case 4: tile<4, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
+            case 5: tile<5, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
+            default: tile<6, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
+        }
+        r0 += rb;
     }
 }
 
-// 8 weight rows (one from each slab: w, output columns n) times every row of x: one streaming pass
-// at 1 row, one pass of register tiles at 2-6, a streaming pass then tiles over L1 above.
-static inline void group8(const float* const* w, const int* n, const float* x, float* y, const float* add, int R,
-                          int K, int N) {
-    switch (R) {  // 2-6 rows: one pass, every row of x in registers, each weight vector loaded once
-        case 2: for (int i = 0; i < 8; i += 4) block<4, 2>(w + i, n + i, x, y, add, K, N, 0, K); return;
-        case 3: for (int i = 0; i < 8; i += 4) block<4, 3>(w + i, n + i, x, y, add, K, N, 0, K); return;
-        case 4: for (int i = 0; i < 8; i += 2) block<2, 4>(w + i, n + i, x, y, add, K, N, 0, K); return;
-        case 5: for (int i = 0; i < 8; i += 2) block<2, 5>(w + i, n + i, x, y, add, K, N, 0, K); return;
-        case 6: for (int i = 0; i < 8; i += 2) block<2, 6>(w + i, n + i, x, y, add, K, N, 0, K); return;
+// One product, run by every thread of the enclosing region. Thread t owns the contiguous panels
+// lo .. hi. With 1-3 rows of x, too few accumulators for one panel, it cuts them into 4 (1 row) or
+// 2 (2-3 rows) slabs and takes the j-th panel of every slab together: that many sequential streams,
+// 8-12 accumulator chains (one chain waits on the FMA latency, 4 cycles). Leftover panels go one at
+// a time. A barrier ends it, as a worksharing loop would.
+static void products(const float* P, const float* x, float* y, const float* add, int R, int K, int N) {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads(), np = (N + PW - 1) / PW;
+    const int lo = (int)((long long)np * t / T), hi = (int)((long long)np * (t + 1) / T);
+    const size_t stride = (size_t)K * PW;
+    int done = lo;
+    if (R <= 3) {
+        const int ns = R == 1 ? 4 : 2, S = (hi - lo) / ns;
+        for (int j = 0; j < S; j++) {
+            int ps[4];
+            const float* w[4];
+            for (int i = 0; i < ns; i++) ps[i] = lo + i * S + j, w[i] = P + ps[i] * stride;
+            if (R == 1)
+                tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
+            else if (R == 2)
+                tile<2, 2>(w, ps, x, y, add, K, N, 0, AHEAD);
+            else
+                tile<3, 2>(w, ps, x, y, add, K, N, 0, AHEAD);
+        }
+        done = lo + ns * S;
     }
-    if (K <= KC + KC / 2 || R == 1 || R > RC) {
-        block<8, 1>(w, n, x, y, add, K, N, 0);
-        if (R > 1) rest8(w, n, x, y, add, R, K, N, K, 0, 1 << 30, nullptr);
-        return;
-    }
-    alignas(32) __m256 first[8], state[8 * RC + 32];
-    for (int k0 = 0; k0 < K; k0 += KC) {
-        const int k1 = k0 + KC < K ? k0 + KC : 1 << 30, ahead = k0 + KC < K ? KC : K - k0;
-        block<8, 1>(w, n, x, y, add, K, N, 0, 0, k0, k1, first);
-        rest8(w, n, x, y, add, R, K, N, ahead, k0, k1, state);
-    }
-}
-
-// One product, run by every thread of the enclosing region. Thread t owns the contiguous rows
-// lo .. hi of W and cuts them into 8 slabs of S rows; its j-th group is the j-th row of every
-// slab, so it reads 8 long sequential streams, each in its own pages. (8 adjacent rows instead,
-// 8 streams 2.3 KB apart that share pages, read SmolLM2's K = 576 matrices ~1.35x slower on the
-// course machine.) The hi - lo - 8 S leftover rows go one at a time. A barrier ends it, as a
-// worksharing loop would.
-static void products(const float* W, const float* x, float* y, const float* add, int R, int K, int N) {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int lo = (int)((long long)N * t / T), hi = (int)((long long)N * (t + 1) / T), S = (hi - lo) / 8;
-    const float* w[8];
-    int n[8];
-    for (int j = 0; j < S; j++) {
-        for (int i = 0; i < 8; i++) n[i] = lo + i * S + j, w[i] = W + (size_t)n[i] * K;
-        group8(w, n, x, y, add, R, K, N);
-    }
-    for (int m = lo + 8 * S; m < hi; m++) {
-        const float* wm = W + (size_t)m * K;
-        for (int r = 0; r < R; r++) block<1, 1>(&wm, &m, x, y, add, K, N, r);
-    }
+    for (int q = done; q < hi; q++) panel(P + q * stride, q, x, y, add, R, K, N);
 #pragma omp barrier
 }
 
@@ -170,7 +172,7 @@ struct Layer {          // mirrored by refimpl/models/cpu_gemv.py (LayerArgs)
     float *h, *t, *o, *gu, *a;             // scratch: (R, hidden), (R, (H + 2 Hkv) D), (R, H D), (R, 2 I), (R, I)
 };
 
-static inline float dot(const float* u, const float* v, int n) {  // the order of block<1, 1>
+static inline float dot(const float* u, const float* v, int n) {  // an 8-lane chain, hsum, then the tail
     const int n8 = n & ~7;
     __m256 acc = _mm256_setzero_ps();
     for (int k = 0; k < n8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(u + k), _mm256_loadu_ps(v + k), acc);

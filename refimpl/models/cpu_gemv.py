@@ -5,14 +5,16 @@ Chapter 00's roofline: a one-token step must read every weight once, so its floo
 Model for Multicore Architectures", CACM 2009). On this course's 2-core machine oneDNN's prepacked
 products (:mod:`refimpl.models.cpu_linear`) read SmolLM2-135M's 538 MB at 10-14 GB/s where a plain
 ``sum`` reads 20-24: each product is a library call tuned for larger batches. ``cpu_gemv.cpp``
-(~120 lines, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
-8 output rows per pass with one accumulator chain each, those 8 rows taken from 8 slabs of the
-thread's share so that each is one long sequential stream; 2-6 rows of x in one pass with all of them
-in registers, more rows reusing the weight rows from L1. Measured over SmolLM2's 121 matrices and the
-LM head in a row (cold caches, 2 threads): 1 row 27 ms where 8 adjacent rows per pass took 39 in the
-same run, 5 rows 34 before the one pass and ~25 after it, on a machine whose memory read faster
-(oneDNN, in an earlier run: 47 and 59);
-``python -m refimpl.bench --suite latency`` measures your machine.
+(~150 lines of products, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
+each weight packed once (:func:`pack`) into panels of 16 output rows stored k-major, so a k step is one
+64-byte line multiplied by a broadcast ``x[r, k]`` into 16 outputs' accumulators (GotoBLAS's
+register-blocked kernel: Goto, van de Geijn, "Anatomy of High-Performance Matrix Multiplication",
+ACM TOMS 2008: its micro-kernel's outer-product update); 1 row takes 4 panels at a time from 4 far-apart slabs (4 sequential streams,
+8 FMA chains), 2-3 rows 2 panels, 4-6 rows one, and more rows go in tiles of 4-6 over a panel that
+the first tile streamed into cache. An earlier version read the weight row-major with a horizontal
+sum per output: as fast at 1 row, but 17 rows of ``tiny``'s products ran at ~48 GFLOP/s (2 threads)
+where the panels run at ~84, because its tiles spent their time in horizontal sums and a
+streaming pass without reuse. ``python -m refimpl.bench --suite latency`` measures your machine.
 
 :class:`LayerStep` runs all the decoder layers of a Llama step in one call (``refimpl_layers``,
 ~190 more lines), each layer: RMSNorm, the fused q/k/v product, rotary, the cache write, grouped-query attention,
@@ -25,7 +27,7 @@ default where the kernel builds (a one-token SmolLM2 step ~31 ms, 1.07x its memo
 stage by stage it takes ~42 on the same machine).
 
 The products are *batch-invariant*: every output element is the same sequence of float operations
-whatever the number of rows, so a draft token scored in a block of ``k`` gets exactly the logits
+whatever the number of rows (one FMA chain over k, then the residual added), so a draft token scored in a block of ``k`` gets exactly the logits
 it gets alone (the tests check ``torch.equal``); the layer's norm, rotary and attention keep that
 (each query's scores, softmax and weighted sum in one fixed order). They are not the bits of MKL or oneDNN (the sums
 run in another order: ~1e-6 relative; e^x is a polynomial within 1.3 ulp); greedy output stays Hugging Face's on every benchmark
@@ -106,33 +108,68 @@ def available() -> bool:
     return os.environ.get("REFIMPL_GEMV", "1") != "0" and library() is not None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
+#: outputs per panel of the packed layout (``PW`` in ``cpu_gemv.cpp``)
+PANEL = 16
+
+
+class Packed:
+    """A weight (N, K) in the kernel's layout: panels of :data:`PANEL` output rows, each stored k-major,
+    ``data[p, k, c] = weight[p * PANEL + c, k]`` (zero rows pad N up to a multiple of PANEL). A k step
+    of a panel is one 64-byte line, which the kernel multiplies by one broadcast ``x[r, k]`` per row.
+    ``shape`` is the weight's (N, K); ``data_ptr()`` is what the kernel reads."""
+
+    def __init__(self, weight: torch.Tensor):
+        N, K = weight.shape
+        w = weight.detach().to(device="cpu", dtype=torch.float32)
+        pad = -N % PANEL
+        if pad:
+            w = torch.cat([w, w.new_zeros(pad, K)])
+        self.data = w.view(-1, PANEL, K).transpose(1, 2).contiguous()  # (N / PANEL, K, PANEL)
+        self.shape = (N, K)
+
+    def data_ptr(self) -> int:
+        return self.data.data_ptr()
+
+
+def pack(weight: torch.Tensor) -> Packed:
+    """``weight`` (N, K) in the kernel's panel layout (:class:`Packed`): pack once, multiply many times."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D tensor (N, K), got {type(weight).__name__} "
+                         f"{tuple(getattr(weight, 'shape', ()))}")
+    return Packed(weight)
+
+
+def linear(x: torch.Tensor, weight, add: torch.Tensor | None = None,
            threads: int | None = None) -> torch.Tensor:
     """``add + x @ weight.T`` (``add`` optional), every row computed alone: x (..., K) -> (..., N).
 
-    ``weight`` (N, K) contiguous; x and ``add`` (..., N) CPU float32 (made contiguous here).
+    ``weight``: a contiguous (N, K) tensor (packed here, at every call) or a :func:`pack`-ed one;
+    x and ``add`` (..., N) CPU float32 (made contiguous here).
     ``threads``: how many of torch's threads share the rows (None: ``torch.get_num_threads()``).
     """
     if library() is None:
         raise ValueError("cpu_gemv.linear needs an x86-64 CPU with AVX2 and FMA and a C++ compiler "
                          "(cpu_gemv.available() is False)")
+    if isinstance(weight, torch.Tensor) and not weight.is_contiguous():
+        raise ValueError(f"weight must be contiguous, got strides {weight.stride()}")
     for name, t in (("x", x), ("weight", weight), ("add", add)):
-        if t is not None and (t.device.type != "cpu" or t.dtype != torch.float32):
+        if isinstance(t, torch.Tensor) and (t.device.type != "cpu" or t.dtype != torch.float32):
             raise ValueError(f"{name} must be a CPU float32 tensor, got {t.dtype} on {t.device}")
+    if not isinstance(weight, Packed):
+        weight = pack(weight)
     N, K = weight.shape
-    if x.shape[-1] != K or not weight.is_contiguous():
-        raise ValueError(f"x (..., {K}) and a contiguous weight (N, {K}) expected; "
-                         f"got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    if x.shape[-1] != K:
+        raise ValueError(f"x (..., {K}) expected for a weight (N, {K}); got x {tuple(x.shape)}")
     if add is not None and add.shape != (*x.shape[:-1], N):
         raise ValueError(f"add must have the output's shape {(*x.shape[:-1], N)}, got {tuple(add.shape)}")
     return run(x, weight, add, threads)
 
 
-def run(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
+def run(x: torch.Tensor, weight: Packed, add: torch.Tensor | None = None,
         threads: int | None = None) -> torch.Tensor:
     """:func:`linear` without its argument checks, for a caller whose operands hold them by
     construction (the lean forward, ~120 products a step: the checks cost ~10 us each). The
-    kernel must be :func:`available`; ``weight`` (N, K) contiguous, x (..., K) and ``add`` (..., N)
+    kernel must be :func:`available`; ``weight`` a :class:`Packed` (N, K), x (..., K) and ``add`` (..., N)
     CPU float32."""
     N, K = weight.shape
     x = x.contiguous()

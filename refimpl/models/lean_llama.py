@@ -71,7 +71,7 @@ class Projections:
 
     ``packed``: q/k/v fused into one (H + 2 Hkv) D x hidden matrix, gate/up into one 2 I x hidden
     matrix, the residual added inside the ``o_proj`` and ``down_proj`` products. ``gemv``: those
-    matrices go to :func:`refimpl.models.cpu_gemv.linear` (plain row-major copies); otherwise they
+    matrices go to :func:`refimpl.models.cpu_gemv.run` (in its panel layout, :func:`refimpl.models.cpu_gemv.pack`); otherwise they
     are prepacked for oneDNN. Not packed: the layer's own modules are called one by one (any device
     or dtype).
     """
@@ -85,7 +85,7 @@ class Projections:
         self.version = self.signature()
         if packed:
             q, k, v, o, g, u, d = (w.detach() for w in self.sources)
-            prep = (lambda w: w.contiguous()) if self.gemv else pack_weight
+            prep = cpu_gemv.pack if self.gemv else pack_weight
             self.w_qkv = prep(torch.cat([q, k, v]))  # ((H + 2 Hkv) D, hidden)
             self.w_o = prep(o)
             self.w_gate_up = prep(torch.cat([g, u]))  # (2 I, hidden)
@@ -101,7 +101,7 @@ class Projections:
     def product(self, x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
         """``add + x @ W.T`` with a fused matrix ``w``, by the kernel this layer was built for."""
         if self.gemv:
-            return cpu_gemv.run(x, w, add)  # operands fp32 on the CPU, w contiguous: built here
+            return cpu_gemv.run(x, w, add)  # operands fp32 on the CPU, w packed: built here
         return packed_linear(x, w, add=add)
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
@@ -150,11 +150,21 @@ def projections(model) -> list[Projections]:
     return have
 
 
+#: per model, its LM head in cpu_gemv's layout and the weight's signature it was packed from
+HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def head(model, proj: Projections, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head on ``hidden`` (B, Q', hidden) -> (B, Q', V), by the layers' kernel when it has no bias."""
+    """The LM head on ``hidden`` (B, Q', hidden) -> (B, Q', V), by the layers' kernel when it has no
+    bias (its weight packed once, again when it is moved, cast or edited in place)."""
     lm_head = model.lm_head
-    if proj.gemv and getattr(lm_head, "bias", None) is None and lm_head.weight.is_contiguous():
-        return cpu_gemv.run(hidden, lm_head.weight.detach())
+    if proj.gemv and getattr(lm_head, "bias", None) is None:
+        w = lm_head.weight
+        key = (w.data_ptr(), w._version)
+        have = HEADS.get(model)
+        if have is None or have[0] != key:
+            have = HEADS[model] = (key, cpu_gemv.pack(w))
+        return cpu_gemv.run(hidden, have[1])
     return lm_head(hidden)
 
 
