@@ -21,9 +21,8 @@ def test_equals_f_linear_with_and_without_add(n_out, k_in, rows):
 
 def test_rows_scored_together_get_the_bits_they_get_alone():
     """Verification's property: a token's logits do not depend on how many tokens share the call
-    (every blocking path of the kernel: 1 row over 4 panels, 2-3 rows over 2, 4-6 over one, tiles
-    of 4-6 rows (and 1-3 when R is) over a panel above, leftover panels one at a time, a last panel
-    padded past N, odd K)."""
+    (every blocking path of the kernel: 1-3 rows over 4 panels, more rows over 2 in
+    tiles of 3-6, leftover panels one at a time, a last panel padded past N, odd K)."""
     g = torch.Generator().manual_seed(1)
     for n_out, k_in in ((1539, 580), (96, 1536), (70, 1030)):
         w, x = torch.randn(n_out, k_in, generator=g), torch.randn(40, k_in, generator=g)
@@ -71,13 +70,14 @@ def test_pack_is_the_documented_panel_layout_and_gives_the_same_bits():
     g = torch.Generator().manual_seed(4)
     w, x = torch.randn(37, 20, generator=g), torch.randn(3, 20, generator=g)
     p = cpu_gemv.pack(w)
-    assert p.shape == (37, 20) and p.data.shape == (3, 20, cpu_gemv.PANEL)
-    for n in (0, 15, 16, 36):
-        assert torch.equal(p.data[n // 16, :, n % 16], w[n])  # panel n // 16, lane n % 16, every k
-    assert not p.data[2, :, 5:].any()  # rows 37 .. 47: padding
+    P = cpu_gemv.PANEL
+    assert p.shape == (37, 20) and p.data.shape == (-(-37 // P), 20, P)
+    for n in (0, P - 1, P, 36):
+        assert torch.equal(p.data[n // P, :, n % P], w[n])  # panel n // P, lane n % P, every k
+    assert not p.data[-1, :, 37 % P:].any()  # rows 37 .. : padding
     assert torch.equal(cpu_gemv.linear(x, p), cpu_gemv.linear(x, w))
     wrong = cpu_gemv.pack(w)
-    wrong.data = w[:32].reshape(2, 16, 20).contiguous()  # negative control: row-major, not k-major
+    wrong.data = w[:32].reshape(32 // P, P, 20).contiguous()  # negative control: row-major, not k-major
     wrong.shape = (32, 20)
     assert not torch.allclose(cpu_gemv.linear(x, wrong), F.linear(x, w[:32]), atol=1e-2)
     with pytest.raises(ValueError, match="weight"):

@@ -5,15 +5,15 @@
 //
 // A decode step multiplies 1 to ~16 rows by every weight matrix once, so its floor is the time
 // to read the weights (chapter 00, appendix 04c). These habits get close to it (refimpl/models/cpu_gemv.py):
-// - the weight is packed once into panels of 16 output rows stored k-major (pack() in
-//   cpu_gemv.py): a k step of a panel is one 64-byte line, two 8-lane vectors, each multiplied by a
-//   broadcast x[r, k] into its own accumulators. No horizontal sums: accumulator lane c of panel p
-//   is output p 16 + c (the register-blocked "outer product" kernel of GotoBLAS / BLIS);
-// - enough independent FMA chains to cover the FMA latency, and few loads per FMA: 1 row of x takes
-//   4 panels at once (8 chains), 2-3 rows 2 panels (8-12), 4-6 rows one panel (8-12); more rows go
-//   in tiles of 4-6 over the same panel, which the first tile streamed into L1 / L2;
+// - the weight is packed once into panels of 8 output rows stored k-major (pack() in cpu_gemv.py):
+//   a k step of a panel is one 8-lane vector, multiplied by a broadcast x[r, k] into that row's
+//   accumulator. No horizontal sums: lane c of panel p's accumulator is output 8 p + c (the
+//   register-blocked "outer product" kernel of GotoBLAS / BLIS);
+// - enough independent FMA chains to cover the FMA latency, and few loads per FMA: 1-3 rows of x
+//   take 4 panels at once (4-12 chains), 4 rows and more 2 panels in tiles of 3-6 rows (6-12), the
+//   first tile streaming the panels into L1 / L2 and the others reusing them;
 // - the panels taken together come from far-apart slabs of the thread's share, so each is one
-//   long sequential stream, and the tile that streams a panel prefetches it 4 KB ahead;
+//   long sequential stream (4 or 2 of them), and the tile that streams them prefetches 4 KB ahead;
 // - each thread (torch's OpenMP threads) reads one contiguous share of the panels;
 // - every output element is the same sequence of operations whatever R and the blocking: one FMA
 //   chain over k = 0 .. K - 1, then + add. So a row scored inside a block of R rows gets exactly
@@ -34,109 +34,111 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehl_ps(odd, pair)));
 }
 
-#define PW 16       // outputs per panel
-#define AHEAD 1024  // floats: how far ahead in its panel a tile that streams it prefetches (64 k steps)
+#define PW 8        // outputs per panel: one 8-lane vector
+#define AHEAD 1024  // floats: how far ahead in its panel a tile that streams it prefetches (128 k steps)
 
 // The packed layout (refimpl/models/cpu_gemv.py: pack): panel p holds weight rows p PW .. p PW + PW - 1
 // as K rows of PW floats, P[(p K + k) PW + c] = W[p PW + c, k] (zeros past N). A k step of a panel
-// is one 64-byte line: two 8-lane vectors, multiplied by one broadcast x[r, k] per row of x.
+// is one 8-lane vector, multiplied by one broadcast x[r, k] per row of x.
 
-// Output columns of NP panels (wp, panel numbers p) for x rows r0 .. r0 + RB: RB x 2 NP accumulators,
-// each the chain over k of one output element. `ahead`: prefetch distance (0 = none).
+// Output columns of NP panels (wp, panel numbers p) for x rows r0 .. r0 + RB: RB x NP accumulators,
+// lane c of each the chain over k of one output element. `ahead`: prefetch distance (0 = none).
 template <int RB, int NP>
 static inline void tile(const float* const* wp, const int* p, const float* x, float* y, const float* add, int K, int N,
                         int r0, int ahead) {
-    __m256 acc[RB][2 * NP];
+    __m256 acc[RB][NP];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
-        for (int c = 0; c < 2 * NP; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int i = 0; i < NP; i++) acc[r][i] = _mm256_setzero_ps();
     const float* xr = x + (size_t)r0 * K;
     for (int k = 0; k < K; k++) {
         if (ahead)
 #pragma GCC unroll 16
             for (int i = 0; i < NP; i++) _mm_prefetch((const char*)(wp[i] + (size_t)k * PW + ahead), _MM_HINT_T0);
-        __m256 w[2 * NP];
+        __m256 w[NP];
 #pragma GCC unroll 16
-        for (int i = 0; i < NP; i++) {
-            w[2 * i] = _mm256_loadu_ps(wp[i] + (size_t)k * PW);
-            w[2 * i + 1] = _mm256_loadu_ps(wp[i] + (size_t)k * PW + 8);
-        }
+        for (int i = 0; i < NP; i++) w[i] = _mm256_loadu_ps(wp[i] + (size_t)k * PW);
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++) {
             const __m256 b = _mm256_broadcast_ss(xr + (size_t)r * K + k);
 #pragma GCC unroll 16
-            for (int c = 0; c < 2 * NP; c++) acc[r][c] = _mm256_fmadd_ps(w[c], b, acc[r][c]);
+            for (int i = 0; i < NP; i++) acc[r][i] = _mm256_fmadd_ps(w[i], b, acc[r][i]);
         }
     }
     // through memory, stored by unrolled loops: indexing acc in the loops below would make g++ keep
     // acc on the stack and store every accumulator at every k step (measured 2-3x slower)
-    alignas(32) float t[RB][2 * NP][8];
+    alignas(32) float t[RB][NP][PW];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 16
-        for (int c = 0; c < 2 * NP; c++) _mm256_store_ps(t[r][c], acc[r][c]);
+        for (int i = 0; i < NP; i++) _mm256_store_ps(t[r][i], acc[r][i]);
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NP; i++) {
             const int n = p[i] * PW;
-            const float* s = t[r][2 * i];
+            const float* s = t[r][i];
             float* yr = y + (size_t)(r0 + r) * N;
             const float* ar = add ? add + (size_t)(r0 + r) * N : nullptr;
             if (n + PW <= N) {
-                for (int h = 0; h < PW; h += 8) {
-                    const __m256 v = _mm256_load_ps(s + h);
-                    _mm256_storeu_ps(yr + n + h, ar ? _mm256_add_ps(_mm256_loadu_ps(ar + n + h), v) : v);
-                }
+                const __m256 v = _mm256_load_ps(s);
+                _mm256_storeu_ps(yr + n, ar ? _mm256_add_ps(_mm256_loadu_ps(ar + n), v) : v);
             } else {
                 for (int c = 0; n + c < N; c++) yr[n + c] = ar ? ar[n + c] + s[c] : s[c];
             }
         }
 }
 
-// Every row of x against one panel: in ceil(R / 6) tiles of 4-6 rows (as even as can be; 1-3 rows
-// when R is), the first one streaming the panel in, the others reading it again from L1 / L2.
-static inline void panel(const float* w, int p, const float* x, float* y, const float* add, int R, int K, int N) {
+// Every row of x (R >= 4, or leftovers) against NP panels: ceil(R / 6) tiles of 3-6 rows (as even as
+// can be; fewer when R is), the first one streaming the panels in, the others reading them again
+// from L1 / L2.
+template <int NP>
+static inline void panels(const float* const* w, const int* p, const float* x, float* y, const float* add, int R,
+                          int K, int N) {
     const int tiles = (R + 5) / 6, base = R / tiles, extra = R % tiles;
     for (int j = 0, r0 = 0; j < tiles; j++) {
         const int rb = base + (j < extra), ahead = j ? 0 : AHEAD;
         switch (rb) {
-            case 1: tile<1, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
-            case 2: tile<2, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
-            case 3: tile<3, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
-            case 4: tile<4, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
-            case 5: tile<5, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
-            default: tile<6, 1>(&w, &p, x, y, add, K, N, r0, ahead); break;
+            case 1: tile<1, NP>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 2: tile<2, NP>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 3: tile<3, NP>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 4: tile<4, NP>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 5: tile<5, NP>(w, p, x, y, add, K, N, r0, ahead); break;
+            default: tile<6, NP>(w, p, x, y, add, K, N, r0, ahead); break;
         }
         r0 += rb;
     }
 }
 
 // One product, run by every thread of the enclosing region. Thread t owns the contiguous panels
-// lo .. hi. With 1-3 rows of x, too few accumulators for one panel, it cuts them into 4 (1 row) or
-// 2 (2-3 rows) slabs and takes the j-th panel of every slab together: that many sequential streams,
-// 8-12 accumulator chains (one chain waits on the FMA latency, 4 cycles). Leftover panels go one at
-// a time. A barrier ends it, as a worksharing loop would.
+// lo .. hi and cuts them into NS slabs: its j-th step takes the j-th panel of every slab, so it
+// reads NS long sequential streams at once. 1-3 rows: 4 slabs (4-12 accumulator chains: 1 row is
+// bound by memory, not by the FMA latency; 8 slabs read no faster); 4 rows and more: 2 (8-12 chains
+// a tile, 4 x 2 needs 16 + 2 registers). One stream reads slower: 4-6 rows over one 16-wide panel
+// at a time (1 stream, 8-12 chains) took 24-27 ms for SmolLM2's products where 2 streams of
+// 8-wide panels take 18-22. Leftover panels go one at a time.
+// A barrier ends it, as a worksharing loop would.
 static void products(const float* P, const float* x, float* y, const float* add, int R, int K, int N) {
     const int t = omp_get_thread_num(), T = omp_get_num_threads(), np = (N + PW - 1) / PW;
     const int lo = (int)((long long)np * t / T), hi = (int)((long long)np * (t + 1) / T);
+    const int NS = R <= 3 ? 4 : 2, S = (hi - lo) / NS;
     const size_t stride = (size_t)K * PW;
-    int done = lo;
-    if (R <= 3) {
-        const int ns = R == 1 ? 4 : 2, S = (hi - lo) / ns;
-        for (int j = 0; j < S; j++) {
-            int ps[4];
-            const float* w[4];
-            for (int i = 0; i < ns; i++) ps[i] = lo + i * S + j, w[i] = P + ps[i] * stride;
-            if (R == 1)
-                tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
-            else if (R == 2)
-                tile<2, 2>(w, ps, x, y, add, K, N, 0, AHEAD);
-            else
-                tile<3, 2>(w, ps, x, y, add, K, N, 0, AHEAD);
-        }
-        done = lo + ns * S;
+    for (int j = 0; j < S; j++) {
+        int ps[4];
+        const float* w[4];
+        for (int i = 0; i < NS; i++) ps[i] = lo + i * S + j, w[i] = P + ps[i] * stride;
+        if (R == 1)
+            tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
+        else if (R == 2)
+            tile<2, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
+        else if (R == 3)
+            tile<3, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
+        else
+            panels<2>(w, ps, x, y, add, R, K, N);
     }
-    for (int q = done; q < hi; q++) panel(P + q * stride, q, x, y, add, R, K, N);
+    for (int q = lo + NS * S; q < hi; q++) {
+        const float* w = P + q * stride;
+        panels<1>(&w, &q, x, y, add, R, K, N);
+    }
 #pragma omp barrier
 }
 

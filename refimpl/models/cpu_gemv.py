@@ -6,12 +6,12 @@ Model for Multicore Architectures", CACM 2009). On this course's 2-core machine 
 products (:mod:`refimpl.models.cpu_linear`) read SmolLM2-135M's 538 MB at 10-14 GB/s where a plain
 ``sum`` reads 20-24: each product is a library call tuned for larger batches. ``cpu_gemv.cpp``
 (~150 lines of products, AVX2 + FMA, OpenMP) does only what a decode step needs, and its header says how:
-each weight packed once (:func:`pack`) into panels of 16 output rows stored k-major, so a k step is one
-64-byte line multiplied by a broadcast ``x[r, k]`` into 16 outputs' accumulators (GotoBLAS's
+each weight packed once (:func:`pack`) into panels of 8 output rows stored k-major, so a k step is one
+8-lane vector multiplied by a broadcast ``x[r, k]`` into 8 outputs' accumulator (GotoBLAS's
 register-blocked kernel: Goto, van de Geijn, "Anatomy of High-Performance Matrix Multiplication",
-ACM TOMS 2008: its micro-kernel's outer-product update); 1 row takes 4 panels at a time from 4 far-apart slabs (4 sequential streams,
-8 FMA chains), 2-3 rows 2 panels, 4-6 rows one, and more rows go in tiles of 4-6 over a panel that
-the first tile streamed into cache. An earlier version read the weight row-major with a horizontal
+ACM TOMS 2008: its micro-kernel's outer-product update); 1-3 rows take 4 panels at a time from 4
+far-apart slabs (4 sequential streams), more rows 2 panels in tiles of 3-6 rows, the first tile
+streaming them into cache and the others reusing them. An earlier version read the weight row-major with a horizontal
 sum per output: as fast at 1 row, but 17 rows of ``tiny``'s products ran at ~48 GFLOP/s (2 threads)
 where the panels run at ~84, because its tiles spent their time in horizontal sums and a
 streaming pass without reuse. ``python -m refimpl.bench --suite latency`` measures your machine.
@@ -109,13 +109,13 @@ def available() -> bool:
 
 
 #: outputs per panel of the packed layout (``PW`` in ``cpu_gemv.cpp``)
-PANEL = 16
+PANEL = 8
 
 
 class Packed:
     """A weight (N, K) in the kernel's layout: panels of :data:`PANEL` output rows, each stored k-major,
     ``data[p, k, c] = weight[p * PANEL + c, k]`` (zero rows pad N up to a multiple of PANEL). A k step
-    of a panel is one 64-byte line, which the kernel multiplies by one broadcast ``x[r, k]`` per row.
+    of a panel is one 8-lane vector, which the kernel multiplies by one broadcast ``x[r, k]`` per row.
     ``shape`` is the weight's (N, K); ``data_ptr()`` is what the kernel reads."""
 
     def __init__(self, weight: torch.Tensor):
