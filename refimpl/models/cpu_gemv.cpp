@@ -228,24 +228,36 @@ static inline void exp_n(const float* x, float* y, int n, float shift) {
     }
 }
 
+// hsum of 8 vectors at once, each in hsum's order: the halves added, then two rounds of pair sums
+// (an add commutes, so hadd's x0 + x1 is hsum's). out[j] = hsum(a[j]).
+static inline void hsum8(const __m256* a, float* out) {
+    __m256 s[4];
+    for (int i = 0; i < 4; i++)  // [a_2i lanes 0-3 + 4-7, a_2i+1 lanes 0-3 + 4-7]
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+    alignas(32) float t[8];  // h = [a0, a2, a4, a6, a1, a3, a5, a7]
+    _mm256_store_ps(t, h);
+    for (int i = 0; i < 4; i++) out[2 * i] = t[i], out[2 * i + 1] = t[4 + i];
+}
+
 // Attention scores of one query against n keys (n, D): p[j] = dot(q, k_j) * scale (+ mask[j]).
-// Four keys at a time, each in its own chain (a lone chain of D / 8 dependent FMAs waits on the
-// FMA latency); every score is still dot()'s sequence of operations.
+// Eight keys at a time, each in its own chain (a lone chain of D / 8 dependent FMAs waits on the
+// FMA latency) and their horizontal sums together; every score is still dot()'s sequence of operations.
 static void scores(const float* qv, const float* keys, float* p, int n, int D, float scale, const float* mask) {
     const int D8 = D & ~7;
     int j = 0;
-    for (; j + 4 <= n; j += 4) {
+    for (; j + 8 <= n; j += 8) {
         const float* k0 = keys + (size_t)j * D;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
         for (int d = 0; d < D8; d += 8) {
             const __m256 qd = _mm256_loadu_ps(qv + d);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + d), qd, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + D + d), qd, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + 2 * D + d), qd, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + 3 * D + d), qd, a3);
+            for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + (size_t)u * D + d), qd, a[u]);
         }
-        float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-        for (int u = 0; u < 4; u++) {
+        float s[8];
+        hsum8(a, s);
+        for (int u = 0; u < 8; u++) {
             for (int d = D8; d < D; d++) s[u] += qv[d] * k0[(size_t)u * D + d];
             p[j + u] = s[u] * scale + (mask ? mask[j + u] : 0.0f);
         }
