@@ -411,29 +411,32 @@ print("fused q/k/v == three products, bit for bit")
 # %% [markdown]
 # ### A product written for decoding
 # oneDNN is tuned for larger batches than a decoder's 1-16 rows. `refimpl/models/cpu_gemv.cpp`
-# (~80 lines of AVX2, compiled on first use) does only this job: it reads each weight matrix in
-# its own row-major layout, 8 rows at a time with 8 independent sums (enough loads in flight to
-# keep the memory bus busy), reuses those rows from L1 for the other tokens of a block, and
-# splits the rows over torch's own threads. *Which* 8 rows matters: 8 adjacent rows of a
-# 576-wide matrix are 8 streams 2.3 KB apart that share memory pages, and the hardware prefetcher
-# follows them badly; so each thread cuts its share into 8 slabs and takes one row from each, 8
-# long sequential streams (~1.35x the bandwidth on this course's machine, same bits).
-# Every output is the same sequence of float operations
+# (~150 lines of AVX2 for the products, compiled on first use) does only this job. It packs each
+# weight matrix once into *panels*: 8 output rows stored k-major, so that one k step of a panel is
+# one 8-lane vector `W[n:n+8, k]`. Multiplied by a broadcast `x[r, k]` it updates the 8 outputs'
+# accumulator for row r: no horizontal sums at the end, and a panel read once serves every row of x
+# (the register-blocked kernel of GotoBLAS and BLIS). Each thread cuts its share of the panels into
+# far-apart slabs and reads a panel from each at once -- 4 sequential streams for 1-3 rows, 2 for more
+# -- because the hardware prefetcher follows a few long streams better than many short ones, and
+# enough independent accumulator chains hide the 4-cycle FMA latency.
+# Every output is the same sequence of float operations (one FMA chain over k)
 # whatever the number of rows, so a token scored in a block of 5 gets the bits it gets alone --
 # the property greedy verification needs. It is not oneDNN's or MKL's order of summing, so the
 # logits move by ~1e-6 relative; the greedy text does not (checked here and on every benchmark prompt).
-# Measured on SmolLM2's 121 matrices and the LM head in a row (2 threads, cold caches): 1 row 27 ms against
-# 39 with adjacent rows (oneDNN: 47), 5 rows 34 (oneDNN: 59). `REFIMPL_GEMV=0` switches it off.
+# Measured on SmolLM2's 121 matrices and the LM head in a row (2 threads, cold caches): 1 row 18-21 ms,
+# 5 rows 20-22 (oneDNN: 47 and 59; our earlier row-major kernel 19-22 and 25-27). `REFIMPL_GEMV=0`
+# switches it off.
 
 # %%
 from refimpl.models import cpu_gemv
 
 ids = torch.tensor([prompts[0] + ref.tokens[0]], device="cpu")
 if cpu_gemv.available():
-    w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach()   # (N, hidden)
+    w = cpu_gemv.pack(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))  # (N, hidden), packed once
     alone = torch.cat([cpu_gemv.linear(h[i:i + 1], w) for i in range(5)])
     assert torch.equal(cpu_gemv.linear(h, w), alone)                 # a block of 5 == its rows alone
-    print("max |cpu_gemv - F.linear|:", (alone - torch.nn.functional.linear(h, w)).abs().max().item())
+    dense = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).detach()
+    print("max |cpu_gemv - F.linear|:", (alone - torch.nn.functional.linear(h, dense)).abs().max().item())
 diff = (fast_target.logits(ids) - plain_target.logits(ids)).abs().max().item()
 same = autoregressive.generate(fast_target, prompts[:2], max_new_tokens=32).tokens == \
     autoregressive.generate(plain_target, prompts[:2], max_new_tokens=32).tokens
@@ -547,12 +550,12 @@ print(f"one-token step {one['ms']:.1f} ms = {one['x_floor']:.2f}x the floor {sav
 # between them (norms, rotary, attention: ~15 per layer, each a few microseconds of dispatch) add
 # ~10 ms that read no weights. The black tick is the default step, all layers in one kernel call: those
 # ~10 ms and a thread fork/join per product are gone, and it lands near 1.1x the floor. The price
-# shows in the k > 1 rows: at 5 tokens the step does 5x the multiply-adds. Our tiles compute them at
-# 60-90 GFLOP/s in cache, well under these two cores' peak (~195 GFLOP/s, a loop of FMAs on
-# registers): each FMA of a tile waits on its loads. 2-6 rows go in one pass, every row of x in
-# registers, so the FMAs run while the weights stream; still only part of them hides, and a 5-token
-# verification costs ~1.3x a one-token step (it cost ~1.1x when the one-token step itself streamed
-# slowly, ~1.6x before the one pass).
+# shows in the k > 1 rows: at 5 tokens the step does 5x the multiply-adds, and they must run while
+# the weights stream, or the step grows. A loop of FMAs on registers runs at ~195 GFLOP/s on these two
+# cores; our first tiles, reading the weights row-major with a horizontal sum per output, reached
+# 60-90 in cache and a 5-token verification cost ~1.3x a one-token step. The panels above reach ~85
+# for 17 rows of `tiny`'s products (2 threads, weights in cache, against ~48), and with 2 streams a
+# thread at 4-6 rows a 5-token verification costs ~1.1x a one-token step.
 # Reading fewer bytes would move the floor itself: SmolLM2's weights came to us as a
 # 4.5-bit GGUF, so an int4 kernel could read 7x less -- but torch's CPU int4 product
 # (`_weight_int4pack_mm_for_cpu`) with fp32 activations ran 8x *slower* here than the fp32 one.

@@ -82,3 +82,22 @@ def test_pack_is_the_documented_panel_layout_and_gives_the_same_bits():
     assert not torch.allclose(cpu_gemv.linear(x, wrong), F.linear(x, w[:32]), atol=1e-2)
     with pytest.raises(ValueError, match="weight"):
         cpu_gemv.pack(torch.randn(4))
+
+
+def test_layer_step_packs_plain_matrices_and_gets_the_packed_bits():
+    """LayerStep.run takes pack()-ed matrices; plain (N, K) tensors are packed at the call, not read
+    in the wrong layout (which would give wrong numbers silently)."""
+    g = torch.Generator().manual_seed(5)
+    B, Q, hidden, H, Hkv, D, inter, cap = 1, 3, 16, 2, 1, 8, 24, 8
+    mats = [torch.randn(n, k, generator=g) for n, k in (((H + 2 * Hkv) * D, hidden), (hidden, H * D),
+                                                        (2 * inter, hidden), (hidden, inter))]
+    norms = [torch.rand(hidden, generator=g) + 0.5 for _ in range(2)]
+    cos2, sin2 = torch.rand(B, Q, D, generator=g), torch.rand(B, Q, D, generator=g)
+    x = torch.randn(B, Q, hidden, generator=g)
+    outs = []
+    for prep in (cpu_gemv.pack, lambda m: m):
+        step = cpu_gemv.LayerStep(B, Q, 0, hidden, H, Hkv, D, inter, 1e-6, D ** -0.5, cos2, sin2)
+        caches = [(torch.zeros(B, Hkv, cap, D), torch.zeros(B, Hkv, cap, D))]
+        w = (norms[0], prep(mats[0]), prep(mats[1]), norms[1], prep(mats[2]), prep(mats[3]))
+        outs.append(step.run(x, [w], caches))
+    assert torch.equal(outs[0], outs[1]) and outs[0].abs().sum() > 0

@@ -169,8 +169,10 @@ def run(x: torch.Tensor, weight: Packed, add: torch.Tensor | None = None,
         threads: int | None = None) -> torch.Tensor:
     """:func:`linear` without its argument checks, for a caller whose operands hold them by
     construction (the lean forward, ~120 products a step: the checks cost ~10 us each). The
-    kernel must be :func:`available`; ``weight`` a :class:`Packed` (N, K), x (..., K) and ``add`` (..., N)
-    CPU float32."""
+    kernel must be :func:`available`; ``weight`` a :class:`Packed` (N, K) (a contiguous tensor is
+    packed here, at every call), x (..., K) and ``add`` (..., N) CPU float32."""
+    if not isinstance(weight, Packed):
+        weight = Packed(weight)
     N, K = weight.shape
     x = x.contiguous()
     y = torch.empty(*x.shape[:-1], N, dtype=torch.float32, device="cpu")  # (..., N)
@@ -227,14 +229,19 @@ class LayerStep:
     def run(self, x: torch.Tensor, weights: list, caches: list) -> torch.Tensor:
         """x (B, Q, hidden) through ``len(weights)`` layers in one kernel call -> every layer's output
         (layers, B, Q, hidden). ``weights[i]`` = layer i's (input norm, W_qkv, W_o, post-attention
-        norm, W_gate_up, W_down); ``caches[i]`` = its key and value buffers (B, Hkv, capacity, D),
+        norm, W_gate_up, W_down), the matrices :func:`pack`-ed (plain (N, K) tensors are packed at
+        every call: slow, but right); ``caches[i]`` = its key and value buffers (B, Hkv, capacity, D),
         where the new keys and values are written at positions P .. P + Q."""
         n = len(weights)
         outs = torch.empty(n, *self.shape, dtype=torch.float32, device="cpu")
         layers = (LayerArgs * n)()
+        alive = []
         for i, (w, (keys, values)) in enumerate(zip(weights, caches)):
             layers[i] = self.args  # a copy of the shared fields
             a = layers[i]
+            if not all(isinstance(m, Packed) for m in w[1:3] + w[4:6]):  # plain tensors: packed here, each call
+                w = [m if j in (0, 3) or isinstance(m, Packed) else Packed(m) for j, m in enumerate(w)]
+                alive.append(w)  # until the kernel has run
             a.norm1, a.w_qkv, a.w_o, a.norm2, a.w_gate_up, a.w_down = (t.data_ptr() for t in w)
             a.x = (x if i == 0 else outs[i - 1]).data_ptr()
             a.out, a.keys, a.values, a.cap = outs[i].data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2]
