@@ -82,6 +82,8 @@ def test_pack_is_the_documented_panel_layout_and_gives_the_same_bits():
     assert not torch.allclose(cpu_gemv.linear(x, wrong), F.linear(x, w[:32]), atol=1e-2)
     with pytest.raises(ValueError, match="weight"):
         cpu_gemv.pack(torch.randn(4))
+    assert torch.equal(cpu_gemv.linear(x, cpu_gemv.pack(w.t().contiguous().t())), cpu_gemv.linear(x, w))  # strided
+    assert cpu_gemv.linear(x[:, :0].contiguous(), cpu_gemv.pack(w[:, :0])).abs().sum() == 0  # K = 0: zeros
 
 
 def test_layer_step_packs_plain_matrices_and_gets_the_packed_bits():

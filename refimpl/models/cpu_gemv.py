@@ -124,7 +124,7 @@ class Packed:
         pad = -N % PANEL
         if pad:
             w = torch.cat([w, w.new_zeros(pad, K)])
-        self.data = w.view(-1, PANEL, K).transpose(1, 2).contiguous()  # (N / PANEL, K, PANEL)
+        self.data = w.reshape((N + pad) // PANEL, PANEL, K).transpose(1, 2).contiguous()  # (N / PANEL, K, PANEL)
         self.shape = (N, K)
 
     def data_ptr(self) -> int:
