@@ -60,7 +60,8 @@ def lookup_positions(history: torch.Tensor, ends: torch.Tensor, max_ngram: int =
     history, ends = (history[None], ends[None]) if one else (history, ends)
     ends = ends.long().to(history.device)
     B, Q = ends.shape
-    inside = ends.numel() == 0 or int(ends.max()) < history.shape[1]
+    last = int(ends.max()) if ends.numel() else -1  # the latest end (one device sync)
+    inside = last < history.shape[1]
     if method == "scan" and not inside:
         raise ValueError(f"method='scan' needs every end < the history's length {history.shape[1]}")
     if method == "scan" or (method == "auto" and inside and ends.numel() <= SCAN_AT_MOST):
@@ -69,7 +70,7 @@ def lookup_positions(history: torch.Tensor, ends: torch.Tensor, max_ngram: int =
         out = torch.tensor(got, dtype=torch.long, device=history.device).view(B, Q)
         return out[0] if one else out
     out = torch.full_like(ends, -1)  # (B, Q)
-    L = min(history.shape[1], int(ends.max()) + 1) if ends.numel() else 0
+    L = min(history.shape[1], last + 1)  # 0 without ends
     for n in range(max_ngram, min_ngram - 1, -1):
         if L < n + 1:
             continue
