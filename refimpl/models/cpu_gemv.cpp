@@ -21,7 +21,7 @@
 //   not depend on how many were drafted).
 // Before the panels the weight was read row-major, 8 rows at a time, with an 8-lane chain per
 // output and a horizontal sum: same speed at 1 row, but 17 rows of tiny's products ran at ~45
-// GFLOP/s (2 threads) where the panels run at ~80, and a 16-token SmolLM2 step took ~72 ms where it
+// GFLOP/s (2 threads) where the panels run at ~85, and a 16-token SmolLM2 step took ~72 ms where it
 // takes ~45 (refimpl/bench, --suite latency, measures yours).
 #include <immintrin.h>
 #include <omp.h>

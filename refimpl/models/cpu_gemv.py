@@ -13,7 +13,7 @@ ACM TOMS 2008: its micro-kernel's outer-product update); 1-3 rows take 4 panels 
 far-apart slabs (4 sequential streams), more rows 2 panels in tiles of 3-6 rows, the first tile
 streaming them into cache and the others reusing them. An earlier version read the weight row-major with a horizontal
 sum per output: as fast at 1 row, but 17 rows of ``tiny``'s products ran at ~48 GFLOP/s (2 threads)
-where the panels run at ~84, because its tiles spent their time in horizontal sums and a
+where the panels run at ~85, because its tiles spent their time in horizontal sums and a
 streaming pass without reuse. ``python -m refimpl.bench --suite latency`` measures your machine.
 
 :class:`LayerStep` runs all the decoder layers of a Llama step in one call (``refimpl_layers``,
