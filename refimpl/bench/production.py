@@ -32,6 +32,7 @@ import torch
 from .. import autoregressive, eagle, eagle3, medusa, models, prompts, retrieval, speculative
 from ..export import export
 from ..models.hf import cache_dir
+from ..models.lean_draft import lean
 from .decode import hardware, markdown_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -217,9 +218,9 @@ def main(argv=None):
     if "medusa-smollm2-135m" in exports:
         ctx["heads"] = medusa.load_heads(target)
     if "eagle-smollm2-135m" in exports:
-        ctx["eagle"] = eagle.load_draft(target)
+        ctx["eagle"] = lean(eagle.load_draft(target))
     if "eagle3-smollm2-135m" in exports:
-        ctx["eagle3"] = eagle3.load_draft(target)
+        ctx["eagle3"] = lean(eagle3.load_draft(target))
     if "smollm2-135m-draft" in exports:
         ctx["exported_draft"] = models.load(exports["smollm2-135m-draft"])
     if any(m[3] is ours_dynamic_tree for m in methods):

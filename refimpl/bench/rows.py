@@ -14,6 +14,7 @@ from .. import (adaptive, autoregressive, dllm_draft, drafts, dynamic_tree, eagl
                models, retrieval, speculative, tree)
 from ..copy_prior import ContextCopyLM
 from ..lm import LM
+from ..models.lean_draft import lean
 from .decode import Context, Method, hf_assisted, hf_generate
 
 #: the draft model paired with each target in the zoo
@@ -100,11 +101,12 @@ def medusa_row(tree_size: int, acceptance: str = "lossless", temperature: float 
 def eagle_row(total: int, depth: int, topk: int, module=eagle, **tree):
     """EAGLE-style decoding with the zoo's draft for the target (loaded once per run), a dynamic tree
     of ``total`` nodes grown ``depth`` levels deep from the ``topk`` most confident nodes per level;
-    ``module``: :mod:`refimpl.eagle` or :mod:`refimpl.eagle3` (``tree``: its extra options, ``floor``)."""
+    ``module``: :mod:`refimpl.eagle` or :mod:`refimpl.eagle3` (``tree``: its extra options, ``floor``).
+    The draft runs its products on the lean kernel (:func:`refimpl.models.lean_draft.lean`)."""
     def run(ctx: Context, ids, n):
         key = (module.__name__, id(ctx.target))
         if key not in ctx.memo:
-            ctx.memo[key] = module.load_draft(ctx.target)
+            ctx.memo[key] = lean(module.load_draft(ctx.target))  # its products on cpu_gemv's panels
         return module.generate(ctx.target, [ids], draft=ctx.memo[key], max_new_tokens=n, total=total, depth=depth,
                                topk=topk, **tree)
     return run

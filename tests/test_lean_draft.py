@@ -1,0 +1,100 @@
+"""refimpl.models.lean_draft: EAGLE drafts with their products on the cpu_gemv kernel."""
+import copy
+
+import pytest
+import torch
+
+from refimpl import eagle, eagle3
+from refimpl.models import cpu_gemv, lean_draft
+
+pytestmark = pytest.mark.usefixtures("torch_kernels")
+
+
+def drafts(tiny):
+    torch.manual_seed(0)
+    return [eagle.new_draft(tiny).eval(), eagle3.new_draft(tiny).eval()]
+
+
+def test_lean_draft_gives_the_plain_drafts_outputs(tiny):
+    for plain in drafts(tiny):
+        keys = sorted(plain.state_dict())
+        fast = lean_draft.lean(copy.deepcopy(plain))
+        assert lean_draft.lean(fast) is fast  # twice: a no-op
+        assert isinstance(fast, type(plain)) and type(fast) is not type(plain)
+        assert sorted(fast.state_dict()) == keys  # saved and exported as before
+        assert not any(type(m) is torch.nn.Linear for m in fast.modules())
+        B, T, P, H = 2, 3, 5, plain.hidden_size
+        g = torch.Generator(device="cpu").manual_seed(1)
+        tok = torch.randint(0, plain.embed.shape[0], (B, P + T), generator=g, device="cpu")
+        feat = torch.randn(B, P + T, len(plain.taps or (0,)) * H, generator=g, device="cpu")
+        with torch.no_grad():
+            f = plain.fuse(feat)
+            assert torch.allclose(fast.fuse(feat), f, atol=1e-5)
+            pos = torch.arange(P + T, device="cpu")[None].expand(B, -1)
+            allow = torch.ones(B, P + T, P + T, dtype=torch.bool, device="cpu").tril()
+            want, (k, v) = plain.step(tok, f, pos, allow)
+            got, (k2, v2) = fast.step(tok, f, pos, allow)
+            assert torch.allclose(got, want, atol=1e-4) and torch.allclose(k2, k, atol=1e-4)
+            assert torch.allclose(fast.logits(got), plain.logits(want), atol=1e-4)
+            # a cached step over the last T inputs, as a tree level runs it
+            want2 = plain.step(tok[:, P:], f[:, P:], pos[:, P:], allow[:, P:], (k[:, :, :P], v[:, :, :P]))[0]
+            got2 = fast.step(tok[:, P:], f[:, P:], pos[:, P:], allow[:, P:], (k2[:, :, :P], v2[:, :, :P]))[0]
+            assert torch.allclose(got2, want2, atol=1e-4) and torch.allclose(got2, got[:, P:], atol=1e-4)
+
+
+def test_the_packed_copies_follow_the_weights(tiny):
+    plain = drafts(tiny)[1]
+    fast = lean_draft.lean(copy.deepcopy(plain))
+    o = torch.randn(3, plain.hidden_size, device="cpu")
+    with torch.no_grad():
+        before = fast.logits(o)
+        for p, q in [(plain.lm_head, fast.lm_head), (plain.qkv.weight, fast.qkv.weight)]:
+            p.mul_(-0.5)
+            q.mul_(-0.5)  # edited in place: the packed copy is rebuilt
+        assert not torch.allclose(fast.logits(o), before, atol=1e-3)
+        assert torch.allclose(fast.logits(o), plain.logits(o), atol=1e-4)
+        x = torch.randn(2, 2 * plain.hidden_size, device="cpu")
+        assert torch.allclose(fast.qkv(x), plain.qkv(x), atol=1e-4)
+
+
+def test_training_falls_back_to_plain_products(tiny):
+    fast = lean_draft.lean(drafts(tiny)[1].train())
+    o = torch.randn(2, fast.hidden_size, device="cpu")
+    loss = fast.logits(fast.fc(torch.randn(2, 3 * fast.hidden_size, device="cpu"))[:, : o.shape[1]]).sum()
+    loss.backward()  # the kernel has no backward: with autograd on, F.linear runs
+    assert fast.lm_head.grad is not None and fast.fc.weight.grad is not None
+
+
+def test_lean_drafts_decode_exactly(tiny, spec_prompts, spec_ar_free):
+    e1, e3 = (lean_draft.lean(d) for d in drafts(tiny))
+    assert eagle.generate(tiny, spec_prompts, draft=e1, max_new_tokens=20, eos_token_id=[]).tokens == spec_ar_free
+    for kw in ({}, {"copy": 6.0}):
+        g = eagle3.generate(tiny, spec_prompts, draft=e3, max_new_tokens=20, eos_token_id=[], **kw)
+        assert g.tokens == spec_ar_free
+
+
+def test_the_zoo_draft_keeps_its_trees(tiny, spec_prompts):
+    """On the trained draft the lean products give the same trees (no near-tie on these prompts)."""
+    plain = eagle3.load_draft(tiny)
+    fast = lean_draft.lean(copy.deepcopy(plain))
+    a = eagle3.generate(tiny, spec_prompts, draft=plain, max_new_tokens=20, eos_token_id=[])
+    b = eagle3.generate(tiny, spec_prompts, draft=fast, max_new_tokens=20, eos_token_id=[])
+    assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="draft"):
+        lean_draft.lean(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="linear"):
+        lean_draft.GemvLinear(torch.nn.Conv1d(1, 1, 1))
+
+
+@pytest.mark.skipif(not cpu_gemv.available(), reason="the cpu_gemv kernel does not build here")
+def test_the_kernel_runs_the_products(tiny, monkeypatch):
+    fast = lean_draft.lean(drafts(tiny)[1])
+    calls = []
+    real = cpu_gemv.run
+    monkeypatch.setattr(cpu_gemv, "run", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    with torch.no_grad():
+        fast.logits(fast.fc(torch.randn(1, 3 * fast.hidden_size, device="cpu")))
+    assert calls == [tuple(fast.fc.weight.shape), tuple(fast.lm_head.shape)]
