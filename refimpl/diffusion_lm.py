@@ -75,9 +75,15 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rope_angles(pos: torch.Tensor, d: int, theta: float, dtype=torch.float32):
-    """cos, sin (B, 1, Q, D/2) of the rotary angles for positions ``pos`` (B, Q), head size ``d``."""
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d))  # (D/2,)
+def inv_frequencies(d: int, theta: float, device) -> torch.Tensor:
+    """The rotary frequencies ``theta^(-2i/d)`` (D/2,) for head size ``d``, float32."""
+    return 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+
+
+def rope_angles(pos: torch.Tensor, d: int, theta: float, dtype=torch.float32, inv: torch.Tensor | None = None):
+    """cos, sin (B, 1, Q, D/2) of the rotary angles for positions ``pos`` (B, Q), head size ``d``
+    (``inv``: :func:`inv_frequencies` computed once by a caller that steps many times)."""
+    inv = inv_frequencies(d, theta, pos.device) if inv is None else inv  # (D/2,)
     ang = pos.to(torch.float32)[:, None, :, None] * inv  # (B, 1, Q, D/2)
     return ang.cos().to(dtype), ang.sin().to(dtype)
 

@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
-from ..diffusion_lm import rms_norm, rope_angles
+from ..diffusion_lm import inv_frequencies, rms_norm, rope_angles
 from ..drafts import TrimmedLM
 from ..lm import LM, as_token_batch, check_taps
 from . import cpu_gemv
@@ -131,6 +133,33 @@ class Projections:
         return residual + self.layer.mlp.down_proj(a)
 
 
+#: What a step reads from a model's config, read once per model (:func:`dims`; the config's attribute
+#: lookups cost ~30 us a step): head counts and size, MLP width, RMSNorm epsilon, attention scale,
+#: rotary base and frequencies (D/2,) (:func:`refimpl.diffusion_lm.inv_frequencies`).
+Dims = NamedTuple("Dims", [("H", int), ("Hkv", int), ("D", int), ("inter", int), ("eps", float), ("scale", float),
+                           ("theta", float), ("inv", torch.Tensor)])
+
+
+#: per model, its :class:`Dims`
+DIMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def dims(model) -> Dims:
+    """``model``'s :class:`Dims`, checked with :func:`supports` on first use (ValueError if it does not fit)."""
+    have = DIMS.get(model)
+    if have is None or have.inv.device != model.lm_head.weight.device:
+        if not supports(model):
+            raise ValueError("model must be a plain Llama-recipe causal LM (lean_llama.supports(model) is False)")
+        cfg = model.config
+        H = cfg.num_attention_heads
+        D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+        theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        have = DIMS[model] = Dims(H, cfg.num_key_value_heads, D, cfg.intermediate_size, cfg.rms_norm_eps,
+                                  model.model.layers[0].self_attn.scaling, theta,
+                                  inv_frequencies(D, theta, model.lm_head.weight.device))
+    return have
+
+
 #: per model, its layers' :class:`Projections` (built on first use, rebuilt when weights change)
 PROJECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -193,9 +222,9 @@ def whole_layers(model, proj: Projections, x, P, cos2, sin2, attention_mask) -> 
     """A :class:`refimpl.models.cpu_gemv.LayerStep` for this step when the layers' products are
     cpu_gemv's and the step fits the whole-layer kernel (head size <= 512, a mask of one row per
     query), else None: the layers then run stage by stage below (also when a ``probe`` times them)."""
-    cfg = model.config
+    dm = dims(model)
     (B, Q, hidden), D = x.shape, cos2.shape[-1]
-    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    H, Hkv = dm.H, dm.Hkv
     if not proj.gemv or D > 512 or x.dtype != torch.float32 or H % Hkv:
         return None
     mask = None  # the kernel applies the causal rule itself
@@ -205,8 +234,7 @@ def whole_layers(model, proj: Projections, x, P, cos2, sin2, attention_mask) -> 
             return None
         mask = mask[:, 0].contiguous()  # (B or 1, Q, P + Q)
     tables = [t.expand(B, 1, Q, D).reshape(B, Q, D).contiguous() for t in (cos2, sin2)]
-    return cpu_gemv.LayerStep(B, Q, P, hidden, H, Hkv, D, cfg.intermediate_size, cfg.rms_norm_eps,
-                              model.model.layers[0].self_attn.scaling, *tables, mask=mask)
+    return cpu_gemv.LayerStep(B, Q, P, hidden, H, Hkv, D, dm.inter, dm.eps, dm.scale, *tables, mask=mask)
 
 
 def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
@@ -237,25 +265,21 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
     (``embed``, ``norm``, ``qkv``, ``rope``, ``cache``, ``attention``, ``o_proj``, ``gate_up``,
     ``swiglu``, ``down``, ``lm_head``): a timer sees where a step's time goes.
     """
-    if not supports(model):
-        raise ValueError("model must be a plain Llama-recipe causal LM (lean_llama.supports(model) is False)")
+    dm = dims(model)  # (checks supports(model) once)
     layers = projections(model)
     stage = probe or (lambda name: NO_PROBE)
-    cfg, inner = model.config, model.model
+    inner = model.model
     B, Q = input_ids.shape
     P = cache.length
-    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-    eps = cfg.rms_norm_eps
+    H, Hkv, D, eps = dm.H, dm.Hkv, dm.D, dm.eps
     if position_ids is None:
         position_ids = torch.arange(P, P + Q, device=input_ids.device)[None].expand(B, Q)
     with stage("embed"):
         x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
     with stage("rope"):
-        theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        cos, sin = rope_angles(position_ids, D, theta, x.dtype)  # (B, 1, Q, D/2), once for all layers
+        cos, sin = rope_angles(position_ids, D, dm.theta, x.dtype, dm.inv)  # (B, 1, Q, D/2), once for all layers
         cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
-    scale = inner.layers[0].self_attn.scaling
+    scale = dm.scale
     step = None if probe else whole_layers(model, layers[0], x, P, cos2, sin2, attention_mask)
     mask = None if step is not None else _mask(Q, P, attention_mask, x.device, x.dtype)  # stage by stage
     streams = {}  # layer id -> its input residual stream (B, Q, hidden), for ``taps``
