@@ -1055,7 +1055,11 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # EAGLE's step costs ~2.6: the same tree scoring plus `DEPTH` draft calls, and the committed run
 # predates the draft's KV cache, so its layer re-ran over the whole context at every step (the
 # proposer now caches the committed inputs' keys and values, `EagleProposer(cache=True)`: a new
-# benchmark run would show what that buys). The chain (~2.0) pays four small draft calls but
+# benchmark run would show what that buys). A draft call's *products* matter too: through `F.linear`
+# an EAGLE draft's layer and head are MKL GEMMs that repack each weight at every call (5 ms for
+# EAGLE-3's 7,316-row head on 3 rows); `refimpl.models.lean_draft.lean(draft)` runs them on the lean
+# forward's packed kernel, as the benchmark's EAGLE rows now do (EAGLE-3 + copy prior on SmolLM2:
+# a step from 2.99 to 2.28 AR steps, the README's "EAGLE-3 on SmolLM2"). The chain (~2.0) pays four small draft calls but
 # verifies only 5 tokens, and its draft copies well on summaries and quotes. On `tiny` a forward is
 # mostly fixed per-call overhead, so every method lands near AR and Medusa, with nothing to run but
 # its heads, edges ahead of the chain (no EAGLE run on `tiny` is committed).
