@@ -530,6 +530,6 @@ print(open(path).read() if os.path.exists(path) else "(run the benchmark to see 
 # - Confidence is only a proxy for "this token is final". A filter of ~1 K parameters trained on the
 #   model's own trajectories (Learn2PD) answers that question directly and commits more tokens per
 #   call at the same precision, without touching the model.
-# - A speed-up is tokens per call / cost per call: on this CPU a Jacobi call of 9-17 rows costs 2.4-2.7
-#   AR steps on `tiny` with the lean forward's products (~1.8 before they made one-token steps twice as
+# - A speed-up is tokens per call / cost per call: on this CPU a Jacobi call of 9-17 rows costs 2.5-3.2
+#   AR steps on `tiny` with the lean forward's products (~1.8 before they made one-token steps 2.8x as
 #   cheap), so tokens per call must clear that before wall-clock improves.
