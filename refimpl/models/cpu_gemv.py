@@ -139,6 +139,20 @@ def pack(weight: torch.Tensor) -> Packed:
     return Packed(weight)
 
 
+class PackedCopy:
+    """A weight's :func:`pack`-ed copy kept beside it, rebuilt when the weight is moved, cast or
+    edited in place (its ``data_ptr`` or ``_version`` changed): ``copy.of(weight)`` -> :class:`Packed`."""
+
+    def __init__(self):
+        self.key, self.packed = None, None
+
+    def of(self, weight: torch.Tensor) -> Packed:
+        key = (weight.data_ptr(), weight._version)
+        if self.key != key:
+            self.key, self.packed = key, pack(weight.detach())
+        return self.packed
+
+
 def linear(x: torch.Tensor, weight, add: torch.Tensor | None = None,
            threads: int | None = None) -> torch.Tensor:
     """``add + x @ weight.T`` (``add`` optional), every row computed alone: x (..., K) -> (..., N).

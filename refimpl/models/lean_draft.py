@@ -37,21 +37,8 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and cpu_gemv.available()
 
 
-class PackedCopy:
-    """A weight's packed copy (:func:`refimpl.models.cpu_gemv.pack`), rebuilt when the weight is
-    moved, cast or edited in place (its ``data_ptr`` or ``_version`` changed)."""
-
-    def __init__(self):
-        self.key, self.packed = None, None
-
-    def of(self, weight: torch.Tensor) -> cpu_gemv.Packed:
-        key = (weight.data_ptr(), weight._version)
-        if self.key != key:
-            self.key, self.packed = key, cpu_gemv.pack(weight.detach())
-        return self.packed
-
-
-def product(x: torch.Tensor, weight: torch.Tensor, copy: PackedCopy, bias: torch.Tensor | None = None) -> torch.Tensor:
+def product(x: torch.Tensor, weight: torch.Tensor, copy: cpu_gemv.PackedCopy,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)``: x (..., K), weight (N, K) -> (..., N), on the kernel with ``copy``'s
     panels when :func:`usable`, else ``F.linear``."""
     if not usable(x, weight):
@@ -70,7 +57,7 @@ class GemvLinear(nn.Module):
             raise ValueError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.copy = PackedCopy()
+        self.copy = cpu_gemv.PackedCopy()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return product(x, self.weight, self.copy, self.bias)
@@ -109,6 +96,6 @@ def lean(draft: nn.Module) -> nn.Module:
              for name, child in parent.named_children() if type(child) is nn.Linear]
     for parent, name, child in swaps:
         setattr(parent, name, GemvLinear(child))
-    draft.head_copy = PackedCopy()
+    draft.head_copy = cpu_gemv.PackedCopy()
     draft.__class__ = LEAN[kind]
     return draft

@@ -179,7 +179,7 @@ def projections(model) -> list[Projections]:
     return have
 
 
-#: per model, its LM head in cpu_gemv's layout and the weight's signature it was packed from
+#: per model, its LM head's packed copy (:class:`refimpl.models.cpu_gemv.PackedCopy`)
 HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -188,12 +188,8 @@ def head(model, proj: Projections, hidden: torch.Tensor) -> torch.Tensor:
     bias (its weight packed once, again when it is moved, cast or edited in place)."""
     lm_head = model.lm_head
     if proj.gemv and getattr(lm_head, "bias", None) is None:
-        w = lm_head.weight
-        key = (w.data_ptr(), w._version)
-        have = HEADS.get(model)
-        if have is None or have[0] != key:
-            have = HEADS[model] = (key, cpu_gemv.pack(w))
-        return cpu_gemv.run(hidden, have[1])
+        copy = HEADS.get(model) or HEADS.setdefault(model, cpu_gemv.PackedCopy())
+        return cpu_gemv.run(hidden, copy.of(lm_head.weight))
     return lm_head(hidden)
 
 
