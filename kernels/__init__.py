@@ -15,7 +15,8 @@ import os
 
 from .decode_attention import decode_attention, decode_attention_reference, decode_attention_triton
 from .rejection_sample import rejection_sample, rejection_sample_reference, rejection_sample_triton
-from .verify_greedy import verify_greedy, verify_greedy_reference, verify_greedy_triton
+from .verify_greedy import (argmax, verify_greedy, verify_greedy_host, verify_greedy_reference,  # noqa: F401
+                            verify_greedy_triton)
 from .confidence_select import confidence_select, confidence_select_reference, confidence_select_triton  # noqa: F401
 from .tree_attention import tree_attention, tree_attention_reference, tree_attention_triton, tree_mask  # noqa: F401
 

@@ -19,6 +19,8 @@ import inspect
 
 import torch
 
+import kernels
+
 from .generation import check_positive_int
 from .lm import left_pad
 
@@ -53,7 +55,7 @@ def predict(logits: torch.Tensor, masked: torch.Tensor, temperature: float = 0.0
     if temperature > 0:
         x0 = gumbel_argmax(logits, temperature, generator)  # (B, N)
     else:
-        x0 = logits.argmax(-1)
+        x0 = kernels.argmax(logits)
     if remasking == "low_confidence":
         p = torch.softmax(logits.double(), dim=-1)  # (B, N, V)
         conf = p.gather(-1, x0[..., None])[..., 0]  # (B, N)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+import kernels
+
 from . import sampling
 from .block_diffusion import block_predictions, block_step
 from .diffusion_steps import num_transfer_tokens
@@ -74,7 +76,7 @@ class DiffusionDraft:
             logits = block_predictions(first, lb)[:, lo:lo + k]  # (b, k, V)
             logits[..., mask_id] = float("-inf")
             if s.greedy:
-                x[:, lo:lo + k] = logits.argmax(-1)
+                x[:, lo:lo + k] = kernels.argmax(logits)
             else:
                 q[:, lo:lo + k] = s.probs(logits)
                 x[:, lo:lo + k] = sampling.sample_from_probs(q[:, lo:lo + k], s.generator)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+import kernels
+
 from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
 
@@ -79,7 +81,7 @@ class Jacobi:
             self.context[b].extend(self.guess[b][:k] + [t])
             ahead = logits[b, k + 1: len(self.guess[b]) + 1]  # (g - k, V): predictions past the new token
             if s.greedy:
-                self.guess[b], self.p_old[b] = ahead.argmax(-1).tolist(), [None] * ahead.shape[0]
+                self.guess[b], self.p_old[b] = kernels.argmax(ahead).tolist(), [None] * ahead.shape[0]
             else:  # SJD: draw the next guesses from p_old and remember p_old as their q
                 p = s.probs(ahead)  # (g - k, V)
                 gdev = s.generator.device if s.generator is not None else p.device

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+import kernels
+
 from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, SIDE, Tree, ancestors, trie
@@ -115,7 +117,7 @@ class Lookahead:
     def accept(self, v: Verdict) -> None:
         L, W = len(self.levels[0]), self.W
         S = L * W
-        top = v.logits[:, 1 + (L - 1) * W: 1 + S].argmax(-1).tolist()  # (b, W) Jacobi update of the top level
+        top = kernels.argmax(v.logits[:, 1 + (L - 1) * W: 1 + S]).tolist()  # (b, W) Jacobi update of the top level
         path = v.path.tolist() if v.path is not None else [[] for _ in v.n_list]
         xs = self.x.tolist()
         for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):

@@ -28,16 +28,17 @@ class SlotCache:
         B, Q = tokens.shape
         if fmask is None:
             pos = self.count[:, None] + torch.arange(Q, device=tokens.device)  # (B, Q)
-            fmask = torch.ones_like(tokens)
+            self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
+            self.count = self.count + Q  # (set before the forward: the positions above are already taken)
         else:
             pos = self.count[:, None] + (fmask.cumsum(-1) - 1).clamp(min=0)
             self.holes = True  # callers pass a feed mask only when it has holes (pads)
-        self.mask = torch.cat([self.mask, fmask], dim=1)
+            self.mask = torch.cat([self.mask, fmask], dim=1)
+            self.count = self.count + fmask.sum(-1)
         extra = {"output_hidden_states": hidden} if hidden else {}  # (any LM-like object works without it)
         out = self.lm.forward(tokens, self.cache, position_ids=pos, attention_mask=self.mask if self.holes else None,
                               **extra)
         self.cache = out[1]
-        self.count = self.count + fmask.sum(-1)
         return (out[0], out[2]) if hidden else out[0]
 
     def keep(self, block: int, keep: torch.Tensor, length: int, new_holes: bool) -> None:
@@ -50,6 +51,11 @@ class SlotCache:
 
     def keep_accepted(self, block: int, n: torch.Tensor, n_list: list) -> None:
         """Of the last ``block`` slots keep each row's first ``n[b]``: the roll-back after a verification."""
+        if not self.holes and len(set(n_list)) == 1:  # every row keeps the same slots: a crop, no new holes
+            length = self.mask.shape[1] - block + n_list[0]
+            self.mask, self.count = self.mask[:, :length], self.count - (block - n_list[0])
+            self.lm.crop(self.cache, length)
+            return
         slot = torch.arange(block, device=n.device)
         self.keep(block, (slot[None, :] < n[:, None]).long(), self.mask.shape[1] - block + max(n_list),
                   new_holes=len(set(n_list)) > 1)

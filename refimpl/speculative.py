@@ -297,7 +297,7 @@ class DraftModel:
         while len(drafts) < limit:
             dl = self.cache.feed(self.feed, self.fmask)[:, -1]  # (b, V)
             if s.greedy:
-                x = dl.argmax(-1)  # (b,)
+                x = kernels.argmax(dl)  # (b,)
                 conf = torch.softmax(dl.float(), -1).amax(-1) if self.policy.confidence else None
             else:
                 qs.append(s.probs(dl))  # (b, V)

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
+
 from . import sampling
 from .generation import Generation
 from .speculative import Proposal, check_same_tokenizer, decode
@@ -141,7 +143,7 @@ class Tree:
         b, m = x.shape
         parents, xs, vs = self.parents.tolist(), x.tolist(), valid.tolist()
         if settings.greedy:
-            best = logits.argmax(-1).tolist()  # (b, 1 + m)
+            best = kernels.argmax(logits).tolist()  # (b, 1 + m)
             walks = [self.walk(parents[r], vs[r], lambda node, kids, r=r: next(
                 (c for c in kids if xs[r][c] == best[r][node + 1]), None), lambda node, r=r: best[r][node + 1])
                 for r in range(b)]

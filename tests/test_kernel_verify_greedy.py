@@ -10,8 +10,8 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels.verify_greedy import (verify_greedy, verify_greedy_reference,  # noqa: E402
-                                   verify_greedy_triton)
+from kernels.verify_greedy import (argmax, verify_greedy, verify_greedy_host,  # noqa: E402
+                                   verify_greedy_reference, verify_greedy_triton)
 
 CASES = [  # B, gamma, V
     (1, 4, 1000),
@@ -46,16 +46,41 @@ def test_triton_matches_reference(case, ragged):
         assert torch.equal(n_ref, n_tri) and torch.equal(nxt_ref, nxt_tri)
 
 
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("ragged", [False, True])
+def test_host_matches_reference(case, ragged):
+    """The CPU dispatch (NumPy argmax + a walk in Python) returns the reference's tensors."""
+    for seed in range(3):
+        draft, logits, valid = make_case(*case, seed=seed)
+        valid = valid if ragged else None
+        ref, host = verify_greedy_reference(draft, logits, valid), verify_greedy_host(draft, logits, valid)
+        assert all(torch.equal(a, b) and b.dtype == torch.long for a, b in zip(ref, host))
+
+
+def test_argmax_equals_torch_on_ties_nan_strides_and_dtypes():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5000, generator=g)
+    x[0, 0, [11, 4000]] = 9.0  # a tie: the first index
+    x[1, 1, :] = 0.0  # all equal
+    x[2, 2, [5, 17]] = float("nan")  # NaN counts as the maximum, first one wins
+    x[3, 0, 4999] = float("inf")
+    for t in (x, x[:, :, ::3], x.transpose(0, 1), x[0, 0], x.double(), torch.randn(2, 0, 7)[:, :, 0:0 + 7]):
+        assert torch.equal(argmax(t), t.argmax(-1)) and argmax(t).dtype == torch.long
+    for t in (x.half(), x.bfloat16(), x.clone().requires_grad_()):  # torch's own path
+        assert torch.equal(argmax(t), t.argmax(-1))
+
+
 def test_reference_semantics_by_hand():
     V = 10
     logits = torch.full((2, 4, V), -1.0)
     for i, t in enumerate([3, 5, 7, 9]):  # target argmax per position: 3, 5, 7, 9
         logits[:, i, t] = 1.0
     draft = torch.tensor([[3, 5, 2], [3, 5, 7]])
-    n, nxt = verify_greedy(draft, logits)
-    assert n.tolist() == [2, 3] and nxt.tolist() == [7, 9]  # correction 7; bonus 9
-    n, nxt = verify_greedy(draft, logits, torch.tensor([1, 0]))  # ragged: fewer real drafts
-    assert n.tolist() == [1, 0] and nxt.tolist() == [5, 3]
+    for f in (verify_greedy, verify_greedy_reference, verify_greedy_host):
+        n, nxt = f(draft, logits)
+        assert n.tolist() == [2, 3] and nxt.tolist() == [7, 9]  # correction 7; bonus 9
+        n, nxt = f(draft, logits, torch.tensor([1, 0]))  # ragged: fewer real drafts
+        assert n.tolist() == [1, 0] and nxt.tolist() == [5, 3]
 
 
 def test_ties_pick_the_smallest_index_like_torch():

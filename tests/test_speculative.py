@@ -239,6 +239,30 @@ def test_triton_path_gives_the_same_tokens(target, draft, prompts, monkeypatch):
                        generator=torch.Generator().manual_seed(3), **kw).tokens == ref_sample
 
 
+def test_roll_back_without_holes_equals_the_general_one(target, prompts):
+    """SlotCache.keep_accepted's shortcut (no holes, every row keeps the same count: a crop) leaves the
+    cache exactly as the general masked roll-back does: same mask, counts, length and next logits."""
+    from refimpl.slot_cache import SlotCache
+
+    ids = torch.tensor([prompts[2], prompts[2][::-1]])  # two rows, no padding
+    drafts = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    for n in (0, 2, 4):
+        a, b = SlotCache(target, 2, "cpu"), SlotCache(target, 2, "cpu")
+        for sc in (a, b):
+            sc.feed(ids)
+            sc.feed(drafts)
+        a.keep_accepted(4, torch.tensor([n, n]), [n, n])  # the shortcut
+        b.keep(4, (torch.arange(4)[None, :] < n).long().expand(2, 4), b.mask.shape[1] - 4 + n, new_holes=False)
+        assert torch.equal(a.mask, b.mask) and torch.equal(a.count, b.count) and a.holes == b.holes is False
+        assert a.cache.get_seq_length() == b.cache.get_seq_length() == ids.shape[1] + n
+        assert torch.equal(a.feed(torch.tensor([[3], [4]])), b.feed(torch.tensor([[3], [4]])))
+    a = SlotCache(target, 2, "cpu")
+    a.feed(ids)
+    a.feed(drafts)
+    a.keep_accepted(4, torch.tensor([1, 3]), [1, 3])  # different counts: holes, the general path
+    assert a.holes and a.count.tolist() == [ids.shape[1] + 1, ids.shape[1] + 3] and a.mask.shape[1] == ids.shape[1] + 3
+
+
 # ---- bad input ------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,name", [
     (dict(gamma=0), "gamma"),
