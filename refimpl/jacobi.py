@@ -19,6 +19,14 @@ converged prefix (greedy: ``y_i == argmax``; sampling: the rule above, which is 
 sampling with ``q = p_old``) plus the target's token after it. The same call's predictions at
 the positions after the accepted ones become the next iteration's guesses -- the Jacobi update
 -- and fresh initial tokens refill the window's end.
+
+Where the fresh tokens come from changes only the speed. CLLMs (arXiv 2403.00835, §3.1) draw them
+at random from the prompt (``init="random"``, the default). ``init="lookup"`` takes what followed
+the latest earlier occurrence of the context's last n-gram (n = 3..1), at the same offset: prompt
+lookup ("Prompt lookup decoding", Saxena 2023; :mod:`refimpl.retrieval`) used as a *starting
+point*. A model that jumps towards the fixed point from a good start (a consistency-trained one,
+chapter 15) gains from it; a plain model overwrites the guesses with its own predictions before
+they reach the front of the window, so nothing changes.
 """
 from __future__ import annotations
 
@@ -26,20 +34,28 @@ import torch
 
 import kernels
 
+from .copy_prior import scan_positions
 from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
+
+#: where a new slot's first guess comes from (:class:`Jacobi`)
+INITS = ("random", "lookup")
 
 
 class Jacobi:
     """Proposer: the window of guesses, updated by the target's own predictions after every call.
 
     ``window`` guesses per iteration; initial guesses are tokens drawn uniformly from the row's
-    context (seeded by ``seed``; any guesses give the same output, only the speed changes).
+    context (seeded by ``seed``) or, with ``init="lookup"``, the continuation of the context's last
+    n-gram where it occurred before (drawn where there is none). Any guesses give the same output;
+    only the speed changes.
     """
 
-    def __init__(self, window: int = 8, seed: int = 0):
+    def __init__(self, window: int = 8, seed: int = 0, init: str = "random"):
         self.window = check_positive_int("window", window)
-        self.seed = seed
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.seed, self.init_from = seed, init
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
@@ -51,9 +67,15 @@ class Jacobi:
         self.p_old: list[list[torch.Tensor | None]] = [[] for _ in self.context]  # q of each guess; None = one-hot
 
     def fresh(self, row: int, k: int) -> list[int]:
-        ctx = self.context[row]
-        picks = torch.randint(0, len(ctx), (k,), generator=self.init, device="cpu").tolist()
-        return [ctx[i] for i in picks]
+        """First guesses for the ``k`` slots after the row's ``len(self.guess[row])`` current ones."""
+        ctx, got = self.context[row], []
+        if self.init_from == "lookup" and k:
+            at = scan_positions(ctx, len(ctx) - 1, 3, 1)  # ctx[at] followed the same n-gram earlier
+            if at >= 0:  # slot j guesses position len(ctx) + j: ctx[at + j] followed at that offset
+                have = len(self.guess[row])
+                got = ctx[at + have: at + have + k]
+        picks = torch.randint(0, len(ctx), (k - len(got),), generator=self.init, device="cpu").tolist()
+        return got + [ctx[i] for i in picks]
 
     def propose(self, caps: list[int]) -> Proposal:
         for b, cap in enumerate(caps):
@@ -97,12 +119,13 @@ class Jacobi:
 
 def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             window: int = 8, seed: int = 0) -> Generation:
+             window: int = 8, seed: int = 0, init: str = "random") -> Generation:
     """Jacobi decoding (greedy) or speculative Jacobi decoding (sampling) of a ragged batch.
 
     Greedy output equals ``autoregressive.generate``'s token for token; sampling is distributed
     exactly as sampling from ``target`` with the same temperature / top-k / top-p.
-    ``stats.tau`` = tokens per target call = 1 / (Jacobi iterations per token).
+    ``stats.tau`` = tokens per target call = 1 / (Jacobi iterations per token). ``init``: where new
+    slots' first guesses come from (:class:`Jacobi`).
     """
-    return decode(target, Jacobi(window, seed), prompts, max_new_tokens, temperature, top_k, top_p, generator,
+    return decode(target, Jacobi(window, seed, init), prompts, max_new_tokens, temperature, top_k, top_p, generator,
                   eos_token_id)

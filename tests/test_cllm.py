@@ -153,7 +153,8 @@ def test_jacobi_and_lookahead_on_tiny_cllm_equal_its_own_greedy():
     prompts = [p[:n] for p, n in zip(data.kjv_prompts(lm.tokenizer, 3, length=40), (40, 23, 9))]  # ragged
     ar = autoregressive.generate(lm, prompts, max_new_tokens=40).tokens
     for window in (4, 16):
-        assert jacobi.generate(lm, prompts, max_new_tokens=40, window=window).tokens == ar, window
+        for init in jacobi.INITS:
+            assert jacobi.generate(lm, prompts, max_new_tokens=40, window=window, init=init).tokens == ar, (window, init)
     assert lookahead.generate(lm, prompts, max_new_tokens=40).tokens == ar
     one = jacobi.generate(lm, [prompts[1]], max_new_tokens=40, window=16)
     assert one.tokens == [ar[1]] and one.stats.tau > 1.0

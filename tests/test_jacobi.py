@@ -18,15 +18,16 @@ N = 20  # = spec_ar_free's length
 
 
 # ---- greedy Jacobi ----------------------------------------------------------------------
+@pytest.mark.parametrize("init", jacobi.INITS)
 @pytest.mark.parametrize("window", [1, 3, 8])
-def test_greedy_equals_ar_ragged_and_row_by_row(tiny, spec_prompts, spec_ar_free, window):
-    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[], window=window)
+def test_greedy_equals_ar_ragged_and_row_by_row(tiny, spec_prompts, spec_ar_free, window, init):
+    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[], window=window, init=init)
     assert g.tokens == spec_ar_free
     assert g.stats.draft_calls == 0 and g.stats.tau >= 1.0
     assert g.stats.nfe == g.stats.target_calls <= N
     assert sum(map(sum, g.stats.accepted)) > 0, "some Jacobi guesses should converge early"
     for p, ref in zip(spec_prompts, spec_ar_free):
-        one = jacobi.generate(tiny, [p], max_new_tokens=N, eos_token_id=[], window=window, seed=window)
+        one = jacobi.generate(tiny, [p], max_new_tokens=N, eos_token_id=[], window=window, seed=window, init=init)
         assert one.tokens[0] == ref and one.stats.tau >= 1.0
 
 
@@ -55,6 +56,33 @@ def test_eos_inside_an_accepted_run(tiny, spec_prompts, spec_ar_free, window):
 def test_bad_window_names_window(tiny, spec_prompts, window):
     with pytest.raises(ValueError, match="window"):
         jacobi.generate(tiny, spec_prompts[:1], window=window)
+
+
+def test_lookup_init_guesses_what_followed_the_last_ngram(tiny):
+    """init="lookup": a new slot j's first guess is ctx[at + j], where ctx[at] followed the latest earlier
+    occurrence of the context's last n-gram (n = 3..1); random draws where the text runs out."""
+    ctx = [5, 1, 2, 3, 9, 8, 7, 1, 2, 3]  # "1 2 3" occurred at 1..3, followed by 9 8 7 1 2 3
+    j = jacobi.Jacobi(window=4, init="lookup")
+    j.start(torch.tensor([ctx, [4, 4, 4, 6, 4, 4, 4, 0, 0, 0]]), torch.tensor([[1] * 10, [1] * 7 + [0] * 3]),
+            sp.Sampling(0.0))
+    prop = j.propose([10, 10])
+    assert prop.tokens.tolist() == [[9, 8, 7, 1], [6, 4, 4, 4]]  # row 2: "4 4 4" at 0..2 was followed by 6 4 4 4
+    j.guess[0] = [9, 8]  # two guesses kept: the fresh ones continue the same occurrence at offsets 2, 3
+    assert j.fresh(0, 2) == [7, 1]
+    j.context[0], j.guess[0] = ctx + [9, 8, 7, 1, 2, 3], []  # latest "1 2 3" at 7..9: 6 tokens follow it
+    at_end = j.fresh(0, 8)
+    assert at_end[:6] == [9, 8, 7, 1, 2, 3] and len(at_end) == 8  # 2 random draws complete the window
+    with pytest.raises(ValueError, match="init"):
+        jacobi.Jacobi(4, init="ngram")
+    with pytest.raises(ValueError, match="init"):
+        jacobi.generate(tiny, [[1, 2]], init=None)
+
+
+def test_lookup_init_sjd_top_k_1_equals_greedy(tiny, spec_prompts, spec_ar_free):
+    """The lookup guesses are deterministic drafts (one-hot q), as random ones are: SJD stays exact at top_k=1."""
+    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=12, temperature=1.3, top_k=1, init="lookup",
+                        generator=torch.Generator().manual_seed(0), eos_token_id=[], window=4)
+    assert g.tokens == [r[:12] for r in spec_ar_free]
 
 
 # ---- speculative Jacobi decoding ----------------------------------------------------------

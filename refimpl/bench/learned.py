@@ -4,7 +4,8 @@ Two workloads on the dLLM suite's King James held-out prompts (:func:`refimpl.da
 one prompt at a time (batch 1, as a chat user would), rows interleaved per prompt and repeat,
 median time per prompt:
 
-- ``cllm``: AR, Jacobi and lookahead on ``tiny`` and on ``tiny-cllm`` (64 new tokens). Tokens per
+- ``cllm``: AR, Jacobi (random and n-gram initial guesses, :class:`refimpl.jacobi.Jacobi`), lookahead
+  and prompt lookup (the training-free baseline on text that repeats itself) on ``tiny`` and on ``tiny-cllm`` (64 new tokens). Tokens per
   target call, tokens/s, speed-up vs AR *of the same model*, and exact = the row's tokens equal that
   model's own AR greedy tokens (the verification core's guarantee).
 - ``dparallel``: ``tiny-bdlm`` and ``tiny-bdlm-dparallel``, 32 new tokens in blocks of 8, one token
@@ -27,7 +28,7 @@ import time
 
 import torch
 
-from .. import autoregressive, block_diffusion, jacobi, learn2pd, lookahead, models
+from .. import autoregressive, block_diffusion, jacobi, learn2pd, lookahead, models, retrieval
 from ..cllm import agreement
 from ..data import kjv_prompts
 from .dllm import ar_perplexity, repetition
@@ -84,12 +85,14 @@ def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool 
     rows = []
     for name, lm in (("tiny", tiny), ("tiny-cllm", cllm)):
         rows += [(name, "AR (cache)", lambda p, lm=lm: autoregressive.generate(lm, [p], max_new_tokens=new, eos_token_id=[])),
-                 (name, "jacobi (window 8)",
-                  lambda p, lm=lm: jacobi.generate(lm, [p], max_new_tokens=new, window=8, eos_token_id=[])),
-                 (name, "jacobi (window 16)",
-                  lambda p, lm=lm: jacobi.generate(lm, [p], max_new_tokens=new, window=16, eos_token_id=[])),
+                 *[(name, f"jacobi (window {w}{', n-gram init' if init == 'lookup' else ''})",
+                    lambda p, lm=lm, w=w, init=init: jacobi.generate(lm, [p], max_new_tokens=new, window=w, init=init,
+                                                                     eos_token_id=[]))
+                   for w, init in ((4, "random"), (8, "random"), (16, "random"), (4, "lookup"), (8, "lookup"))],
                  (name, "lookahead (W=7, N=5, G=7)",
-                  lambda p, lm=lm: lookahead.generate(lm, [p], max_new_tokens=new, eos_token_id=[]))]
+                  lambda p, lm=lm: lookahead.generate(lm, [p], max_new_tokens=new, eos_token_id=[])),
+                 (name, "prompt lookup (4 tokens, no training needed)",
+                  lambda p, lm=lm: retrieval.generate(lm, [p], max_new_tokens=new, num_tokens=4, eos_token_id=[]))]
     res = timed(rows, prompts, 1 if fast else repeats)
     reference = [g.tokens[0] for g in res["tiny", "AR (cache)"][1]]
     out = summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in ("tiny", "tiny-cllm")})
