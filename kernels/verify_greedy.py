@@ -90,7 +90,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     autograd it is torch's own."""
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or logits.requires_grad:
         return logits.argmax(-1)
-    return torch.as_tensor(logits.numpy().argmax(-1), dtype=torch.long)
+    return torch.as_tensor(logits.numpy().argmax(-1), dtype=torch.long, device="cpu")
 
 
 def verify_greedy_reference(draft: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor | None = None):

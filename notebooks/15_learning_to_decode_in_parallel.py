@@ -262,7 +262,7 @@ def lookup_guesses(context, have, k):
 for p in prompts:
     mine = lookup_guesses(p, 0, 4)
     j = jacobi.Jacobi(window=4, init="lookup")
-    j.start(torch.tensor([p]), None, speculative.Sampling(0.0))
+    j.start(torch.tensor([p], device=DEVICE), None, speculative.Sampling(0.0))
     assert j.propose([NEW]).tokens[0].tolist()[:len(mine)] == mine   # (random draws complete a short match)
     print(repr(tiny.decode(p[-6:])), "->", repr(tiny.decode(mine)))
 
