@@ -97,7 +97,7 @@ def verify_greedy_reference(draft: torch.Tensor, logits: torch.Tensor, valid: to
     """Torch reference. draft (B, gamma) ids, logits (B, gamma + 1, V), valid (B,) draft lengths
     (default gamma). Returns ``(n (B,) accepted drafts, next (B,) correction/bonus token)``, int64."""
     B, gamma, valid = _check(draft, logits, valid)
-    top = argmax(logits)  # (B, gamma + 1)
+    top = logits.argmax(-1)  # (B, gamma + 1)
     pos = torch.arange(gamma, device=draft.device)  # (gamma,)
     match = (draft == top[:, :gamma]) & (pos[None, :] < valid[:, None])  # (B, gamma)
     n = match.long().cumprod(-1).sum(-1)  # (B,) length of the all-match prefix
