@@ -18,12 +18,13 @@ index, like ``torch.argmax``.
 
 Triad: ``verify_greedy_triton`` (kernel + host wrapper), ``verify_greedy_reference``
 (torch), ``verify_greedy`` (dispatcher); on a CPU the dispatcher takes ``verify_greedy_host``, the
-reference's results computed on the host (see it for why). Only torch and triton are imported.
+reference's results computed on the host (see it for why). Only torch, triton and NumPy are imported.
 """
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -90,7 +91,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     autograd it is torch's own."""
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or logits.requires_grad:
         return logits.argmax(-1)
-    return torch.as_tensor(logits.numpy().argmax(-1), dtype=torch.long, device="cpu")
+    return torch.from_numpy(np.asarray(logits.numpy().argmax(-1), dtype=np.int64))  # (a 0-d array for 1-D logits)
 
 
 def verify_greedy_reference(draft: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor | None = None):
@@ -141,8 +142,8 @@ def verify_greedy_host(draft: torch.Tensor, logits: torch.Tensor, valid: torch.T
             k += 1
         n.append(k)
     nxt = [t[k] for t, k in zip(top, n)]
-    return (torch.tensor(n, dtype=torch.long, device=draft.device),
-            torch.tensor(nxt, dtype=torch.long, device=draft.device))
+    # CPU tensors from NumPy arrays: ~1 us each, where torch.tensor(list) takes ~6
+    return torch.from_numpy(np.array(n, dtype=np.int64)), torch.from_numpy(np.array(nxt, dtype=np.int64))
 
 
 def verify_greedy(draft: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor | None = None):

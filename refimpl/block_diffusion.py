@@ -118,7 +118,7 @@ def block_step(sc: SlotCache, pending: torch.Tensor, pmask: torch.Tensor | None,
     """
     B, Fn = pending.shape
     b, dev = block.shape[1], block.device
-    P = sc.mask.shape[1]
+    P = sc.length
     # the block as b side nodes of a refimpl.tree.Tree: positions 1..b after the pending tokens, each
     # sees all the others (and, as every node does, the cache and the pending tokens)
     slots = Tree(torch.full((B, b), SIDE, device=dev), torch.arange(1, b + 1, device=dev).expand(B, b),

@@ -37,6 +37,44 @@ def scan_positions(history: list[int], t: int, max_ngram: int, min_ngram: int) -
     return -1
 
 
+class NgramIndex:
+    """:func:`scan_positions` at the end of a growing history, in O(1) a query: a dict from every
+    n-gram (``n <= max_ngram``) to the position just after its latest occurrence, kept up to date
+    as tokens are appended (what a serving engine's n-gram proposer keeps instead of rescanning).
+
+    ``history`` is the list the index grows (:meth:`extend` appends to it); :meth:`find` ==
+    ``scan_positions(history, len(history) - 1, max_ngram, min_ngram)``. The n-grams ending at the
+    last token are registered only once a token follows it, so a suffix never finds itself."""
+
+    def __init__(self, tokens, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.history: list[int] = []
+        self.after: dict[tuple, int] = {}  # n-gram -> position after its latest occurrence before the last token
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        h, after = self.history, self.after
+        for tok in tokens:
+            t = len(h) - 1  # the current last token becomes an earlier one: register the n-grams ending there
+            for n in range(1, min(self.max_ngram, t + 1) + 1):
+                after[tuple(h[t - n + 1: t + 1])] = t + 1
+            h.append(tok)
+
+    def find(self) -> int:
+        """The position after the latest earlier occurrence of the history's last n-gram, longest
+        ``n`` first; -1 where none (or where the n-gram holds an unknown token, < 0)."""
+        h, t = self.history, len(self.history) - 1
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if t < n:  # no earlier occurrence can end before t
+                continue
+            pattern = tuple(h[t - n + 1:])
+            if min(pattern) >= 0 and pattern in self.after:
+                return self.after[pattern]
+        return -1
+
+
 def lookup_positions(history: torch.Tensor, ends: torch.Tensor, max_ngram: int = 3, min_ngram: int = 2,
                      method: str = "auto") -> torch.Tensor:
     """Prompt lookup: for each end position ``t`` in ``ends``, the position just after the most

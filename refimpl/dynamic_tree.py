@@ -179,7 +179,7 @@ class DynamicDraftTree:
         fmask = None if bool(fmask.all()) else fmask  # (a feed mask means holes to SlotCache)
         root = self.slots.feed(feed, fmask)[:, -1:]  # (B, 1, V) the draft's logits after the root
         self.pending = [[] for _ in range(B)]
-        P0, pos0 = self.slots.mask.shape[1], self.slots.count - 1  # committed slots; the root's position (B,)
+        P0, pos0 = self.slots.length, self.slots.count - 1  # committed slots; the root's position (B,)
         lp, ch = torch.log_softmax(self.boost(root, [[[]] for _ in range(B)]), -1)[:, 0].topk(k, -1)  # (B, k)
         grown = Growth(lp, ch)
         for d in range(1, D):  # expand the ``topk`` most confident nodes of level d
@@ -209,7 +209,7 @@ class DynamicDraftTree:
 
     def select(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
-        self.slots.select(rows.to(self.slots.mask.device))
+        self.slots.select(rows.to(self.slots.device))
         self.history = [self.history[i] for i in keep]
         self.pending = [self.pending[i] for i in keep]
 

@@ -34,7 +34,7 @@ import torch
 
 import kernels
 
-from .copy_prior import scan_positions
+from .copy_prior import NgramIndex
 from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
 
@@ -60,6 +60,10 @@ class Jacobi:
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.context = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        # with init="lookup": each row's n-gram index (it grows the row's context list itself)
+        self.index = [NgramIndex(ctx, 3, 1) for ctx in self.context] if self.init_from == "lookup" else None
+        if self.index is not None:
+            self.context = [ix.history for ix in self.index]
         self.settings, self.vocab, self.device = settings, None, ids.device
         # a host generator: the same initial guesses on every run, whatever the device
         self.init = torch.Generator(device="cpu").manual_seed(self.seed)
@@ -70,10 +74,12 @@ class Jacobi:
         """First guesses for the ``k`` slots after the row's ``len(self.guess[row])`` current ones."""
         ctx, got = self.context[row], []
         if self.init_from == "lookup" and k:
-            at = scan_positions(ctx, len(ctx) - 1, 3, 1)  # ctx[at] followed the same n-gram earlier
+            at = self.index[row].find()  # ctx[at] followed the context's last n-gram (3..1) earlier
             if at >= 0:  # slot j guesses position len(ctx) + j: ctx[at + j] followed at that offset
                 have = len(self.guess[row])
                 got = ctx[at + have: at + have + k]
+        if len(got) == k:
+            return got
         picks = torch.randint(0, len(ctx), (k - len(got),), generator=self.init, device="cpu").tolist()
         return got + [ctx[i] for i in picks]
 
@@ -99,12 +105,14 @@ class Jacobi:
     def accept(self, v: Verdict) -> None:
         logits, s = v.logits, self.settings
         self.vocab = logits.shape[-1]
+        top = kernels.argmax(logits).tolist() if s.greedy else None  # (b, g + 1) the target's predictions
         for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            self.context[b].extend(self.guess[b][:k] + [t])
-            ahead = logits[b, k + 1: len(self.guess[b]) + 1]  # (g - k, V): predictions past the new token
-            if s.greedy:
-                self.guess[b], self.p_old[b] = kernels.argmax(ahead).tolist(), [None] * ahead.shape[0]
+            (self.context[b] if self.index is None else self.index[b]).extend(self.guess[b][:k] + [t])
+            if s.greedy:  # the predictions past the new token become the next guesses
+                self.guess[b] = top[b][k + 1: len(self.guess[b]) + 1]
+                self.p_old[b] = [None] * len(self.guess[b])
             else:  # SJD: draw the next guesses from p_old and remember p_old as their q
+                ahead = logits[b, k + 1: len(self.guess[b]) + 1]  # (g - k, V)
                 p = s.probs(ahead)  # (g - k, V)
                 gdev = s.generator.device if s.generator is not None else p.device
                 x = torch.multinomial(p.to(gdev), 1, generator=s.generator)[:, 0] if len(p) else p.new_zeros(0)
@@ -113,6 +121,7 @@ class Jacobi:
     def select(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
         self.context = [self.context[i] for i in keep]
+        self.index = None if self.index is None else [self.index[i] for i in keep]
         self.guess = [self.guess[i] for i in keep]
         self.p_old = [self.p_old[i] for i in keep]
 

@@ -2,7 +2,8 @@
 
 Prompt lookup decoding ("Prompt lookup decoding", Saxena 2023; the same idea as "LLMA", Yang et
 al., arXiv 2304.04487): find the most recent earlier occurrence of the context's last n tokens
-(n = ``max_ngram`` down to ``min_ngram``, :func:`refimpl.copy_prior.lookup_positions`) and propose
+(n = ``max_ngram`` down to ``min_ngram``; :class:`refimpl.copy_prior.NgramIndex`, one dict query a
+step, gives :func:`refimpl.copy_prior.lookup_positions`' answer) and propose
 the ``num_tokens`` tokens that followed it. A lookup is deterministic, so the proposal has no
 ``q``: the verification core treats it as one-hot, which keeps greedy decoding exact and
 rejection sampling lossless (accept x with probability ``p(x)``, else resample from ``p`` with x
@@ -30,7 +31,7 @@ import heapq
 
 import torch
 
-from .copy_prior import lookup_positions
+from .copy_prior import NgramIndex
 from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, pack
@@ -49,27 +50,26 @@ class PromptLookup:
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.rows = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed tokens
+        # the committed tokens of each row, on the host, with an index of their n-grams: a lookup is then
+        # one dict query a step (lookup_positions over the whole history gives the same positions)
+        self.index = [NgramIndex(row[keep].tolist(), self.max_ngram, self.min_ngram)
+                      for row, keep in zip(ids.cpu(), real.cpu())]
         self.device = ids.device  # the target's: proposals are built there
 
     def propose(self, caps: list[int]) -> Proposal:
-        # the history lives on the host (Python lists); the lookup runs there, once per step
-        lens = torch.tensor([len(r) for r in self.rows], device="cpu")
-        S = int(lens.max())
-        hist = torch.tensor([r + [-1] * (S - len(r)) for r in self.rows], dtype=torch.long, device="cpu")  # (b, S), -1 = none
-        at = lookup_positions(hist, (lens - 1)[:, None], self.max_ngram, self.min_ngram)[:, 0].tolist()  # (b,)
-        props = [r[a: a + min(self.num_tokens, c)] if a >= 0 else [] for r, a, c in zip(self.rows, at, caps)]
+        at = [ix.find() for ix in self.index]  # (b,) where the continuation starts, -1 = no match
+        props = [ix.history[a: a + min(self.num_tokens, c)] if a >= 0 else [] for ix, a, c in zip(self.index, at, caps)]
         g = max(len(p) for p in props)
         self.x = [p + [0] * (g - len(p)) for p in props]
         return Proposal(torch.tensor(self.x, dtype=torch.long, device=self.device).view(len(props), g),
                         torch.tensor([len(p) for p in props], device=self.device))
 
     def accept(self, v: Verdict) -> None:
-        for r, x, n, t in zip(self.rows, self.x, v.n_list, v.next.tolist()):
-            r.extend(x[:n] + [t])
+        for ix, x, n, t in zip(self.index, self.x, v.n_list, v.next.tolist()):
+            ix.extend(x[:n] + [t])
 
     def select(self, rows: torch.Tensor) -> None:
-        self.rows = [self.rows[i] for i in rows.tolist()]
+        self.index = [self.index[i] for i in rows.tolist()]
 
 
 class SuffixAutomaton:

@@ -206,7 +206,10 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
                 valid = prop.tree.candidates(valid)  # drafts = nodes that could be accepted
             stats.target_calls += 1
             stats.row_steps += len(rows)
-            host = torch.cat([n[:, None], nxt[:, None], valid[:, None], acc], 1).tolist()  # one sync per step
+            if device.type == "cpu":  # nothing to sync with: four host copies (~1 us each), no concatenation
+                host = [[k, t, v] + a for k, t, v, a in zip(n.tolist(), nxt.tolist(), valid.tolist(), acc.tolist())]
+            else:
+                host = torch.cat([n[:, None], nxt[:, None], valid[:, None], acc], 1).tolist()  # one sync per step
             # 4. emit, stop rows at EOS / max_new_tokens
             step_acc, finished, emitted = [0] * B, [], []
             for i, r in enumerate(rows):

@@ -111,7 +111,7 @@ class Tree:
         m, dev = x.shape[1], feed.device
         fm = torch.ones_like(feed) if fmask is None else fmask
         node_ok = (torch.arange(m, device=dev)[None, :] < valid.to(dev)[:, None]).long()  # (b, m)
-        P = slots.mask.shape[1]
+        P = slots.length
         root = slots.count + fm.sum(-1) - 1  # (b,) the root's position
         pos = torch.cat([slots.count[:, None] + (fm.cumsum(-1) - 1).clamp(min=0),
                          root[:, None] + self.depth.to(dev)], 1)  # (b, F + m)
@@ -204,7 +204,7 @@ class Tree:
     # -- 3. keep the accepted path's cache entries ------------------------------------------
     def compact(self, slots, m: int, path: torch.Tensor, n: torch.Tensor, n_list: list) -> None:
         """Move each row's accepted nodes' keys / values to the first slots after the feed, drop the rest."""
-        start = slots.mask.shape[1] - m
+        start = slots.length - m
         if max(n_list):
             slots.lm.move_slots(slots.cache, start, start + path.clamp(min=0))
         slots.keep_accepted(m, n, n_list)

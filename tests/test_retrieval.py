@@ -10,7 +10,7 @@ import torch
 from refimpl import autoregressive as ar
 from refimpl import retrieval, sampling, tree
 from refimpl import speculative as sp
-from refimpl.copy_prior import lookup_positions
+from refimpl.copy_prior import NgramIndex, lookup_positions, scan_positions
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 REPEAT = "And God said, Let there be light: and there was light. And God said, Let there be"
@@ -37,6 +37,30 @@ def test_lookup_positions_match_brute_force():
                 want = max(starts) + n
                 break
         assert lookup_positions(torch.tensor(h), torch.tensor([t]), 3, 1).item() == want, h
+
+
+def test_ngram_index_equals_the_scan_as_the_history_grows():
+    """The dict index (prompt lookup's and Jacobi's) answers as a rescan of the whole history would,
+    after every appended token, for each n-gram range; unknown tokens (-1) never match."""
+    rng = random.Random(0)
+    for trial in range(200):
+        vocab, lo = rng.choice([2, 3, 5, 20]), -1 if trial % 5 == 0 else 0
+        toks = [rng.randrange(lo, vocab) for _ in range(rng.randint(1, 50))]
+        hi = rng.randint(1, 4)
+        mn = rng.randint(1, hi)
+        index = NgramIndex(toks[:1], hi, mn)
+        for i in range(1, len(toks) + 1):
+            if i > 1:
+                index.extend([])  # an empty extension changes nothing
+                index.extend([toks[i - 1]])
+            assert index.history == toks[:i]
+            assert index.find() == scan_positions(toks[:i], i - 1, hi, mn), (toks[:i], hi, mn)
+        whole = NgramIndex(toks[:2], hi, mn)
+        whole.extend(toks[2:])  # many tokens at once == one at a time
+        assert whole.after == index.after and whole.find() == index.find()
+    assert NgramIndex([]).find() == -1
+    with pytest.raises(ValueError, match="min_ngram"):
+        NgramIndex([1, 2], max_ngram=1, min_ngram=2)
 
 
 def longest_earlier_suffix(s):

@@ -253,6 +253,7 @@ def test_roll_back_without_holes_equals_the_general_one(target, prompts):
             sc.feed(drafts)
         a.keep_accepted(4, torch.tensor([n, n]), [n, n])  # the shortcut
         b.keep(4, (torch.arange(4)[None, :] < n).long().expand(2, 4), b.mask.shape[1] - 4 + n, new_holes=False)
+        assert a.dense and not b.dense  # a keeps only its length; b's mask and counts are tensors
         assert torch.equal(a.mask, b.mask) and torch.equal(a.count, b.count) and a.holes == b.holes is False
         assert a.cache.get_seq_length() == b.cache.get_seq_length() == ids.shape[1] + n
         assert torch.equal(a.feed(torch.tensor([[3], [4]])), b.feed(torch.tensor([[3], [4]])))
@@ -261,6 +262,28 @@ def test_roll_back_without_holes_equals_the_general_one(target, prompts):
     a.feed(drafts)
     a.keep_accepted(4, torch.tensor([1, 3]), [1, 3])  # different counts: holes, the general path
     assert a.holes and a.count.tolist() == [ids.shape[1] + 1, ids.shape[1] + 3] and a.mask.shape[1] == ids.shape[1] + 3
+
+
+def test_dense_slot_cache_equals_an_explicit_one(target, prompts):
+    """While every slot is valid a SlotCache keeps only its length; its mask, counts and logits equal
+    those of a cache whose mask is a tensor from the start, through a roll-back, a padded feed (which
+    makes holes) and a row leaving the batch."""
+    from refimpl.slot_cache import SlotCache
+
+    ids = torch.tensor([prompts[2], prompts[2][::-1]])
+    a, b = SlotCache(target, 2, "cpu"), SlotCache(target, 2, "cpu")
+    b.mask = b.mask  # (2, 0): an explicit mask from the start
+    assert a.dense and not b.dense
+    steps = [lambda sc: sc.feed(ids), lambda sc: sc.feed(torch.tensor([[5, 6, 7], [8, 9, 10]])),
+             lambda sc: sc.keep_accepted(3, torch.tensor([1, 1]), [1, 1]),
+             lambda sc: sc.feed(torch.tensor([[3, 4], [4, 3]]), torch.tensor([[0, 1], [1, 1]])),
+             lambda sc: sc.select(torch.tensor([1])), lambda sc: sc.feed(torch.tensor([[7]]))]
+    for i, step in enumerate(steps):
+        out_a, out_b = step(a), step(b)
+        assert (out_a is None) == (out_b is None) and (out_a is None or torch.equal(out_a, out_b)), i
+        assert torch.equal(a.mask, b.mask) and torch.equal(a.count, b.count) and a.length == b.length, i
+        assert a.dense == (i < 3), i  # the padded feed ends the dense state
+    assert a.holes and a.count.tolist() == [ids.shape[1] + 1 + 2 + 1]
 
 
 # ---- bad input ------------------------------------------------------------------------
