@@ -119,6 +119,12 @@ def block_step(sc: SlotCache, pending: torch.Tensor, pmask: torch.Tensor | None,
     B, Fn = pending.shape
     b, dev = block.shape[1], block.device
     P = sc.length
+    if Fn == 0 and not sc.holes:  # a block's later calls: it sees every cached slot and itself, nothing else
+        see_all = torch.zeros((B, 1, b, P + b), dtype=torch.float32, device=dev)  # additive: 0 = may attend
+        pos = sc.count[:, None] + torch.arange(b, device=dev)  # (B, b)
+        logits = sc.lm.forward(block, sc.cache, position_ids=pos, attention_mask=see_all)[0]  # (B, b, V)
+        sc.lm.crop(sc.cache, P)  # drop the block's keys/values
+        return logits[:, :0], logits
     # the block as b side nodes of a refimpl.tree.Tree: positions 1..b after the pending tokens, each
     # sees all the others (and, as every node does, the cache and the pending tokens)
     slots = Tree(torch.full((B, b), SIDE, device=dev), torch.arange(1, b + 1, device=dev).expand(B, b),
