@@ -151,7 +151,9 @@ print(f"tau {mine.stats.tau:.2f} | target calls {mine.stats.target_calls} | draf
 # position (`i + n - 1 < len(tokens) - 1`); return `i + n` (the position after it) for the first
 # `n` that has one, else `-1`. An `n` with `len(tokens) <= n` has no earlier occurrence. No index,
 # no automaton: two loops. The check compares it with `refimpl.copy_prior.lookup_positions`, the
-# vectorised version, on random token strings.
+# vectorised version, on random token strings. (A scan costs a pass over the history at every step;
+# the library's `PromptLookup` keeps `copy_prior.NgramIndex` instead, a dict from each n-gram to the
+# position after its latest occurrence, updated as tokens arrive: one dict query a step, the same answers.)
 
 # %%
 @exercise("09", "lookup")

@@ -300,8 +300,8 @@ print({k: round(v, 2) for k, v in starts.items()})
 # On `tiny` the start changes nothing (~1.04): the model overwrites the guesses with its own
 # predictions before they reach the front of the window. On `tiny-cllm` a small window gains most:
 # on the benchmark's 8 prompts window 4 goes from 2.02 to 2.53 tokens per call, and, because a
-# 5-row call is cheap, that is the fastest Jacobi row (1.26x and 1.52x its AR in two runs of the README's
-# benchmark: the 1.5x goal sits at the edge of this machine's noise). Be honest
+# 5-row call is cheap, that is the fastest Jacobi row (1.45x, 1.50x and 1.55x its AR in three runs of the
+# README's benchmark: the 1.5x goal sits inside this machine's noise). Be honest
 # about the baseline: prompt lookup alone (chapter 09, no training) proposes the same continuation
 # and reaches 2.57-2.68 tokens per call on both models here, because King James prose repeats
 # itself. What the consistency training buys is a Jacobi that can *use* a good start.
@@ -599,6 +599,6 @@ print(open(path).read() if os.path.exists(path) else "(run the benchmark to see 
 #   model's own trajectories (Learn2PD) answers that question directly and commits more tokens per
 #   call at the same precision, without touching the model.
 # - A speed-up is tokens per call / cost per call: on this CPU a Jacobi call of 9-17 rows costs 2.0-2.5
-#   AR steps on `tiny` with the lean forward's products, a 5-row call ~1.7, so tokens per call must
+#   AR steps on `tiny` with the lean forward's products, a 5-row call ~1.6-1.7, so tokens per call must
 #   clear that before wall-clock improves. A good start for the guesses (the context's n-gram
-#   continuation) lifts a small window to 2.5 tokens per call: 1.3-1.5x AR for `tiny-cllm` at window 4.
+#   continuation) lifts a small window to 2.5 tokens per call: ~1.5x AR for `tiny-cllm` at window 4.
