@@ -21,6 +21,12 @@ from .lm import LM, as_token_batch, positions_from_mask
 SCAN_AT_MOST = 16
 
 
+def check_ngrams(max_ngram: int, min_ngram: int) -> None:
+    """Raise ``ValueError`` naming both unless ``1 <= min_ngram <= max_ngram`` (every n-gram lookup's range)."""
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+
+
 def scan_positions(history: list[int], t: int, max_ngram: int, min_ngram: int) -> int:
     """:func:`lookup_positions` for one end ``t`` of one row (``0 <= t < len(history)``), by a plain
     scan back from ``t``: for ``n = max_ngram .. min_ngram``, the latest earlier start ``s`` with
@@ -47,8 +53,7 @@ class NgramIndex:
     last token are registered only once a token follows it, so a suffix never finds itself."""
 
     def __init__(self, tokens, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        check_ngrams(max_ngram, min_ngram)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.history: list[int] = []
         self.after: dict[tuple, int] = {}  # n-gram -> position after its latest occurrence before the last token
@@ -211,8 +216,7 @@ class ContextCopyLM(LM):
     """
 
     def __init__(self, lm, max_ngram: int = 3, min_ngram: int = 2, bias: float = 6.0):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        check_ngrams(max_ngram, min_ngram)
         if not (bias > 0 and math.isfinite(bias)):
             raise ValueError(f"bias must be a positive finite logit offset, got {bias}")
         self.lm, self.max_ngram, self.min_ngram, self.bias = lm, max_ngram, min_ngram, float(bias)

@@ -31,7 +31,7 @@ import heapq
 
 import torch
 
-from .copy_prior import NgramIndex
+from .copy_prior import NgramIndex, check_ngrams
 from .generation import Generation, check_positive_int
 from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, pack
@@ -44,8 +44,7 @@ class PromptLookup:
 
     def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1):
         self.num_tokens = check_positive_int("num_tokens", num_tokens)
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        check_ngrams(max_ngram, min_ngram)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:

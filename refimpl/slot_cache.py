@@ -26,9 +26,13 @@ class SlotCache:
         self.lm = lm
         self.cache = None
         self.rows, self.length, self.device = batch, 0, torch.device(device)
-        self.dense = True  # every slot of every row valid: mask and count are implied by ``length``
-        self.explicit_mask = self.explicit_count = None  # the tensors, once not dense
+        self.explicit_mask = self.explicit_count = None  # the tensors, once not :attr:`dense`
         self.holes = False  # does any row have a 0 in ``mask``?
+
+    @property
+    def dense(self) -> bool:
+        """Every slot of every row valid, mask and count implied by ``length`` (until one is assigned)."""
+        return self.explicit_mask is None
 
     @property
     def mask(self) -> torch.Tensor:  # (B, length)
@@ -40,7 +44,6 @@ class SlotCache:
     def mask(self, value: torch.Tensor) -> None:
         if self.dense:  # leaving the dense state: the count must be kept from now on
             self.explicit_count = self.count
-            self.dense = False
         self.explicit_mask, (self.rows, self.length) = value, value.shape
 
     @property
@@ -53,7 +56,6 @@ class SlotCache:
     def count(self, value: torch.Tensor) -> None:
         if self.dense:
             self.explicit_mask = self.mask
-            self.dense = False
         self.explicit_count = value
 
     def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None, hidden=False):
