@@ -141,6 +141,33 @@ class FilterRule:
         return x0, ((prob > self.tau) | most_confident(conf)) & masked
 
 
+class OracleRule:
+    """The oracle Learn2PD's filter imitates (the paper's "extremely greedy parallel" decoding), as a
+    commit rule: commit every masked position whose current argmax already equals ``final``, the text
+    the same model writes one token per step, plus the most confident one. It needs the answer, so it
+    is not a decoder; it measures the floor on calls that *any* filter of this dLLM can reach while
+    keeping its one-token-per-step text. ``final`` (B, gen_length): one row per prompt, in order."""
+
+    def __init__(self, final):
+        final = torch.as_tensor(final, dtype=torch.long, device="cpu")
+        if final.dim() != 2 or not final.shape[1]:
+            raise ValueError(f"final must be (rows, gen_length) tokens, got shape {tuple(final.shape)}")
+        self.final, self.block = final, -1
+
+    @torch.no_grad()
+    def __call__(self, predictions: torch.Tensor, masked: torch.Tensor, step: int):
+        B, b = masked.shape
+        self.block += int(step == 0)  # the sampler restarts ``step`` at every block
+        lo = self.block * b
+        if B != self.final.shape[0] or lo + b > self.final.shape[1]:
+            raise ValueError(f"final has shape {tuple(self.final.shape)}; it must hold {B} rows and a token for "
+                             f"every block position (block {lo}:{lo + b})")
+        x0 = predictions.argmax(-1)  # (B, b)
+        conf = torch.softmax(predictions.double(), -1).amax(-1).masked_fill(~masked, float("-inf"))  # (B, b)
+        right = x0 == self.final[:, lo: lo + b].to(x0.device)
+        return x0, (right | most_confident(conf)) & masked
+
+
 def save_filter(filt: Filter, folder: str, base_model: str, report: dict | None = None) -> None:
     """``folder/learn2pd.safetensors`` (fp32, ~1 K numbers) + ``config.json``."""
     state = {k: v.detach().float().contiguous() for k, v in filt.state_dict().items()}

@@ -150,3 +150,39 @@ def test_bad_arguments_raise(bdlm, ctx):
     with pytest.raises(ValueError, match="rule committed no"):
         block_diffusion.generate(bdlm, ctx.tolist(), gen_length=8, block_length=4, eos_token_id=[],
                                  rule=lambda pred, masked, step: (pred.argmax(-1), torch.zeros_like(masked)))
+
+
+def test_oracle_commits_exactly_the_predictions_that_equal_the_final_text():
+    g = torch.Generator(device="cpu").manual_seed(0)
+    B, b, V = 3, 4, 6
+    final = torch.randint(0, V, (B, 3 * b), generator=g, device="cpu")
+    rule = learn2pd.OracleRule(final.tolist())
+    for block, step in ((0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (2, 0)):
+        pred = torch.randn(B, b, V, generator=g, device="cpu")
+        masked = torch.rand(B, b, generator=g, device="cpu") < 0.7
+        masked[:, 0] = True
+        x0, sel = rule(pred, masked, step)
+        for r in range(B):
+            probs = torch.softmax(pred[r].double(), -1)
+            best = max((i for i in range(b) if masked[r, i]), key=lambda i: float(probs[i].max()))
+            for i in range(b):
+                want = bool(masked[r, i]) and (int(pred[r, i].argmax()) == int(final[r, block * b + i]) or i == best)
+                assert bool(sel[r, i]) == want, (block, step, r, i)
+                assert int(x0[r, i]) == int(pred[r, i].argmax())
+
+
+def test_oracle_needs_fewer_calls_and_an_unreachable_final_is_one_token_per_step(bdlm, ctx):
+    prompts = ctx.tolist()
+    one = block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[])
+    got = block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[],
+                                   rule=learn2pd.OracleRule(one.tokens))
+    assert got.stats.nfe < one.stats.nfe
+    # control: a final text the model never predicts (MASK) leaves only the most confident commit per step
+    never = learn2pd.OracleRule(torch.full((len(prompts), 16), bdlm.mask_token_id, device="cpu"))
+    same = block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[], rule=never)
+    assert same.tokens == one.tokens and same.stats.nfe == one.stats.nfe == 16
+    with pytest.raises(ValueError, match="final"):
+        learn2pd.OracleRule([1, 2, 3])
+    with pytest.raises(ValueError, match="final"):  # 8 tokens per row for 16 new tokens
+        block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[],
+                                 rule=learn2pd.OracleRule(torch.zeros(len(prompts), 8, dtype=torch.long, device="cpu")))
