@@ -37,7 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .diffusion_steps import most_confident, never_mask
+from .block_diffusion import generate as block_generate
+from .diffusion_steps import most_confident, never_mask, predict
 from .dparallel import Trajectories, block_logits
 from .generation import check_positive_int
 from .medusa import read_folder, write_folder
@@ -145,8 +146,9 @@ class OracleRule:
     """The oracle Learn2PD's filter imitates (the paper's "extremely greedy parallel" decoding), as a
     commit rule: commit every masked position whose current argmax already equals ``final``, the text
     the same model writes one token per step, plus the most confident one. It needs the answer, so it
-    is not a decoder; it measures the floor on calls that *any* filter of this dLLM can reach while
-    keeping its one-token-per-step text. ``final`` (B, gen_length): one row per prompt, in order."""
+    is not a decoder; it measures how few calls this dLLM allows when every commit that keeps its
+    one-token-per-step text is taken as soon as it appears (:func:`oracle_generate`). ``final``
+    (B, gen_length): one row per prompt, in order."""
 
     def __init__(self, final):
         final = torch.as_tensor(final, dtype=torch.long, device="cpu")
@@ -162,10 +164,17 @@ class OracleRule:
         if B != self.final.shape[0] or lo + b > self.final.shape[1]:
             raise ValueError(f"final has shape {tuple(self.final.shape)}; it must hold {B} rows and a token for "
                              f"every block position (block {lo}:{lo + b})")
-        x0 = predictions.argmax(-1)  # (B, b)
-        conf = torch.softmax(predictions.double(), -1).amax(-1).masked_fill(~masked, float("-inf"))  # (B, b)
+        x0, conf = predict(predictions, masked)  # (B, b) each; conf -inf where committed
         right = x0 == self.final[:, lo: lo + b].to(x0.device)
         return x0, (right | most_confident(conf)) & masked
+
+
+def oracle_generate(dllm, prompts, gen_length: int = 32, block_length: int = 8):
+    """Decode ``prompts`` one token per step, then again with :class:`OracleRule` on that text; returns
+    the second :class:`refimpl.generation.Generation` (its calls: the oracle's)."""
+    final = block_generate(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[]).tokens
+    return block_generate(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[],
+                          rule=OracleRule(final))
 
 
 def save_filter(filt: Filter, folder: str, base_model: str, report: dict | None = None) -> None:

@@ -148,18 +148,9 @@ def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: in
     kept = [r for r in rows if r[0] != "tiny" and r[1] in ("one token per step", "threshold 0.9", "threshold 0.5",
                                                           "learn2pd filter 0.7", "learn2pd filter 0.5")]
     kept += [(name, "learn2pd oracle (knows the one-token-per-step text; not a decoder)",
-              lambda p, lm=lm: oracle(lm, p, new, block)) for name, lm in lms.items()]
+              lambda p, lm=lm: learn2pd.oracle_generate(lm, [p], new, block)) for name, lm in lms.items()]
     return out + held_out_quality("dparallel-quality", tiny, kept, ("tiny-bdlm", "one token per step"),
                                   4 if fast else QUALITY_PROMPTS)
-
-
-def oracle(lm, prompt, new: int, block: int):
-    """Learn2PD's oracle on one prompt: decode one token per step, then again committing every
-    prediction that already equals that text (:class:`refimpl.learn2pd.OracleRule`); the second run's
-    calls are the floor any learned filter of ``lm`` can reach while keeping its text."""
-    final = block_diffusion.generate(lm, [prompt], gen_length=new, block_length=block, eos_token_id=[]).tokens
-    return block_diffusion.generate(lm, [prompt], gen_length=new, block_length=block, eos_token_id=[],
-                                    rule=learn2pd.OracleRule(final))
 
 
 def run(fast: bool = False, prepack: bool | None = None) -> list[dict]:
