@@ -121,3 +121,11 @@ def test_threshold_decoding_of_the_distilled_model_equals_with_and_without_the_c
         cached = block_diffusion.generate(lm, prompts, **kw)
         assert cached.tokens == block_diffusion.generate(lm, prompts, cache=False, **kw).tokens, threshold
     assert cached.stats.nfe < 16, "the distilled model commits more than one token per call at 0.5"
+
+
+def test_the_trainer_refuses_fewer_than_one_round(tmp_path):
+    from refimpl.train.cllm import train_tiny_bdlm_dparallel
+
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="rounds"):
+            train_tiny_bdlm_dparallel(str(tmp_path), rounds=bad)

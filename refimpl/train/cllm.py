@@ -23,6 +23,7 @@ from ..cllm import agreement, cllm_loss, collect
 from ..dparallel import certainty_forcing_loss, record
 from ..learn2pd import Filter, FilterData, FilterRule, collect as collect_filter_data, filter_loss, save_filter
 from ..models import load_folder, zoo_folder
+from ..generation import check_positive_int
 from .common import causal_lm_perplexity, encode_docs, random_windows, save_half, train_loop, write_report
 
 
@@ -99,11 +100,17 @@ def threshold_calls(lm, prompts, threshold: float | None, gen_length: int = 32, 
 
 def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 2048, context_length: int = 32,
                               block_length: int = 8, blocks: int = 2, batch: int = 32, lr: float = 2e-4,
-                              beta: float = 1.0, seed: int = 0, base: str = "tiny-bdlm"):
+                              beta: float = 1.0, rounds: int = 3, seed: int = 0, base: str = "tiny-bdlm"):
     """dParallel distillation of ``tiny-bdlm``: record ``contexts`` one-token-per-step trajectories
     (``blocks`` blocks of ``block_length`` after ``context_length`` King James tokens), then ``steps``
     steps of certainty forcing (cross-entropy to the trajectory's tokens on every masked position +
-    ``beta`` * entropy where already right)."""
+    ``beta`` * entropy where already right).
+
+    ``rounds`` > 1 (ours, measured in chapter 15 / README): each further round records the same
+    contexts again, decoded one token per step by the previous round's student (its fp16 weights, as
+    the zoo stores them), and distils on those, so the student learns to be sure of *its own* final
+    text, which is what its parallel decoding is judged against (the oracle's "final")."""
+    check_positive_int("rounds", rounds)
     torch.manual_seed(seed)
     orig = load_base(base)
     tok, mask_id = orig.tokenizer, orig.mask_token_id
@@ -111,20 +118,28 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 20
     stream = encode_docs(tok, train_docs, tok.eos_token_id)
     prompts = data.kjv_prompts(tok, 8)
     calls_before, text_before = threshold_calls(orig, prompts, 0.9)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    t0 = time.time()
-    trajs = [record(orig.model, random_windows(stream, 64, context_length, gen), mask_id, block_length, blocks)
-             for _ in range(max(contexts // 64, 1))]
-    collect_s = time.time() - t0
-    model = copy.deepcopy(orig.model)
+    t0, collect_s = time.time(), 0.0
+    model, teacher = copy.deepcopy(orig.model), orig.model
+    for r in range(rounds):
+        gen = torch.Generator(device="cpu").manual_seed(seed)  # every round: the same contexts
+        t = time.time()
+        trajs = [record(teacher, random_windows(stream, 64, context_length, gen), mask_id, block_length, blocks)
+                 for _ in range(max(contexts // 64, 1))]
+        collect_s += time.time() - t
 
-    def step_loss(s):
-        t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
-        ctx, state, final = t.sample(gen, mask_id)
-        idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
-        return certainty_forcing_loss(model, ctx[idx], state[idx], final[idx], mask_id, beta=beta)[0]
+        def step_loss(s):
+            t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
+            ctx, state, final = t.sample(gen, mask_id)
+            idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
+            return certainty_forcing_loss(model, ctx[idx], state[idx], final[idx], mask_id, beta=beta)[0]
 
-    train_loop(model, step_loss, steps, lr, f"distil {base} -> tiny-bdlm-dparallel", warmup=20)
+        train_loop(model, step_loss, steps, lr, f"distil {base} -> tiny-bdlm-dparallel, round {r + 1}/{rounds}",
+                   warmup=20)
+        if r + 1 < rounds:
+            with torch.no_grad():  # the next round starts from, and records with, the weights the zoo would store
+                for p in model.parameters():
+                    p.copy_(p.half().float())
+            teacher = model
     minutes = (time.time() - t0) / 60
     os.makedirs(out_dir, exist_ok=True)
     save_half(model, out_dir)
@@ -133,8 +148,8 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 20
     calls_after, text_after = threshold_calls(lm, prompts, 0.9)
     one = [block_diffusion.generate(orig, [p], gen_length=32, block_length=8, eos_token_id=[]).tokens[0]
            for p in prompts]
-    report = {"base": base, "steps": steps, "trajectories": len(trajs) * 64 * blocks, "block_length": block_length,
-              "context_length": context_length, "batch": batch, "lr": lr, "beta": beta,
+    report = {"base": base, "steps": steps, "rounds": rounds, "trajectories": len(trajs) * 64 * blocks,
+              "block_length": block_length, "context_length": context_length, "batch": batch, "lr": lr, "beta": beta,
               "threshold_0.9_calls_per_32_tokens_before": round(calls_before, 2),
               "threshold_0.9_calls_per_32_tokens_after": round(calls_after, 2),
               "agreement_with_base_one_token_per_step": round(agreement(text_after, one), 3),
