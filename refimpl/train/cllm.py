@@ -122,10 +122,10 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 20
     model, teacher = copy.deepcopy(orig.model), orig.model
     for r in range(rounds):
         gen = torch.Generator(device="cpu").manual_seed(seed)  # every round: the same contexts
-        t = time.time()
+        t_rec = time.time()
         trajs = [record(teacher, random_windows(stream, 64, context_length, gen), mask_id, block_length, blocks)
                  for _ in range(max(contexts // 64, 1))]
-        collect_s += time.time() - t
+        collect_s += time.time() - t_rec
 
         def step_loss(s):
             t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
