@@ -129,3 +129,22 @@ def test_the_trainer_refuses_fewer_than_one_round(tmp_path):
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="rounds"):
             train_tiny_bdlm_dparallel(str(tmp_path), rounds=bad)
+
+
+def test_context_batches_draw_as_the_loop_they_replace():
+    """The trainers' shared context sampler == random_windows called batch by batch, also when the
+    caller draws from the same generator between batches (the CLLM's initial guesses)."""
+    from refimpl.train.common import context_batches, random_windows
+
+    stream = torch.arange(1000, device="cpu")
+    got, g = [], torch.Generator(device="cpu").manual_seed(3)
+    for ctx in context_batches(stream, 130, 12, g):  # 130 // 64 = 2 batches
+        got.append(ctx)
+        got.append(torch.randint(0, 9, (3,), generator=g, device="cpu"))
+    want, g = [], torch.Generator(device="cpu").manual_seed(3)
+    for _ in range(2):
+        want.append(random_windows(stream, 64, 12, g))
+        want.append(torch.randint(0, 9, (3,), generator=g, device="cpu"))
+    assert len(got) == 4 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].shape == (64, 12) and not torch.equal(got[0], got[2])
+    assert len(list(context_batches(stream, 5, 12, g))) == 1, "fewer contexts than a batch: one batch"

@@ -1,6 +1,6 @@
 """Chapter 15's benchmark: models trained to decode in parallel, ``python -m refimpl.bench --suite learned``.
 
-Two workloads on the dLLM suite's King James held-out prompts (:func:`refimpl.data.kjv_prompts`),
+The workloads, on the dLLM suite's King James held-out prompts (:func:`refimpl.data.kjv_prompts`),
 one prompt at a time (batch 1, as a chat user would), rows interleaved per prompt and repeat,
 median time per prompt:
 
@@ -8,7 +8,8 @@ median time per prompt:
   and prompt lookup (the training-free baseline on text that repeats itself) on ``tiny`` and on ``tiny-cllm`` (64 new tokens). Tokens per
   target call, tokens/s, speed-up vs AR *of the same model*, and exact = the row's tokens equal that
   model's own AR greedy tokens (the verification core's guarantee).
-- ``dparallel``: ``tiny-bdlm`` and ``tiny-bdlm-dparallel``, 32 new tokens in blocks of 8, one token
+- ``dparallel`` (32 new tokens, as the dLLM suite's ``kjv-bdlm``) and ``dparallel-64`` (64, as ``cllm``):
+  ``tiny-bdlm`` and ``tiny-bdlm-dparallel`` in blocks of 8, one token
   per step, Fast-dLLM thresholds and Learn2PD's trained filter (:mod:`refimpl.learn2pd`) at three
   ``tau``, each with the exact block cache; speed-up vs AR ``tiny`` (the model ``tiny-bdlm`` was
   adapted from).
@@ -126,6 +127,9 @@ def held_out_quality(task: str, tiny, rows, reference: tuple[str, str], n: int) 
 
 def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: int = 8,
                   prepack: bool | None = None) -> list[dict]:
+    """The ``dparallel`` workload at ``new`` new tokens; its task is named ``dparallel`` at 32 (the dLLM
+    suite's setting, which chapter 16 compares with) and ``dparallel-<new>`` otherwise."""
+    task = "dparallel" if new == 32 else f"dparallel-{new}"
     tiny = models.load("tiny", prepack=prepack)
     prompts = kjv_prompts(tiny.tokenizer, 2 if fast else 8)
     rows = [("tiny", "AR (cache)", lambda p: autoregressive.generate(tiny, [p], max_new_tokens=new, eos_token_id=[]))]
@@ -143,18 +147,19 @@ def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: in
     res = timed(rows, prompts, 1 if fast else repeats)
     reference = [g.tokens[0] for g in res["tiny-bdlm", "one token per step"][1]]
     # a dLLM's speed-up is against AR tiny, the model it was adapted from; exactness does not apply
-    out = summarise("dparallel", res, prompts, tiny, reference, dict.fromkeys(("tiny", "tiny-bdlm", "tiny-bdlm-dparallel"),
+    out = summarise(task, res, prompts, tiny, reference, dict.fromkeys(("tiny", "tiny-bdlm", "tiny-bdlm-dparallel"),
                                                                               ("tiny", "AR (cache)")))
     kept = [r for r in rows if r[0] != "tiny" and r[1] in ("one token per step", "threshold 0.9", "threshold 0.5",
                                                           "learn2pd filter 0.7", "learn2pd filter 0.5")]
     kept += [(name, "learn2pd oracle (knows the one-token-per-step text; not a decoder)",
               lambda p, lm=lm: learn2pd.oracle_generate(lm, [p], new, block)) for name, lm in lms.items()]
-    return out + held_out_quality("dparallel-quality", tiny, kept, ("tiny-bdlm", "one token per step"),
+    return out + held_out_quality(f"{task}-quality", tiny, kept, ("tiny-bdlm", "one token per step"),
                                   4 if fast else QUALITY_PROMPTS)
 
 
 def run(fast: bool = False, prepack: bool | None = None) -> list[dict]:
-    """Both workloads; ``prepack`` as :func:`refimpl.models.load` takes it, the same for every model
+    """Every workload; ``prepack`` as :func:`refimpl.models.load` takes it, the same for every model
     (True: packed linears and the lean forward, the fastest AR path for ``tiny`` on a 2-core CPU)."""
     torch.manual_seed(0)
-    return run_cllm(fast, prepack=prepack) + run_dparallel(fast, prepack=prepack)
+    return (run_cllm(fast, prepack=prepack) + run_dparallel(fast, prepack=prepack)
+            + run_dparallel(fast, new=64, prepack=prepack))

@@ -58,6 +58,14 @@ def random_windows(stream: torch.Tensor, batch: int, length: int, generator: tor
     return torch.stack([stream[s : s + length] for s in starts.tolist()])
 
 
+def context_batches(stream: torch.Tensor, contexts: int, length: int, generator: torch.Generator, batch: int = 64):
+    """``contexts`` random windows of ``length`` tokens (:func:`random_windows`), ``batch`` at a time
+    (at least one batch), drawn lazily: a caller that draws from ``generator`` between batches (the
+    CLLM's initial guesses) keeps its order of draws."""
+    for _ in range(max(contexts // batch, 1)):
+        yield random_windows(stream, batch, length, generator)  # (batch, length)
+
+
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
