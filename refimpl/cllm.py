@@ -20,15 +20,24 @@ A fine-tuned model is a *different* model: Jacobi and lookahead decoding of it a
 (the verification core checks every guess), exact with respect to its own greedy output. How far
 that output moved from the original's is measured, not assumed (``refimpl.bench``'s CLLM rows:
 perplexity under the original, :func:`agreement` with its greedy text, repeated n-grams).
+
+:func:`interpolate` walks the line between the two models without training: the weights
+``theta_0 + alpha (theta_1 - theta_0)`` (WiSE-FT: Wortsman et al., "Robust fine-tuning of zero-shot
+models", arXiv 2109.01903, §2, eq. 1), a model whose text and whose Jacobi speed both lie between
+the original's and the fine-tune's (measured in the README: the speed-quality front).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import copy
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .generation import check_positive_int
+from .lm import LM
 
 
 def check_block(context: torch.Tensor, block: torch.Tensor, name: str = "block") -> None:
@@ -171,3 +180,23 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     fine-tuned model's text moved from the original's; positions past the shorter row count as different)."""
     same = sum(sum(x == y for x, y in zip(r, s)) for r, s in zip(a, b))
     return same / max(sum(max(len(r), len(s)) for r, s in zip(a, b)), 1)
+
+
+def interpolate(base: LM, tuned: LM, alpha: float) -> LM:
+    """A new :class:`LM` with the weights ``base + alpha (tuned - base)`` (WiSE-FT, arXiv 2109.01903,
+    eq. 1): ``alpha = 0`` is ``base``, ``1`` is ``tuned``. Both must be the same architecture (same
+    parameter names and shapes, e.g. ``tiny`` and ``tiny-cllm``), loaded as plain :class:`LM` s
+    (``models.load(name, prepack=False)``); pass the result to ``models.accelerate`` for the fast paths."""
+    for arg, lm in (("base", base), ("tuned", tuned)):
+        if type(lm) is not LM:
+            raise ValueError(f"{arg} must be a plain refimpl.lm.LM (models.load(name, prepack=False)), "
+                             f"got {type(lm).__name__}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+    b, t = base.model.state_dict(), tuned.model.state_dict()
+    if b.keys() != t.keys() or any(b[k].shape != t[k].shape for k in t):
+        raise ValueError(f"base ({base.name}) and tuned ({tuned.name}) must have the same parameter names and shapes")
+    model = copy.deepcopy(tuned.model)
+    model.load_state_dict({k: torch.lerp(b[k].to(t[k]), t[k], float(alpha)) if t[k].is_floating_point() else t[k]
+                           for k in t})
+    return LM(model, tuned.tokenizer, name=f"{tuned.name} x{alpha:g} + {base.name}")

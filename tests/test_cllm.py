@@ -1,5 +1,6 @@
 """CLLMs (chapter 15): trajectories == a step-by-step replay, the losses == brute force, training
 moves them, and Jacobi / lookahead on the fine-tuned model stay exact for its own greedy output."""
+import copy
 import math
 
 import pytest
@@ -158,3 +159,42 @@ def test_jacobi_and_lookahead_on_tiny_cllm_equal_its_own_greedy():
     assert lookahead.generate(lm, prompts, max_new_tokens=40).tokens == ar
     one = jacobi.generate(lm, [prompts[1]], max_new_tokens=40, window=16)
     assert one.tokens == [ar[1]] and one.stats.tau > 1.0
+
+
+def test_interpolate_mixes_the_weights_and_its_ends_are_the_two_models(tiny):
+    """WiSE-FT weights == base + alpha (tuned - base) by hand, parameter by parameter; alpha 0 / 1 give
+    the two models' logits; the mix decodes exactly (its own greedy) on the fast paths too."""
+    from refimpl import data, jacobi, models
+
+    tuned = models.load("tiny-cllm", device="cpu", prepack=False)
+    ids = torch.tensor([tiny.encode("And God said, Let there be light")])
+    for alpha, lm in ((0, tiny), (1, tuned)):
+        mixed = cllm.interpolate(tiny, tuned, alpha)
+        assert torch.allclose(mixed.logits(ids), lm.logits(ids), atol=1e-5), alpha
+    mixed = cllm.interpolate(tiny, tuned, 0.3)
+    b, t = dict(tiny.model.named_parameters()), dict(tuned.model.named_parameters())
+    for name, p in mixed.model.named_parameters():
+        want = b[name] + 0.3 * (t[name] - b[name])
+        assert torch.allclose(p, want, atol=1e-6), name
+        assert not torch.equal(p, t[name]) or torch.equal(b[name], t[name]), name  # really mixed
+    assert not any(p is q for p, q in zip(mixed.model.parameters(), tuned.model.parameters()))  # a copy
+    prompts = data.kjv_prompts(tiny.tokenizer, 2, length=24)
+    ar = autoregressive.generate(mixed, prompts, max_new_tokens=24, eos_token_id=[]).tokens
+    fast = models.accelerate(cllm.interpolate(tiny, tuned, 0.3), prepack=True)
+    assert jacobi.generate(fast, prompts, max_new_tokens=24, window=4, init="lookup", eos_token_id=[]).tokens == ar
+
+
+def test_interpolate_bad_arguments_raise(tiny):
+    from refimpl import models
+    from refimpl.lm import LM
+
+    tuned = models.load("tiny-cllm", device="cpu", prepack=False)
+    for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match="alpha"):
+            cllm.interpolate(tiny, tuned, bad)
+    with pytest.raises(ValueError, match="base"):  # a LeanLM (fast path): its packed weights would go stale
+        cllm.interpolate(models.load("tiny", device="cpu", fast=True), tuned, 0.5)
+    two = copy.deepcopy(tuned.model)
+    two.model.layers = two.model.layers[:2]
+    with pytest.raises(ValueError, match="same parameter names"):
+        cllm.interpolate(tiny, LM(two, tuned.tokenizer, name="two layers"), 0.5)

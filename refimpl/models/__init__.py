@@ -68,6 +68,14 @@ ZOO: dict[str, Entry] = {
 }
 
 
+def check_speed_args(prepack, fast) -> None:
+    """``prepack`` and ``fast`` are each None, True or False (:func:`load`, :func:`accelerate`)."""
+    if prepack is not None and not isinstance(prepack, bool):
+        raise ValueError(f"prepack must be None, True or False, got {prepack!r}")
+    if fast is not None and not isinstance(fast, bool):
+        raise ValueError(f"fast must be None, True or False, got {fast!r}")
+
+
 def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | None = None,
          prepack: bool | None = None, fast: bool | None = None):
     """Load a model by zoo name, local folder or (already cached) Hugging Face id. Never downloads.
@@ -87,10 +95,7 @@ def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | N
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a model name or path, got {name!r}")
-    if prepack is not None and not isinstance(prepack, bool):
-        raise ValueError(f"prepack must be None, True or False, got {prepack!r}")
-    if fast is not None and not isinstance(fast, bool):
-        raise ValueError(f"fast must be None, True or False, got {fast!r}")
+    check_speed_args(prepack, fast)
     if name in ZOO:
         lm, default = ZOO[name].load(device=device, dtype=dtype, attn=attn), ZOO[name].prepack
     else:
@@ -98,12 +103,24 @@ def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | N
             lm = load_folder(name, device=device, dtype=dtype, attn=attn)
         else:
             lm = load_hub_cache(name, device=device, dtype=dtype, attn=attn, known=ZOO)
+        default = None
+    return accelerate(lm, prepack, fast, default, label=name)
+
+
+def accelerate(lm, prepack: bool | None = None, fast: bool | None = None, default: bool | None = None,
+               label: str | None = None):
+    """``lm`` on :func:`load`'s CPU fast paths, for a model built in memory (e.g. weights mixed by
+    :func:`refimpl.cllm.interpolate`); ``prepack`` and ``fast`` as :func:`load` takes them. ``default``:
+    whether ``prepack=None`` packs (None: models with >= ``PREPACK_MIN_PARAMS`` parameters).
+    Returns ``lm`` itself (its linears swapped in place) or a :class:`lean_llama.LeanLM` over its model."""
+    check_speed_args(prepack, fast)
+    if default is None:
         default = sum(p.numel() for p in lm.model.parameters()) >= PREPACK_MIN_PARAMS
     on_cpu_fp32 = lm.device.type == "cpu" and lm.dtype == torch.float32
     packed = bool((default if prepack is None else prepack) and on_cpu_fp32 and isinstance(lm, LM)
                   and cpu_linear.prepack_linears(lm.model))
     if fast and not (type(lm) is LM and lean_llama.supports(lm.model)):
-        raise ValueError(f"fast=True needs a plain Llama-recipe causal LM; {name!r} is not one")
+        raise ValueError(f"fast=True needs a plain Llama-recipe causal LM; {label or lm.name!r} is not one")
     if (packed if fast is None else fast) and type(lm) is LM and lean_llama.supports(lm.model):
         lm = lean_llama.LeanLM(lm.model, lm.tokenizer, name=lm.name)
     return lm
