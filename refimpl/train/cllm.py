@@ -106,8 +106,8 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 10
     ``beta`` * entropy where already right).
 
     The defaults put the trajectories where the benchmark decodes: 48-token prompts, then 8 blocks of 8
-    = 64 new tokens (stop 44's 2 blocks after 32 tokens, 2,048 contexts, met the goals at 32 new tokens
-    and missed the quality goal at 64: the student had never trained past position 48).
+    = 64 new tokens (``blocks=2, context_length=32, contexts=2048`` met the goals at 32 new tokens and
+    missed the quality goal at 64: the student had never trained past position 48; README).
 
     ``rounds`` > 1 (ours, measured in the README): each further round records the same
     contexts again, decoded one token per step by the previous round's student (its fp16 weights, as
