@@ -91,3 +91,27 @@ def test_first_loads_of_smollm2_in_parallel_all_succeed(tmp_path):
     assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
     assert len({o[0] for o in outs}) == 1 and "config.json" in outs[0][0]
     assert sorted(os.listdir(tmp_path)) == ["smollm2-135m", "smollm2-135m.tmp-killed"]  # young leftovers stay
+
+
+def test_accelerate_puts_an_in_memory_model_on_the_fast_paths(tiny, tiny_prompts):
+    """``models.accelerate`` (what ``load`` ends with) on a model built in memory: prepacked and on the
+    lean forward it gives the plain model's logits; a dLLM comes back as it is; bad flags raise."""
+    import copy
+
+    from refimpl.lm import LM
+
+    ids = torch.tensor([tiny_prompts[2]])
+    plain = LM(copy.deepcopy(tiny.model), tiny.tokenizer, name="copy")
+    assert models.accelerate(plain) is plain  # a small model: no fast path by default
+    fast = models.accelerate(LM(copy.deepcopy(tiny.model), tiny.tokenizer, name="copy"), prepack=True)
+    from refimpl.models import cpu_linear
+
+    assert (type(fast) is not LM) == cpu_linear.available()  # the lean forward, where oneDNN packs
+    assert torch.allclose(fast.logits(ids), tiny.logits(ids), atol=1e-4)
+    dllm = models.load("tiny-dllm", device="cpu")
+    assert models.accelerate(dllm) is dllm
+    with pytest.raises(ValueError, match="fast=True"):
+        models.accelerate(dllm, fast=True)
+    for bad in (dict(prepack="yes"), dict(fast=1)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            models.accelerate(plain, **bad)

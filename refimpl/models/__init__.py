@@ -115,7 +115,7 @@ def accelerate(lm, prepack: bool | None = None, fast: bool | None = None, defaul
     Returns ``lm`` itself (its linears swapped in place) or a :class:`lean_llama.LeanLM` over its model."""
     check_speed_args(prepack, fast)
     if default is None:
-        default = sum(p.numel() for p in lm.model.parameters()) >= PREPACK_MIN_PARAMS
+        default = isinstance(lm, LM) and sum(p.numel() for p in lm.model.parameters()) >= PREPACK_MIN_PARAMS
     on_cpu_fp32 = lm.device.type == "cpu" and lm.dtype == torch.float32
     packed = bool((default if prepack is None else prepack) and on_cpu_fp32 and isinstance(lm, LM)
                   and cpu_linear.prepack_linears(lm.model))
