@@ -207,18 +207,22 @@ def steps_of(lm, ids, cuts=(0, 9, 10, 15, 16)):
     return out
 
 
-def test_fused_prepacked_forward_keeps_the_bits_of_hugging_face(monkeypatch):
+def test_fused_prepacked_forward_matches_hugging_face(monkeypatch):
     """Same weights prepacked, products by oneDNN (``REFIMPL_GEMV=0``): the lean forward (q/k/v and
-    gate/up fused, residuals inside the product) gives Hugging Face's logits bit for bit, prefill
-    and k = 1 / 5 steps, B = 2."""
+    gate/up fused, residuals inside the product) gives Hugging Face's logits, prefill and k = 1 / 5
+    steps, B = 2, with the same argmax everywhere. Bit for bit on the AVX2 hosts this ran on until
+    2026-11; on an AVX-512 host (AMD EPYC, 2026-11-28) the two sum somewhere in another order, ~1e-7
+    apart, so the bound is 1e-6."""
     monkeypatch.setenv("REFIMPL_GEMV", "0")
     lean, hf = lean_and_hf(small_llama())
     ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(4))
     assert all(lean_llama.projections(lean.model)[i].packed and not lean_llama.projections(lean.model)[i].gemv
                for i in range(2))
+    tol = dict(atol=1e-6, rtol=1e-6)  # 0 / 0 held on the AVX2 hosts; an AVX-512 host gives ~1e-7
     for got, want in zip(steps_of(lean, ids), steps_of(hf, ids)):
-        assert torch.equal(got, want)
-    torch.testing.assert_close(lean.logits(ids), hf.logits(ids), atol=0, rtol=0)
+        torch.testing.assert_close(got, want, **tol)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    torch.testing.assert_close(lean.logits(ids), hf.logits(ids), **tol)
 
 
 @pytest.mark.skipif(not cpu_gemv.available(), reason="no AVX2/FMA CPU or no C++ compiler")

@@ -63,7 +63,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     """``x @ W.T (+ bias) (+ add)`` with ``W`` from :func:`pack_weight`; x (..., in) -> (..., out).
 
     ``add`` (same shape as the output) is summed inside the product (oneDNN's binary post-op):
-    one call instead of two, the same bits as ``add + x @ W.T``.
+    one call instead of two, the same bits as ``add + packed_linear(x, packed)``.
     """
     if add is not None:
         return torch.ops.mkldnn._linear_pointwise.binary(x, add, packed, bias, "add")
