@@ -244,20 +244,22 @@ class TrimmedLM(LM):
 
     @torch.no_grad()
     def forward_trimmed(self, input_ids, cache=None, position_ids=None, attention_mask=None,
-                        output_hidden_states=False):
-        """A cached step with the (B, Q, K) logits of the kept tokens (plus the hidden states)."""
-        return super().forward(input_ids, cache, position_ids, attention_mask, output_hidden_states)
+                        output_hidden_states=False, logits_to_keep: int = 0):
+        """A cached step with the (B, Q, K) logits of the kept tokens (plus the hidden states);
+        ``logits_to_keep`` as :meth:`refimpl.lm.LM.forward`."""
+        return super().forward(input_ids, cache, position_ids, attention_mask, output_hidden_states, logits_to_keep)
 
     @torch.no_grad()
-    def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, output_hidden_states=False):
+    def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None, output_hidden_states=False,
+                logits_to_keep: int = 0):
         out = self.forward_trimmed(input_ids, cache, position_ids, attention_mask,
-                                   output_hidden_states or self.context_vocab)
-        full = self.expand(out[0])  # (B, Q, V), -inf outside kept_ids
+                                   output_hidden_states or self.context_vocab, logits_to_keep)
+        full = self.expand(out[0])  # (B, Q', V), -inf outside kept_ids; Q' = logits_to_keep or Q
         if self.context_vocab:
             extra = self._context_tokens(out[1], input_ids)  # (n,) ids seen in the context, not kept
             if extra.numel():
                 E = decoder_of(self.model).embed_tokens.weight  # the head's rows are embedding rows
-                full[..., extra] = (out[2] @ E[extra].T).float()  # (B, Q, n)
+                full[..., extra] = (out[2][:, out[2].shape[1] - full.shape[1]:] @ E[extra].T).float()  # (B, Q', n)
         return (full, out[1]) + ((out[2],) if output_hidden_states else ())
 
     def _context_tokens(self, cache, input_ids: torch.Tensor) -> torch.Tensor:

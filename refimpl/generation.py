@@ -10,6 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+import torch
+
 
 @dataclass
 class Stats:
@@ -181,3 +184,11 @@ def truncate_at_eos(tokens: Sequence[int], eos: frozenset, max_new_tokens: int) 
         if len(out) >= max_new_tokens:
             return out, True
     return out, len(out) >= max_new_tokens
+
+
+def int_tensor(values, device) -> torch.Tensor:
+    """A rectangular (nested) list of ints as an int64 tensor on ``device``, e.g. a proposer's draft
+    rows (b, g), already padded. Built from a NumPy array: ~1-2 us on a CPU where ``torch.tensor``
+    of a list takes ~6-20, which a small model's ~1 ms decode step notices."""
+    out = torch.from_numpy(np.array(values, dtype=np.int64))
+    return out if torch.device(device).type == "cpu" else out.to(device)

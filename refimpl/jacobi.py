@@ -35,7 +35,7 @@ import torch
 import kernels
 
 from .copy_prior import NgramIndex
-from .generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int, int_tensor
 from .speculative import Proposal, Sampling, Verdict, decode
 
 #: where a new slot's first guess comes from (:class:`Jacobi`)
@@ -91,8 +91,7 @@ class Jacobi:
             self.guess[b], self.p_old[b] = g + fill, q + [None] * len(fill)
         valid = [len(g) for g in self.guess]
         width = max(valid)
-        x = torch.tensor([g + [0] * (width - len(g)) for g in self.guess], dtype=torch.long,
-                         device=self.device).view(len(valid), width)
+        x = int_tensor([g + [0] * (width - len(g)) for g in self.guess], self.device).view(len(valid), width)
         q = None
         if not self.settings.greedy and width and self.vocab is not None:
             q = torch.nn.functional.one_hot(x, self.vocab).float()  # (b, g, V) random guesses: one-hot
@@ -100,7 +99,7 @@ class Jacobi:
                 for i, qi in enumerate(qs):
                     if qi is not None:
                         q[b, i] = qi.to(q.device)
-        return Proposal(x, torch.tensor(valid, device=self.device), q)
+        return Proposal(x, int_tensor(valid, self.device), q)
 
     def accept(self, v: Verdict) -> None:
         logits, s = v.logits, self.settings

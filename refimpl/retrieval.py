@@ -181,7 +181,7 @@ class SuffixAndRecycling:
     def __init__(self, sam: bool = True, recycling: bool = True, num_tokens: int = 16, min_match: int | None = None,
                  k: int = 8, nodes: int = 80):
         self.sam, self.recycling = sam, recycling
-        self.tree_proposals = recycling
+        self.tree_proposals = self.wants_fed = recycling  # (recycling seeds its table with the prompt's logits)
         self.num_tokens = check_positive_int("num_tokens", num_tokens)
         self.min_match = (5 if recycling else 1) if min_match is None else check_positive_int("min_match", min_match)
         self.k, self.template = k, recycling_template(nodes, k) if recycling else None

@@ -58,10 +58,12 @@ class SlotCache:
             self.explicit_mask = self.mask
         self.explicit_count = value
 
-    def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None, hidden=False):
+    def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None, hidden=False, keep: int = 0):
         """Append ``tokens`` (B, Q) (``fmask`` (B, Q) marks real ones; None = all) -> logits (B, Q, V),
         or ``(logits, h)`` with the last layer's (normed) hidden states h (B, Q, H) when ``hidden``
-        (a tuple of layer ids: those layers' residual streams side by side, :meth:`refimpl.lm.LM.forward`)."""
+        (a tuple of layer ids: those layers' residual streams side by side, :meth:`refimpl.lm.LM.forward`).
+        ``keep`` > 0: logits for the last ``keep`` positions only (B, keep, V) (the model's
+        ``logits_to_keep``; h stays (B, Q, H))."""
         B, Q = tokens.shape
         if fmask is None and self.dense:  # positions length .. length + Q - 1 in every row
             pos = torch.arange(self.length, self.length + Q, device=tokens.device)[None]  # (1, Q)
@@ -76,7 +78,9 @@ class SlotCache:
             self.holes = True  # callers pass a feed mask only when it has holes (pads)
             self.mask = torch.cat([self.mask, fmask], dim=1)
             self.count = self.count + fmask.sum(-1)
-        extra = {"output_hidden_states": hidden} if hidden else {}  # (any LM-like object works without it)
+        extra = {"output_hidden_states": hidden} if hidden else {}  # (any LM-like object works without these)
+        if keep:
+            extra["logits_to_keep"] = keep
         out = self.lm.forward(tokens, self.cache, position_ids=pos, attention_mask=self.mask if self.holes else None,
                               **extra)
         self.cache = out[1]

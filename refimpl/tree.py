@@ -101,12 +101,14 @@ class Tree:
 
     # -- 1. one forward over the unprocessed tokens + every node ---------------------------
     def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
-             valid: torch.Tensor, full: bool = False, hidden=False):
+             valid: torch.Tensor, full: bool = False, hidden=False, keep: int = 0):
         """Append ``feed`` (b, F) (``fmask`` marks real tokens) and the nodes ``x`` (b, m) to the
         :class:`~refimpl.speculative.SlotCache` ``slots`` -> logits (b, 1 + m, V): after the root,
         then after each node (``full``: (b, F + m, V), after every fed token too); ``hidden``:
         ``(logits, h)`` with the target's last hidden states h (b, 1 + m or F + m, H) alongside (a tuple
-        of layer ids: those layers' streams side by side, as :meth:`refimpl.lm.LM.forward`)."""
+        of layer ids: those layers' streams side by side, as :meth:`refimpl.lm.LM.forward`). ``keep`` > 0
+        with ``full``: logits for the last ``keep`` positions only (the model's ``logits_to_keep``),
+        h still (b, F + m, H)."""
         b, F = feed.shape
         m, dev = x.shape[1], feed.device
         fm = torch.ones_like(feed) if fmask is None else fmask
@@ -123,14 +125,17 @@ class Tree:
         allow &= torch.cat([slots.mask, fm, node_ok], 1).bool()[:, None, :]
         diag = torch.arange(F + m, device=dev)
         allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
+        extra = {"output_hidden_states": hidden} if hidden else {}
+        if keep and full:
+            extra["logits_to_keep"] = keep
         out = slots.lm.forward(torch.cat([feed, x], 1), slots.cache, position_ids=pos,
-                               attention_mask=additive(allow), **({"output_hidden_states": hidden} if hidden else {}))
+                               attention_mask=additive(allow), **extra)
         slots.cache = out[1]
         slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
         slots.count = slots.mask.sum(-1)
         slots.holes = slots.holes or fmask is not None
-        keep = slice(None) if full else slice(F - 1, None)
-        return (out[0][:, keep], out[2][:, keep]) if hidden else out[0][:, keep]
+        rows = slice(None) if full else slice(F - 1, None)
+        return (out[0][:, rows], out[2][:, rows]) if hidden else out[0][:, rows]
 
     # -- 2. walk down from the root ---------------------------------------------------------
     def verify(self, x: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor, q: torch.Tensor | None,

@@ -83,6 +83,21 @@ def test_trimmed_vocab_is_minus_inf_outside_kept_tokens(tiny, kept):
         drafts.trim_vocab(tiny, [tiny.vocab_size + 5])
 
 
+@pytest.mark.parametrize("context_vocab", [False, True])
+def test_trimmed_forward_keeps_the_last_logits(tiny, kept, context_vocab):
+    """``logits_to_keep=k`` (what the verification core asks of a prefill): the last k positions of the
+    full cached step, also where the context's own tokens are scored from the hidden states."""
+    tr = drafts.trim_vocab(tiny, kept, context_vocab=context_vocab)
+    ids = torch.tensor([tiny.encode(PROMPTS[1])])  # holds tokens outside ``kept``
+    full, _ = tr.forward(ids)
+    last, cache = tr.forward(ids, logits_to_keep=2)
+    assert last.shape == (1, 2, tiny.vocab_size) and cache.get_seq_length() == ids.shape[1]
+    scored = torch.isfinite(last[0, -1]).sum()  # the kept tokens, plus the context's others with context_vocab
+    assert scored > len(torch.as_tensor(kept).unique()) if context_vocab else scored == len(torch.as_tensor(kept).unique())
+    torch.testing.assert_close(last, full[:, -2:])
+    assert torch.equal(torch.isneginf(last), torch.isneginf(full[:, -2:]))
+
+
 @pytest.mark.parametrize("which", ["tiny-draft", "exit1", "exit2", "trimmed"])
 def test_speculative_greedy_equals_autoregressive(tiny, tiny_draft, kept, which):
     draft = {"tiny-draft": lambda: tiny_draft, "exit1": lambda: drafts.early_exit(tiny, 1),

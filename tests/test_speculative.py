@@ -286,6 +286,62 @@ def test_dense_slot_cache_equals_an_explicit_one(target, prompts):
     assert a.holes and a.count.tolist() == [ids.shape[1] + 1 + 2 + 1]
 
 
+class KeepLog:
+    """A target that logs each call's (tokens fed, logits_to_keep) and otherwise forwards to ``lm``."""
+
+    def __init__(self, lm):
+        self.lm, self.log = lm, []
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def forward(self, input_ids, cache=None, **kw):
+        self.log.append((input_ids.shape[1], kw.get("logits_to_keep", 0)))
+        return self.lm.forward(input_ids, cache, **kw)
+
+
+class VerdictLog(sp.DraftModel):
+    """The draft-model proposer, keeping every verdict it is shown; ``wants_fed`` as given."""
+
+    def __init__(self, draft, wants_fed):
+        super().__init__(draft, sp.FixedGamma(3))
+        self.wants_fed, self.verdicts = wants_fed, []
+
+    def accept(self, v):
+        self.verdicts.append(v)
+        super().accept(v)
+
+
+@pytest.mark.parametrize("wants_fed", [False, True])
+def test_prefill_scores_the_prompt_only_when_the_proposer_reads_it(target, draft, prompts, ar_free, wants_fed):
+    """The first call feeds the prompt + the drafts; unless the proposer sets ``wants_fed`` it asks for
+    the logits from the root on only (``logits_to_keep = g + 1``) and ``Verdict.fed`` is empty;
+    with it, ``fed`` holds the prompt's own logits (== an uncached forward of the prompt). Same tokens."""
+    t, prop = KeepLog(target), VerdictLog(draft, wants_fed)
+    p = prompts[3]
+    g = sp.decode(t, prop, [p], max_new_tokens=N, eos_token_id=[])
+    assert g.tokens[0] == ar_free[3]
+    assert t.log[0] == (len(p) + 3, 0 if wants_fed else 4)  # prompt + 3 drafts; keep the root's + the drafts'
+    assert all(keep == 0 for _, keep in t.log[1:])  # later calls feed one token + drafts: all their logits count
+    fed = prop.verdicts[0].fed
+    assert fed.shape == ((1, len(p) - 1, target.vocab_size) if wants_fed else (1, 0, target.vocab_size))
+    if wants_fed:
+        torch.testing.assert_close(fed, target.logits(torch.tensor([p]))[:, :-1], rtol=1e-4, atol=1e-4)
+    assert prop.verdicts[0].logits.shape == (1, 4, target.vocab_size)
+
+
+def test_slot_cache_keep_returns_the_last_logits(target, prompts):
+    """SlotCache.feed(keep=k): the last k positions' logits of a full feed, the hidden states of all."""
+    from refimpl.slot_cache import SlotCache
+
+    ids = torch.tensor([prompts[2]])
+    a, b = SlotCache(target, 1, "cpu"), SlotCache(target, 1, "cpu")
+    la, ha = a.feed(ids, hidden=True)
+    lb, hb = b.feed(ids, hidden=True, keep=3)
+    assert lb.shape == (1, 3, target.vocab_size) and torch.equal(ha, hb) and a.length == b.length == ids.shape[1]
+    torch.testing.assert_close(lb, la[:, -3:], rtol=1e-5, atol=1e-5)
+
+
 # ---- bad input ------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,name", [
     (dict(gamma=0), "gamma"),

@@ -19,8 +19,9 @@ Two costs sit on top of the arithmetic of a decode step, and this module removes
   On an AVX2 CPU the products are :mod:`refimpl.models.cpu_gemv`'s, written for 1-16 rows and
   batch-invariant (a row gets the same bits in a block as alone), summing in another order than
   Hugging Face's (logits within ~1e-6 relative, the same greedy text); elsewhere, or with
-  ``REFIMPL_GEMV=0``, they are oneDNN's (with its binary ``add`` post-op), and every output
-  element is then the same dot product as Hugging Face's, bit for bit (checked in the tests).
+  ``REFIMPL_GEMV=0``, they are oneDNN's (with its binary ``add`` post-op): on the AVX2 CPUs we
+  ran on every output element is then the same dot product as Hugging Face's, bit for bit; on an
+  AVX-512 one the logits come out ~1e-7 apart (some sum runs in another order), the same greedy text.
 - **The stages between the products.** With cpu_gemv's products all the layers of a step run in
   one kernel call (:func:`whole_layers`, :class:`refimpl.models.cpu_gemv.LayerStep`): norms, rotary, the cache
   write, attention and SwiGLU as loops in the same OpenMP region as the products, where stage by
@@ -348,8 +349,8 @@ class LeanSteps:
 
 class LeanLM(LeanSteps, LM):
     """An :class:`refimpl.lm.LM` whose cached steps and ``logits`` run through :func:`forward`:
-    the same logits as the Hugging Face forward of the same model (bit for bit with oneDNN's
-    products, within ~1e-6 relative with :mod:`refimpl.models.cpu_gemv`'s), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
+    the same logits as the Hugging Face forward of the same model (with oneDNN's products bit for
+    bit on the AVX2 CPUs we ran on, ~1e-7 apart on an AVX-512 one; within ~1e-6 relative with :mod:`refimpl.models.cpu_gemv`'s), with a :class:`KVCache`. ``models.load`` returns one for a Llama-recipe
     target on a CPU in fp32; ``models.load(name, fast=False)`` returns the plain :class:`LM`.
     Handed a Hugging Face cache (a ``DynamicCache`` made elsewhere), ``forward`` runs Hugging
     Face's forward on it instead, so either kind of cache keeps working."""
@@ -379,10 +380,10 @@ class LeanTrimmedLM(LeanSteps, TrimmedLM):
 
     @torch.no_grad()
     def forward_trimmed(self, input_ids, cache=None, position_ids=None, attention_mask=None,
-                        output_hidden_states=False):
+                        output_hidden_states=False, logits_to_keep: int = 0):
         if cache is None:
             cache = self.new_cache()
-        logits, hidden = on_device(self, input_ids, cache, position_ids, attention_mask)
+        logits, hidden = on_device(self, input_ids, cache, position_ids, attention_mask, logits_to_keep)
         return (logits.float(), cache, hidden) if output_hidden_states else (logits.float(), cache)
 
     @classmethod
