@@ -26,7 +26,11 @@ the latest earlier occurrence of the context's last n-gram (n = 3..1), at the sa
 lookup ("Prompt lookup decoding", Saxena 2023; :mod:`refimpl.retrieval`) used as a *starting
 point*. A model that jumps towards the fixed point from a good start (a consistency-trained one,
 chapter 15) gains from it; a plain model overwrites the guesses with its own predictions before
-they reach the front of the window, so nothing changes.
+they reach the front of the window, so nothing changes. ``min_window`` (ours): where no n-gram
+continuation is found, random guesses fill the window only up to ``min_window`` slots (a random
+token is almost never right; the slots it leaves empty are not scored). On ``tiny-cllm``, window
+4, n-gram start: 3 gives 2.64 tokens per call against 2.53 at about the same cost per call
+(chapter 15's benchmark).
 """
 from __future__ import annotations
 
@@ -47,14 +51,18 @@ class Jacobi:
 
     ``window`` guesses per iteration; initial guesses are tokens drawn uniformly from the row's
     context (seeded by ``seed``) or, with ``init="lookup"``, the continuation of the context's last
-    n-gram where it occurred before (drawn where there is none). Any guesses give the same output;
-    only the speed changes.
+    n-gram where it occurred before (drawn where there is none). Random draws fill the window up to
+    ``min_window`` slots only (default: ``window``). Any guesses give the same output; only the
+    speed changes.
     """
 
-    def __init__(self, window: int = 8, seed: int = 0, init: str = "random"):
+    def __init__(self, window: int = 8, seed: int = 0, init: str = "random", min_window: int | None = None):
         self.window = check_positive_int("window", window)
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.min_window = self.window if min_window is None else check_positive_int("min_window", min_window)
+        if self.min_window > self.window:
+            raise ValueError(f"min_window must be <= window = {self.window}, got {min_window}")
         self.seed, self.init_from = seed, init
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
@@ -71,13 +79,16 @@ class Jacobi:
         self.p_old: list[list[torch.Tensor | None]] = [[] for _ in self.context]  # q of each guess; None = one-hot
 
     def fresh(self, row: int, k: int) -> list[int]:
-        """First guesses for the ``k`` slots after the row's ``len(self.guess[row])`` current ones."""
-        ctx, got = self.context[row], []
+        """First guesses for (at most) the ``k`` slots after the row's ``len(self.guess[row])`` current
+        ones: an n-gram continuation and random draws after it, or random draws only up to ``min_window``
+        slots in all."""
+        ctx, got, have = self.context[row], [], len(self.guess[row])
         if self.init_from == "lookup" and k:
             at = self.index[row].find()  # ctx[at] followed the context's last n-gram (3..1) earlier
             if at >= 0:  # slot j guesses position len(ctx) + j: ctx[at + j] followed at that offset
-                have = len(self.guess[row])
                 got = ctx[at + have: at + have + k]
+        if not got:
+            k = min(k, max(self.min_window - have, 0))
         if len(got) == k:
             return got
         picks = torch.randint(0, len(ctx), (k - len(got),), generator=self.init, device="cpu").tolist()
@@ -127,13 +138,13 @@ class Jacobi:
 
 def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             window: int = 8, seed: int = 0, init: str = "random") -> Generation:
+             window: int = 8, seed: int = 0, init: str = "random", min_window: int | None = None) -> Generation:
     """Jacobi decoding (greedy) or speculative Jacobi decoding (sampling) of a ragged batch.
 
     Greedy output equals ``autoregressive.generate``'s token for token; sampling is distributed
     exactly as sampling from ``target`` with the same temperature / top-k / top-p.
     ``stats.tau`` = tokens per target call = 1 / (Jacobi iterations per token). ``init``: where new
-    slots' first guesses come from (:class:`Jacobi`).
+    slots' first guesses come from and ``min_window`` how far random ones fill the window (:class:`Jacobi`).
     """
-    return decode(target, Jacobi(window, seed, init), prompts, max_new_tokens, temperature, top_k, top_p, generator,
-                  eos_token_id)
+    return decode(target, Jacobi(window, seed, init, min_window), prompts, max_new_tokens, temperature, top_k, top_p,
+                  generator, eos_token_id)

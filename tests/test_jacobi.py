@@ -78,6 +78,39 @@ def test_lookup_init_guesses_what_followed_the_last_ngram(tiny):
         jacobi.generate(tiny, [[1, 2]], init=None)
 
 
+@pytest.mark.parametrize("init", jacobi.INITS)
+@pytest.mark.parametrize("window,min_window", [(4, 1), (4, 3), (8, 2)])
+def test_min_window_stays_exact_and_fills_random_guesses_only_that_far(tiny, spec_prompts, spec_ar_free, window,
+                                                                       min_window, init):
+    """Random guesses fill the window to ``min_window`` slots only; an n-gram continuation (with the
+    random draws after it) may fill it to ``window``. Greedy output stays AR greedy's, ragged and alone."""
+    g = jacobi.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[], window=window, init=init,
+                        min_window=min_window)
+    assert g.tokens == spec_ar_free
+    one = jacobi.generate(tiny, [spec_prompts[2]], max_new_tokens=N, eos_token_id=[], window=window, init=init,
+                          min_window=min_window)
+    assert one.tokens[0] == spec_ar_free[2]
+    j = jacobi.Jacobi(window, init=init, min_window=min_window)
+    j.start(torch.tensor([[5, 6, 7, 8, 9]]), None, sp.Sampling(0.0))  # no token repeats: no n-gram continuation
+    assert j.propose([10]).valid.tolist() == [min_window]
+    j.guess[0] = [1] * (min_window + 1)  # more carried-over guesses than min_window: no random ones added
+    assert j.fresh(0, window - min_window - 1) == []
+
+
+def test_min_window_keeps_an_ngram_continuation_whole():
+    ctx = [5, 1, 2, 3, 9, 8, 7, 1, 2, 3]  # "1 2 3" occurred at 1..3, followed by 9 8 7 1 2 3
+    j = jacobi.Jacobi(window=4, init="lookup", min_window=1)
+    j.start(torch.tensor([ctx]), None, sp.Sampling(0.0))
+    assert j.propose([10]).tokens.tolist() == [[9, 8, 7, 1]]
+
+
+@pytest.mark.parametrize("min_window,match", [(0, "min_window"), (2.5, "min_window"), (True, "min_window"),
+                                               (5, "min_window must be <= window")])
+def test_bad_min_window_names_it(tiny, spec_prompts, min_window, match):
+    with pytest.raises(ValueError, match=match):
+        jacobi.generate(tiny, spec_prompts[:1], window=4, min_window=min_window)
+
+
 def test_lookup_init_sjd_top_k_1_equals_greedy(tiny, spec_prompts, spec_ar_free):
     """The lookup guesses are deterministic drafts (one-hot q), as random ones are: SJD stays exact at top_k=1."""
     g = jacobi.generate(tiny, spec_prompts, max_new_tokens=12, temperature=1.3, top_k=1, init="lookup",
