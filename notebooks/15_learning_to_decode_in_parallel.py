@@ -301,8 +301,8 @@ print({k: round(v, 2) for k, v in starts.items()})
 # On `tiny` the start changes nothing (~1.04): the model overwrites the guesses with its own
 # predictions before they reach the front of the window. On `tiny-cllm` a small window gains most:
 # on the benchmark's 8 prompts window 4 goes from 2.02 to 2.53 tokens per call, and, because a
-# 5-row call is cheap, that is the fastest Jacobi row (1.39x to 1.69x its AR over ten runs of the
-# README's benchmark, median 1.50x: the 1.5x goal sits inside this machine's noise). Be honest
+# 5-row call is cheap, that is the fastest Jacobi row (1.28x to 1.72x its AR over six runs of the
+# README's benchmark, median 1.58x: the 1.5x goal sits inside this machine's noise). Be honest
 # about the baseline: prompt lookup alone (chapter 09, no training) proposes the same continuation
 # and reaches 2.57-2.68 tokens per call on both models here, because King James prose repeats
 # itself. What the consistency training buys is a Jacobi that can *use* a good start.
