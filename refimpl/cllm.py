@@ -28,10 +28,9 @@ the original's and the fine-tune's (measured in the README: the speed-quality fr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

@@ -1,10 +1,13 @@
 """The LM adapter: loading, cached forward, crop, 4-D tree masks, errors."""
+import copy
 import os
 
 import pytest
 import torch
 
 from refimpl import models
+from refimpl.lm import LM
+from refimpl.models import cpu_linear
 
 
 def test_tiny_loads_with_tokenizer_and_special_ids(tiny):
@@ -96,16 +99,10 @@ def test_first_loads_of_smollm2_in_parallel_all_succeed(tmp_path):
 def test_accelerate_puts_an_in_memory_model_on_the_fast_paths(tiny, tiny_prompts):
     """``models.accelerate`` (what ``load`` ends with) on a model built in memory: prepacked and on the
     lean forward it gives the plain model's logits; a dLLM comes back as it is; bad flags raise."""
-    import copy
-
-    from refimpl.lm import LM
-
     ids = torch.tensor([tiny_prompts[2]])
     plain = LM(copy.deepcopy(tiny.model), tiny.tokenizer, name="copy")
     assert models.accelerate(plain) is plain  # a small model: no fast path by default
     fast = models.accelerate(LM(copy.deepcopy(tiny.model), tiny.tokenizer, name="copy"), prepack=True)
-    from refimpl.models import cpu_linear
-
     assert (type(fast) is not LM) == cpu_linear.available()  # the lean forward, where oneDNN packs
     assert torch.allclose(fast.logits(ids), tiny.logits(ids), atol=1e-4)
     dllm = models.load("tiny-dllm", device="cpu")

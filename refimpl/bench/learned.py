@@ -87,9 +87,10 @@ def summarise(task, results, prompts, tiny, reference, ar_of) -> list[dict]:
 
 
 def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool | None = None) -> list[dict]:
-    tiny, cllm = models.load("tiny", prepack=prepack), models.load("tiny-cllm", prepack=prepack)
-    mix = models.accelerate(interpolate(models.load("tiny", prepack=False), models.load("tiny-cllm", prepack=False),
-                                        MIX_ALPHA), prepack=prepack)
+    # each model loaded once, plain; the mix is made from the plain weights, then all three get load's fast paths
+    base, tuned = models.load("tiny", prepack=False), models.load("tiny-cllm", prepack=False)
+    mix = models.accelerate(interpolate(base, tuned, MIX_ALPHA), prepack=prepack)
+    tiny, cllm = (models.accelerate(lm, prepack, default=models.ZOO[lm.name].prepack) for lm in (base, tuned))
     prompts = kjv_prompts(tiny.tokenizer, 2 if fast else 8)
     methods = [("AR (cache)", lambda lm, p: autoregressive.generate(lm, [p], max_new_tokens=new, eos_token_id=[])),
                *[(f"jacobi (window {w}{', n-gram init' if init == 'lookup' else ''}{f', min window {m}' if m else ''})",
