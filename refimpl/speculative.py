@@ -200,14 +200,15 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
             keep = 0 if want_fed or F == 1 else g + 1  # logits from the root on only (0 = all F + g)
             if prop.tree is None:
                 fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
-                res = tgt.feed(torch.cat([feed, x], 1), fm, hidden=want_h, keep=keep)  # (b, F + g or g + 1, V) [, (b, F + g, H)]
+                # (b, F + g or g + 1, V) [, (b, F + g, H)]
+                res = tgt.feed(torch.cat([feed, x], 1), fm, hidden=want_h, keep=keep)
                 logits, h = res if want_h else (res, None)
                 cut = logits.shape[1] - g - 1
                 fed, logits = logits[:, :cut], logits[:, cut:]  # before the root (or none); (b, g + 1, V)
                 n, nxt = verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
                 path, acc = None, x
             else:  # a token tree (refimpl.tree): ancestor mask, position = depth, walk from the root
-                res = prop.tree.feed(tgt, feed, fmask, x, valid, full=True, hidden=want_h, keep=keep)  # (b, F + g or g + 1, V)
+                res = prop.tree.feed(tgt, feed, fmask, x, valid, full=True, hidden=want_h, keep=keep)  # as above
                 logits, h = res if want_h else (res, None)
                 cut = logits.shape[1] - g - 1
                 fed, logits = logits[:, :cut], logits[:, cut:]

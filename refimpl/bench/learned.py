@@ -4,7 +4,8 @@ The workloads, on the dLLM suite's King James held-out prompts (:func:`refimpl.d
 one prompt at a time (batch 1, as a chat user would), rows interleaved per prompt and repeat,
 median time per prompt:
 
-- ``cllm``: AR, Jacobi (random and n-gram initial guesses, one row with ``min_window=3``, :class:`refimpl.jacobi.Jacobi`), lookahead
+- ``cllm``: AR, Jacobi (random and n-gram initial guesses, one row with ``min_window=3``,
+  :class:`refimpl.jacobi.Jacobi`), lookahead
   and prompt lookup (the training-free baseline on text that repeats itself) on ``tiny``, on ``tiny-cllm`` and
   on their weight mix (:data:`MIX_ALPHA`; AR, three Jacobi rows, prompt lookup) (64 new tokens). Tokens per
   target call, tokens/s, speed-up vs AR *of the same model*, and exact = the row's tokens equal that
@@ -101,8 +102,8 @@ def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool 
                ("lookahead (W=7, N=5, G=7)", lambda lm, p: lookahead.generate(lm, [p], max_new_tokens=new, eos_token_id=[])),
                ("prompt lookup (4 tokens, no training needed)",
                 lambda lm, p: retrieval.generate(lm, [p], max_new_tokens=new, num_tokens=4, eos_token_id=[]))]
-    on_mix = {"AR (cache)", "jacobi (window 16)", "jacobi (window 4, n-gram init)", "jacobi (window 4, n-gram init, min window 3)",
-              "prompt lookup (4 tokens, no training needed)"}
+    on_mix = {"AR (cache)", "jacobi (window 16)", "jacobi (window 4, n-gram init)",
+              "jacobi (window 4, n-gram init, min window 3)", "prompt lookup (4 tokens, no training needed)"}
     rows = [(name, method, lambda p, lm=lm, fn=fn: fn(lm, p))
             for name, lm in (("tiny", tiny), ("tiny-cllm", cllm), (mix.name, mix))
             for method, fn in methods if lm is not mix or method in on_mix]
