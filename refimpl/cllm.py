@@ -106,9 +106,17 @@ class Trajectories:
 
 
 @torch.no_grad()
-def collect(model, contexts: torch.Tensor, n: int, blocks: int, generator: torch.Generator) -> Trajectories:
+def collect(model, contexts: torch.Tensor, n: int, blocks: int, generator: torch.Generator,
+            student=None) -> Trajectories:
     """§3.1: ``blocks`` consecutive n-token blocks after each context (B, L), each block's
-    trajectory from :func:`context_guesses`, the fixed point appended before the next block."""
+    trajectory (``model``'s) from :func:`context_guesses`, the fixed point appended before the next block.
+
+    ``student``: a second model (``model(input_ids) -> .logits``) whose *own* greedy block is appended
+    instead, so the later blocks' contexts are the text the student writes while the trajectories and
+    fixed points stay ``model``'s: on-policy contexts (ours for CLLMs; the idea of DAgger, Ross et al.,
+    arXiv 1011.0686, §3, and of on-policy distillation, GKD, Agarwal et al., arXiv 2306.13649, §3). A
+    student trained only on the teacher's text never sees its own drift; here it learns the teacher's
+    next tokens and jumps from there (chapter 15 measures what it buys)."""
     check_positive_int("n", n)
     check_positive_int("blocks", blocks)
     ctxs, states = [], []
@@ -117,7 +125,9 @@ def collect(model, contexts: torch.Tensor, n: int, blocks: int, generator: torch
         st = jacobi_trajectory(model, ctx, context_guesses(ctx, n, generator))
         ctxs.append(ctx)
         states.append(st)
-        ctx = torch.cat([ctx, st[-1]], 1)
+        # the student's greedy block = its Jacobi fixed point, started from the teacher's (fewer iterations)
+        own = st[-1] if student is None else jacobi_trajectory(student, ctx, st[-1])[-1]  # (B, n)
+        ctx = torch.cat([ctx, own], 1)
     return Trajectories(ctxs, states)
 
 

@@ -110,6 +110,29 @@ def test_a_frozen_teacher_and_the_local_target(tiny, ctx):
         assert torch.equal(nxt[b], states[min(j + 1, states.shape[0] - 1), b]) and torch.equal(fx[b], states[-1, b])
 
 
+def test_on_policy_contexts_follow_the_students_greedy_text(tiny, ctx):
+    import copy
+
+    from refimpl.lm import LM
+
+    student = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        student.model.norm.weight.mul_(torch.linspace(0.2, 3.0, student.model.norm.weight.numel()))
+    as_lm = LM(student, tiny.tokenizer, name="student")
+    n, blocks = 4, 3
+    on = cllm.collect(tiny.model, ctx, n, blocks, torch.Generator(device="cpu").manual_seed(5), student=student)
+    off = cllm.collect(tiny.model, ctx, n, blocks, torch.Generator(device="cpu").manual_seed(5))
+    assert torch.equal(on.states[0], off.states[0]), "the first block's context is the same: so is its trajectory"
+    own = autoregressive.generate(as_lm, ctx.tolist(), max_new_tokens=n * blocks, eos_token_id=[]).tokens
+    teacher = autoregressive.generate(tiny, ctx.tolist(), max_new_tokens=n * blocks, eos_token_id=[]).tokens
+    assert own != teacher, "the student must write another text, or this test checks nothing"
+    for b in range(blocks):  # contexts: the student's greedy text; trajectories: the teacher's, ending at its greedy
+        assert on.contexts[b].tolist() == [c + o[:n * b] for c, o in zip(ctx.tolist(), own)]
+        greedy = autoregressive.generate(tiny, on.contexts[b].tolist(), max_new_tokens=n, eos_token_id=[]).tokens
+        assert on.states[b][-1].tolist() == greedy
+    assert any(not torch.equal(a, b) for a, b in zip(on.contexts[1:], off.contexts[1:]))
+
+
 def test_one_step_lowers_the_loss_on_its_batch(tiny, ctx):
     import copy
 
@@ -145,12 +168,13 @@ def test_bad_arguments_raise(tiny, ctx):
         cllm.cllm_loss(tiny.model, (ctx, ctx[:, :3], ctx[:, :3], ctx[:, :3]), ar_weight=-1.0)
 
 
-def test_jacobi_and_lookahead_on_tiny_cllm_equal_its_own_greedy():
-    """The fine-tuned model is a different model; the verification core keeps every parallel decoder
+@pytest.mark.parametrize("name", ["tiny-cllm", "tiny-cllm-onpolicy"])
+def test_jacobi_and_lookahead_on_the_cllms_equal_their_own_greedy(name):
+    """A fine-tuned model is a different model; the verification core keeps every parallel decoder
     exact with respect to *its* greedy output (ragged batch, held-out prompts, EOS allowed)."""
     from refimpl import data, jacobi, lookahead, models
 
-    lm = models.load("tiny-cllm", device="cpu")
+    lm = models.load(name, device="cpu")
     prompts = [p[:n] for p, n in zip(data.kjv_prompts(lm.tokenizer, 3, length=40), (40, 23, 9))]  # ragged
     ar = autoregressive.generate(lm, prompts, max_new_tokens=40).tokens
     for window in (4, 16):

@@ -6,8 +6,9 @@ median time per prompt:
 
 - ``cllm``: AR, Jacobi (random and n-gram initial guesses, one row with ``min_window=3``,
   :class:`refimpl.jacobi.Jacobi`), lookahead
-  and prompt lookup (the training-free baseline on text that repeats itself) on ``tiny``, on ``tiny-cllm`` and
-  on their weight mix (:data:`MIX_ALPHA`; AR, three Jacobi rows, prompt lookup) (64 new tokens). Tokens per
+  and prompt lookup (the training-free baseline on text that repeats itself) on ``tiny`` and ``tiny-cllm``;
+  AR, three Jacobi rows and prompt lookup on ``tiny-cllm-onpolicy`` and on the weight mix of the first two
+  (:data:`MIX_ALPHA`) (64 new tokens). Tokens per
   target call, tokens/s, speed-up vs AR *of the same model*, and exact = the row's tokens equal that
   model's own AR greedy tokens (the verification core's guarantee).
 - ``dparallel`` (32 new tokens, as the dLLM suite's ``kjv-bdlm``) and ``dparallel-64`` (64, as ``cllm``):
@@ -91,7 +92,8 @@ def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool 
     # each model loaded once, plain; the mix is made from the plain weights, then all three get load's fast paths
     base, tuned = models.load("tiny", prepack=False), models.load("tiny-cllm", prepack=False)
     mix = models.accelerate(interpolate(base, tuned, MIX_ALPHA), prepack=prepack)
-    tiny, cllm = (models.accelerate(lm, prepack, default=models.ZOO[lm.name].prepack) for lm in (base, tuned))
+    tiny, cllm, onp = (models.accelerate(lm, prepack, default=models.ZOO[lm.name].prepack)
+                       for lm in (base, tuned, models.load("tiny-cllm-onpolicy", prepack=False)))
     prompts = kjv_prompts(tiny.tokenizer, 2 if fast else 8)
     methods = [("AR (cache)", lambda lm, p: autoregressive.generate(lm, [p], max_new_tokens=new, eos_token_id=[])),
                *[(f"jacobi (window {w}{', n-gram init' if init == 'lookup' else ''}{f', min window {m}' if m else ''})",
@@ -102,14 +104,15 @@ def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool 
                ("lookahead (W=7, N=5, G=7)", lambda lm, p: lookahead.generate(lm, [p], max_new_tokens=new, eos_token_id=[])),
                ("prompt lookup (4 tokens, no training needed)",
                 lambda lm, p: retrieval.generate(lm, [p], max_new_tokens=new, num_tokens=4, eos_token_id=[]))]
-    on_mix = {"AR (cache)", "jacobi (window 16)", "jacobi (window 4, n-gram init)",
+    fewer = {"AR (cache)", "jacobi (window 16)", "jacobi (window 4, n-gram init)",
               "jacobi (window 4, n-gram init, min window 3)", "prompt lookup (4 tokens, no training needed)"}
     rows = [(name, method, lambda p, lm=lm, fn=fn: fn(lm, p))
-            for name, lm in (("tiny", tiny), ("tiny-cllm", cllm), (mix.name, mix))
-            for method, fn in methods if lm is not mix or method in on_mix]
+            for name, lm in (("tiny", tiny), ("tiny-cllm", cllm), ("tiny-cllm-onpolicy", onp), (mix.name, mix))
+            for method, fn in methods if name in ("tiny", "tiny-cllm") or method in fewer]
     res = timed(rows, prompts, 1 if fast else repeats)
     reference = [g.tokens[0] for g in res["tiny", "AR (cache)"][1]]
-    out = summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in ("tiny", "tiny-cllm", mix.name)})
+    models_run = ("tiny", "tiny-cllm", "tiny-cllm-onpolicy", mix.name)
+    out = summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in models_run})
     ar = [r for r in rows if r[1] == "AR (cache)"]  # every exact row of a model writes its AR text
     return out + held_out_quality("cllm-quality", tiny, ar, ("tiny", "AR (cache)"), 4 if fast else QUALITY_PROMPTS)
 

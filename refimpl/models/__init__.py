@@ -63,6 +63,8 @@ ZOO: dict[str, Entry] = {
     "tiny-dllm-rev": Entry(trained("tiny-dllm-rev", load_dllm_dir), "python -m refimpl.train tiny-dllm-rev"),
     "tiny-bdlm": Entry(trained("tiny-bdlm"), "python -m refimpl.train tiny-bdlm (tiny adapted into a block-diffusion LM)"),
     "tiny-cllm": Entry(trained("tiny-cllm"), "python -m refimpl.train tiny-cllm (tiny fine-tuned on its Jacobi trajectories)"),
+    "tiny-cllm-onpolicy": Entry(trained("tiny-cllm-onpolicy"),
+                                "python -m refimpl.train tiny-cllm-onpolicy (tiny-cllm again, on contexts of its own text)"),
     "tiny-bdlm-dparallel": Entry(trained("tiny-bdlm-dparallel"),
                                  "python -m refimpl.train tiny-bdlm-dparallel (tiny-bdlm distilled with certainty forcing)"),
 }

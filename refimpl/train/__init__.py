@@ -12,7 +12,8 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
 - ``eagle-tiny``, ``eagle-smollm2-135m`` (a feature-level draft on a frozen target): :mod:`refimpl.train.eagle`;
 - ``eagle3-tiny``, ``eagle3-smollm2-135m`` (EAGLE-3: multi-layer features, training-time test):
   :mod:`refimpl.train.eagle3`;
-- ``tiny-cllm`` (``tiny`` on its Jacobi trajectories), ``tiny-bdlm-dparallel`` (``tiny-bdlm`` with
+- ``tiny-cllm`` (``tiny`` on its Jacobi trajectories), ``tiny-cllm-onpolicy`` (``tiny-cllm`` again, on
+  contexts of its own text), ``tiny-bdlm-dparallel`` (``tiny-bdlm`` with
   certainty forcing), ``learn2pd-tiny-bdlm-dparallel`` / ``learn2pd-tiny-bdlm`` (Learn2PD's filter):
   :mod:`refimpl.train.cllm` (chapter 15).
 
@@ -37,6 +38,7 @@ TRAINERS: dict[str, str] = {
     "eagle3-tiny": "refimpl.train.eagle3:train_eagle3_tiny",
     "eagle3-smollm2-135m": "refimpl.train.eagle3:train_eagle3_smollm2",
     "tiny-cllm": "refimpl.train.cllm:train_tiny_cllm",
+    "tiny-cllm-onpolicy": "refimpl.train.cllm:train_tiny_cllm_onpolicy",
     "tiny-bdlm-dparallel": "refimpl.train.cllm:train_tiny_bdlm_dparallel",
     "learn2pd-tiny-bdlm-dparallel": "refimpl.train.cllm:train_learn2pd",
     "learn2pd-tiny-bdlm": "refimpl.train.cllm:train_learn2pd_bdlm",

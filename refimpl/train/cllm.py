@@ -38,29 +38,37 @@ def jacobi_tau(lm, prompts, window: int, new: int = 64):
 
 def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int = 1024, context_length: int = 48,
                     blocks: int = 4, batch: int = 16, lr: float = 3e-4, ar_weight: float = 8.0,
-                    frozen_teacher: bool = True, horizon: int | None = None, seed: int = 0, base: str = "tiny"):
+                    frozen_teacher: bool = True, horizon: int | None = None, seed: int = 0, base: str = "tiny",
+                    init: str | None = None, on_policy: bool = False):
     """CLLM fine-tune of ``tiny``: collect ``contexts`` greedy Jacobi trajectories (``blocks``
     consecutive ``n``-token blocks after ``context_length`` King James tokens, guesses drawn from the
     context), then ``steps`` steps of global consistency + ``ar_weight`` * AR loss. The teacher of the
     consistency loss is the frozen original (``frozen_teacher``) or the model itself, stop-grad (the
     paper's theta^-); ``horizon`` limits the consistency loss to the frontier (:func:`refimpl.cllm.frontier_mask`).
+    ``init``: the zoo model the fine-tune starts from (default ``base``); ``on_policy``: the later blocks'
+    contexts are the starting model's own greedy text, the trajectories and targets stay ``base``'s
+    (:func:`refimpl.cllm.collect`'s ``student``).
 
     The defaults put the trajectories where the benchmark decodes: 48-token prompts, then 4 blocks of
     16 = the 64 new tokens, so the model trains on contexts that hold up to 48 tokens of its own greedy
     text (with 2 blocks after 64 tokens, the zoo's earlier recipe, its text moved 4x further)."""
     torch.manual_seed(seed)
     orig = load_base(base)
+    start = orig if init is None else load_base(init)
     tok = orig.tokenizer
     train_docs, valid_docs = data.kjv_split()
     stream = encode_docs(tok, train_docs, tok.eos_token_id)
     valid_stream = encode_docs(tok, valid_docs, tok.eos_token_id)
     prompts = data.kjv_prompts(tok, 8)
-    tau_before, text_before = jacobi_tau(orig, prompts, n)
+    tau_before, text_before = jacobi_tau(start, prompts, n)
+    text_base = text_before if init is None else jacobi_tau(orig, prompts, n)[1]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     t0 = time.time()
-    trajs = [collect(orig.model, ctx, n, blocks, gen) for ctx in context_batches(stream, contexts, context_length, gen)]
+    student = start.model if on_policy else None
+    trajs = [collect(orig.model, ctx, n, blocks, gen, student)
+             for ctx in context_batches(stream, contexts, context_length, gen)]
     collect_s = time.time() - t0
-    model = copy.deepcopy(orig.model)
+    model = copy.deepcopy(start.model)
     teacher = orig.model if frozen_teacher else None
 
     def step_loss(s):
@@ -69,22 +77,31 @@ def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int =
         idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
         return cllm_loss(model, (ctx[idx], state[idx], target[idx], fixed[idx]), ar_weight, teacher, horizon)[0]
 
-    train_loop(model, step_loss, steps, lr, f"fine-tune {base} -> tiny-cllm", warmup=20)
+    train_loop(model, step_loss, steps, lr, f"fine-tune {init or base} -> {os.path.basename(out_dir)}", warmup=20)
     minutes = (time.time() - t0) / 60
     os.makedirs(out_dir, exist_ok=True)
     save_half(model, out_dir)
     tok.save_pretrained(out_dir)
     lm = load_folder(out_dir, device="cpu")  # report on the fp16 round trip
     tau_after, text_after = jacobi_tau(lm, prompts, n)
-    report = {"base": base, "steps": steps, "block": n, "trajectories": len(trajs) * 64 * blocks,
+    report = {"base": base, "init": init or base, "on_policy": on_policy, "steps": steps, "block": n,
+              "trajectories": len(trajs) * 64 * blocks,
               "context_length": context_length, "batch": batch, "lr": lr, "ar_weight": ar_weight,
               "teacher": "frozen original" if frozen_teacher else "self, stop-grad", "horizon": horizon, "blocks": blocks,
               "jacobi_tokens_per_call_before": round(tau_before, 2), "jacobi_tokens_per_call_after": round(tau_after, 2),
-              "greedy_agreement_with_base": round(agreement(text_after, text_before), 3),
+              "greedy_agreement_with_base": round(agreement(text_after, text_base), 3),
               "valid_perplexity_before": round(causal_lm_perplexity(orig.logits, valid_stream), 2),
               "valid_perplexity_after": round(causal_lm_perplexity(lm.logits, valid_stream), 2),
               "collect_seconds": round(collect_s), "minutes": round(minutes, 1), "threads": torch.get_num_threads()}
     return write_report(out_dir, report)
+
+
+def train_tiny_cllm_onpolicy(out_dir: str, steps: int = 800, lr: float = 3e-4, **options):
+    """``tiny-cllm-onpolicy``: the zoo's ``tiny-cllm`` fine-tuned once more on on-policy contexts:
+    each context continues with ``tiny-cllm``'s own greedy text, while the Jacobi trajectories, the
+    fixed points and the consistency loss's teacher stay the frozen ``tiny`` (DAgger's idea,
+    :func:`refimpl.cllm.collect`'s ``student``). Chapter 15 and the README measure what it buys."""
+    return train_tiny_cllm(out_dir, steps=steps, lr=lr, init="tiny-cllm", on_policy=True, **options)
 
 
 def threshold_calls(lm, prompts, threshold: float | None, gen_length: int = 32, block_length: int = 8, rule=None):
