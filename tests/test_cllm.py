@@ -111,8 +111,6 @@ def test_a_frozen_teacher_and_the_local_target(tiny, ctx):
 
 
 def test_on_policy_contexts_follow_the_students_greedy_text(tiny, ctx):
-    import copy
-
     from refimpl.lm import LM
 
     student = copy.deepcopy(tiny.model)

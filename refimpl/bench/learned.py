@@ -111,14 +111,12 @@ def run_cllm(fast: bool = False, repeats: int = 3, new: int = 64, prepack: bool 
                 lambda lm, p: retrieval.generate(lm, [p], max_new_tokens=new, num_tokens=4, eos_token_id=[]))]
     fewer = {"AR (cache)", "jacobi (window 16)", "jacobi (window 4, n-gram init)",
              "jacobi (window 4, n-gram init, min window 3)", "prompt lookup (4 tokens, no training needed)"}
-    rows = [(name, method, lambda p, lm=lm, fn=fn: fn(lm, p))
-            for name, lm in (("tiny", tiny), ("tiny-cllm", cllm), ("tiny-cllm-onpolicy", onp),
-                             *((m.name, m) for m in mixes))
-            for method, fn in methods if name in ("tiny", "tiny-cllm") or method in fewer]
+    run = (tiny, cllm, onp, *mixes)  # tiny and tiny-cllm run every method, the others the `fewer` ones
+    rows = [(lm.name, method, lambda p, lm=lm, fn=fn: fn(lm, p))
+            for lm in run for method, fn in methods if lm.name in ("tiny", "tiny-cllm") or method in fewer]
     res = timed(rows, prompts, 1 if fast else repeats)
     reference = [g.tokens[0] for g in res["tiny", "AR (cache)"][1]]
-    models_run = ("tiny", "tiny-cllm", "tiny-cllm-onpolicy", *(m.name for m in mixes))
-    out = summarise("cllm", res, prompts, tiny, reference, {m: (m, "AR (cache)") for m in models_run})
+    out = summarise("cllm", res, prompts, tiny, reference, {lm.name: (lm.name, "AR (cache)") for lm in run})
     ar = [r for r in rows if r[1] == "AR (cache)"]  # every exact row of a model writes its AR text
     return out + held_out_quality("cllm-quality", tiny, ar, ("tiny", "AR (cache)"), 4 if fast else QUALITY_PROMPTS)
 

@@ -64,7 +64,7 @@ def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int =
     text_base = text_before if init is None else jacobi_tau(orig, prompts, n)[1]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     t0 = time.time()
-    student = start.model if on_policy else None
+    student = start.model if on_policy and start is not orig else None  # the original's own text: plain collect
     trajs = [collect(orig.model, ctx, n, blocks, gen, student)
              for ctx in context_batches(stream, contexts, context_length, gen)]
     collect_s = time.time() - t0
