@@ -100,3 +100,31 @@ def test_self_instruct_keeps_clean_distinct_questions_and_never_a_benchmark_prom
     monkeypatch.setattr("refimpl.autoregressive.generate", lambda lm, ps, **kw: FakeGen(len(ps)))
     qs = distill_data.self_instruct_questions(tiny, n=3, batch=2, progress=False)
     assert qs == ["How do bees make honey?", "Why do cats purr?", "Give me a fact about owls."]
+
+
+def test_a_limit_stops_after_the_batch_that_reaches_it(tiny):
+    def run(limit):
+        return distill_data.generate_answers(tiny, TEXTS, max_new_tokens=4, batch=2, progress=False, min_answer=1,
+                                             limit=limit)
+    assert len(run(None)) == 5 and len(run(2)) == 2 and len(run(3)) == 4 and len(run(10)) == 5
+    assert {r[3] for r in run(3)} < set(TEXTS)
+
+
+def test_all_stages_answers_each_stage_and_labels_its_rows(tiny, monkeypatch):
+    # small stand-ins for the four pools; stage 2 is built from stage 1's answers, and cut by its limit
+    seen = {}
+
+    def sources(lm, rows):
+        seen["s1"] = [r[3] for r in rows]
+        return ["a passage"], ["def f(): pass"]
+    monkeypatch.setattr(distill_data, "prompt_pool", lambda seed: TEXTS[:2])
+    monkeypatch.setattr(distill_data, "stage1_sources", sources)
+    monkeypatch.setattr(distill_data, "stage2_prompts", lambda src, fns, seed: [t + " again" for t in TEXTS])
+    monkeypatch.setattr(distill_data, "human_copy_prompts", lambda seed: TEXTS[2:3])
+    monkeypatch.setattr(distill_data, "self_instruct_questions", lambda lm, n, seed, batch, progress: TEXTS[3:3 + n])
+    rows, stage = distill_data.all_stages(tiny, n_questions=2, stage2_limit=3, max_new_tokens=8, batch=2,
+                                          progress=False)
+    assert sorted(seen["s1"]) == sorted(TEXTS[:2])
+    assert stage == [1] * 2 + [2] * 4 + [3] + [4] * 2 and len(rows) == len(stage)
+    assert all(r[3].endswith(" again") for r, s in zip(rows, stage) if s == 2)
+    assert sorted(r[3] for r, s in zip(rows, stage) if s == 4) == sorted(TEXTS[3:5])

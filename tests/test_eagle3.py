@@ -297,3 +297,16 @@ def test_training_lowers_the_loss_and_reports_acceptance(tiny):
     after = train3.accept_rates(d, seqs, W, depth=3)
     assert rep["final_ce_per_step"][0] < math.log(tiny.vocab_size)
     assert after["top1"][0] > before["top1"][0] and after["chain"][0] >= after["chain"][1] >= after["chain"][2]
+
+
+def test_the_trainer_cli_passes_a_device_only_to_a_trainer_that_takes_one(capsys):
+    import inspect
+
+    from refimpl.train import TRAINERS
+    from refimpl.train.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["tiny", "--device", "cuda"])
+    assert "--device: tiny trains on the CPU only" in capsys.readouterr().err
+    assert "device" in inspect.signature(train3.train_eagle3_smollm2).parameters
+    assert TRAINERS["eagle3-smollm2-135m-cpu"].endswith(":train_eagle3_smollm2_cpu")

@@ -153,6 +153,8 @@ def decode_rows() -> list[Method]:
                eagle_row(10, 6, 3, eagle3, floor=0.1, copy=6.0), needs=("target", "eagle3")),
         Method("eagle-3 + copy prior (dynamic tree 4 nodes, depth 4, top-2, floor 0, bias 6)",
                eagle_row(4, 4, 2, eagle3, floor=0.0, copy=6.0), needs=("target", "eagle3")),
+        Method("eagle-3 + copy prior (dynamic tree 16 nodes, depth 7, top-4, floor 0.05, bias 6)",
+               eagle_row(16, 7, 4, eagle3, floor=0.05, copy=6.0), needs=("target", "eagle3")),
         Method("self-spec (early exit, gamma 4)", self_spec, needs=T),
         Method("adaptive gamma (confidence < 0.3 stops, max 8)", adaptive_row("threshold", 0.3), needs=D),
         Method("adaptive gamma (cumulative < 0.05 stops, max 8)", adaptive_row("cumulative", 0.05), needs=D),

@@ -37,6 +37,7 @@ TRAINERS: dict[str, str] = {
     "eagle-smollm2-135m": "refimpl.train.eagle:train_eagle_smollm2",
     "eagle3-tiny": "refimpl.train.eagle3:train_eagle3_tiny",
     "eagle3-smollm2-135m": "refimpl.train.eagle3:train_eagle3_smollm2",
+    "eagle3-smollm2-135m-cpu": "refimpl.train.eagle3:train_eagle3_smollm2_cpu",
     "tiny-cllm": "refimpl.train.cllm:train_tiny_cllm",
     "tiny-cllm-onpolicy": "refimpl.train.cllm:train_tiny_cllm_onpolicy",
     "tiny-bdlm-dparallel": "refimpl.train.cllm:train_tiny_bdlm_dparallel",

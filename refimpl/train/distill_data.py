@@ -43,7 +43,7 @@ from .distill_prompts import (ASK_KINDS, ASK_PROMPT, TOPICS, bench_texts, clean_
 @torch.inference_mode()
 def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int = 96, seconds: float = 1e9,
                      path: str | None = None, progress: bool = True, start: list | None = None,
-                     min_answer: int = 4):
+                     min_answer: int = 4, limit: int | None = None):
     """Greedy answers of ``lm`` to ``texts`` as chat turns, batched by prompt length.
 
     Returns rows ``(ids, n_prompt, hidden, text)``: ``ids`` = prompt + answer (up to and including
@@ -51,7 +51,8 @@ def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int 
     ``n_prompt - 1 .. len(ids) - 2`` (``hidden[i]`` predicts answer token ``i``). Prompts are
     shuffled, then sorted by length within windows of 8 batches (little padding, no length bias
     when ``seconds`` cuts the run short); ``path`` saves after every batch (a cut-off run keeps its
-    rows); ``start`` continues an earlier list (its texts are skipped).
+    rows); ``start`` continues an earlier list (its texts are skipped); ``limit``: stop after the
+    batch that reaches ``limit`` prompts (a count, where ``seconds`` depends on the machine).
     """
     from tqdm.auto import tqdm
 
@@ -98,7 +99,7 @@ def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int 
         bar.set_postfix(rows=len(rows), tokens=sum(len(r[0]) - r[1] for r in rows))
         if path:
             torch.save(rows, path)
-        if time.time() - t0 > seconds:
+        if time.time() - t0 > seconds or (limit is not None and j + batch >= limit):
             break
     return rows
 
@@ -144,7 +145,7 @@ def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch:
         if stage == 1:
             texts = prompt_pool(seed)
         elif stage == 2:
-            passages, functions = _stage1_sources(lm, s1)
+            passages, functions = stage1_sources(lm, s1)
             texts = stage2_prompts(passages, functions, seed)
             random.Random(seed).shuffle(texts)
         elif stage == 3:
@@ -170,6 +171,24 @@ def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch:
     return out
 
 
+def all_stages(lm, n_questions: int = 4000, stage2_limit: int | None = 4608, max_new_tokens: int = 96,
+               batch: int = 256, seed: int = 0, progress: bool = True) -> tuple[list, list[int]]:
+    """``lm``'s greedy answers to all four stages of :func:`build`, on whatever device ``lm`` is (an
+    H200 answers the ~10,000 prompts in 2.5 minutes), nothing cached: stage 1's pool, stage 2 on its
+    answers (the first ``stage2_limit`` of its ~7,000 prompts), stage 3's copy / edit tasks on human
+    text, stage 4's ``n_questions`` self-instruct questions. -> ``(rows, stage of each row)`` (rows
+    as :func:`generate_answers` returns them)."""
+    s1 = generate_answers(lm, prompt_pool(seed), max_new_tokens, batch, progress=progress)
+    passages, functions = stage1_sources(lm, s1)
+    s2 = generate_answers(lm, stage2_prompts(passages, functions, seed), max_new_tokens, batch, progress=progress,
+                          limit=stage2_limit)
+    s3 = generate_answers(lm, human_copy_prompts(seed), max_new_tokens, batch, progress=progress)
+    questions = self_instruct_questions(lm, n=n_questions, seed=seed, batch=batch, progress=progress)
+    s4 = generate_answers(lm, questions, max_new_tokens, batch, progress=progress)
+    rows = s1 + s2 + s3 + s4
+    return rows, [1] * len(s1) + [2] * len(s2) + [3] * len(s3) + [4] * len(s4)
+
+
 #: Stage-4 question lists: the target continues "1." with user questions / requests on a topic.
 
 @torch.inference_mode()
@@ -182,7 +201,7 @@ def self_instruct_questions(lm, n: int = 2000, seed: int = 0, batch: int = 96, t
 
 
     rng = random.Random(seed)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=lm.device).manual_seed(seed)  # (sampling draws on the model's device)
     bench, seen, out = bench_texts(), set(), []
     bar = tqdm(total=n, desc="self-instruct questions", disable=not progress)
     for _ in range(2 * n // batch + 1):
@@ -203,7 +222,7 @@ def self_instruct_questions(lm, n: int = 2000, seed: int = 0, batch: int = 96, t
     return out[:n]
 
 
-def _stage1_sources(lm, rows):
+def stage1_sources(lm, rows):
     """Stage 1's paragraphs (cut at their last full stop) and Python functions."""
     passages, functions = [], []
     for row in rows:

@@ -7,16 +7,17 @@ Data (what decoding sees): each row is a whole conversation, prompt *and* answer
 target's features at every position: :func:`target_features` runs ONE target forward per row
 (batched) with ``output_hidden_states=taps + (L,)``, so it returns the three tapped residual
 streams and the final normed state, from which the target's next-token distribution follows.
-Answers: the target's own greedy answers (SmolLM2: :func:`smollm2_rows`, fp32 answers to the
-distillation prompts that need no model; ``tiny``: :func:`refimpl.train.medusa.tiny_rows`).
+Answers: the target's own greedy answers (SmolLM2: all four distillation stages for the zoo's
+draft, :func:`train_eagle3_smollm2`; the distillation prompts that need no model for the CPU
+recipe, :func:`smollm2_rows`; ``tiny``: :func:`refimpl.train.medusa.tiny_rows`).
 
 Loss: training-time test (:func:`refimpl.eagle3.unroll`) over ``steps`` draft steps; step j's
 loss is the cross-entropy of the draft's distribution against the target's (renormalised on the
 kept vocabulary) at every answer position it predicts (SmolLM2: at prompt positions too,
 ``prompt_loss``: the target's distribution is a label wherever it reads, and 1,500 answers are
 little data), weighted ``decay ** j`` (EAGLE-3's public recipe: 7 steps, 0.8). No feature regression.
-On a CPU the budget decides: SmolLM2's trainer unrolls 3 steps and keeps the head frozen at the
-target's kept rows (7 min each on 2 threads: held-out acceptance 0.32 / 0.10 / 0.04 at depth 1-3,
+On a CPU the budget decides: SmolLM2's CPU recipe (:func:`train_eagle3_smollm2_cpu`) unrolls 3
+steps and keeps the head frozen at the target's kept rows (7 min each on 2 threads: held-out acceptance 0.32 / 0.10 / 0.04 at depth 1-3,
 where 7 steps with a trained head reached 0.21 / 0.03 / 0.00: 2.7x the steps in the same time).
 
 Report: held-out acceptance per depth of the draft's own greedy chain, ``accept_rate[d]`` =
@@ -37,9 +38,10 @@ from .common import cosine_lr, write_report
 
 
 @torch.no_grad()
-def target_features(target, rows, taps, batch: int = 16, progress: bool = True):
+def target_features(target, rows, taps, batch: int = 16, progress: bool = True, device="cpu"):
     """Per row ``(ids (N,), feats (N, len(taps) H) fp16, final (N, H) fp16, n_prompt)``: the target's
-    tapped streams and final normed state after every token, one batched forward per ``batch`` rows."""
+    tapped streams and final normed state after every token, one batched forward per ``batch`` rows,
+    kept on ``device`` (a GPU trainer keeps them where it trains)."""
     from tqdm.auto import tqdm
 
     L, out = target.num_layers, []
@@ -52,8 +54,8 @@ def target_features(target, rows, taps, batch: int = 16, progress: bool = True):
         _, _, h = target.forward(ids, position_ids=pos, attention_mask=mask, output_hidden_states=tuple(taps) + (L,))
         H = h.shape[-1] // (len(taps) + 1)
         for r, i in enumerate(order[j:j + batch]):
-            f = h[r, mask[r].bool()].cpu()  # (N, (len(taps) + 1) H)
-            done[i] = (torch.tensor(list(rows[i][0]), device="cpu"), f[:, :-H].half(), f[:, -H:].half(), rows[i][1])
+            f = h[r, mask[r].bool()].to(device)  # (N, (len(taps) + 1) H)
+            done[i] = (torch.tensor(list(rows[i][0]), device=device), f[:, :-H].half(), f[:, -H:].half(), rows[i][1])
     return [done[i] for i in range(len(rows))]
 
 
@@ -99,12 +101,13 @@ def step_losses(draft: Eagle3Draft, tok, feats, final, mask, answer, steps: int,
 
 
 @torch.no_grad()
-def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int = 6, batch: int = 8) -> dict:
+def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int = 6, batch: int = 8,
+                 device="cpu") -> dict:
     """Held-out: ``chain[d]`` = P(the draft's first d + 1 greedy tokens all equal the target's) from
     every answer position; ``top1[j]`` = P(step j's argmax = the target's) given a true prefix."""
     hits, count, agree, seen = [0] * depth, 0, [0] * depth, [0] * depth
     for i in range(0, len(seqs), batch):
-        tok, feats, final, mask, answer = batch_of(seqs[i:i + batch], depth)
+        tok, feats, final, mask, answer = batch_of(seqs[i:i + batch], depth, device)
         T = tok.shape[1]
         outs = unroll(draft, tok, draft.fuse(feats), mask, depth)
         alive = mask.bool() & answer[:, 1:1 + T]  # chains that start at an answer position
@@ -123,13 +126,14 @@ def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int
 def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int = 1000, ttt: int = 7,
                 decay: float = 0.8, batch: int = 4, lr: float = 1e-3, seconds: float = 1e9, holdout: int = 20,
                 seed: int = 0, progress: bool = True, texts=None, max_len: int = 512, prompt_loss: bool = False,
-                train_head: bool = True):
+                train_head: bool = True, device="cpu"):
     """Train ``draft`` with training-time test (``ttt`` steps, weights ``decay ** j``) on ``seqs``
     (:func:`target_features`, rows longer than ``max_len`` tokens cut; ``prompt_loss``: prompt
     positions are loss positions too, :func:`batch_of`); every ``holdout``-th row (by a hash of its
     ``texts`` entry) held out for :func:`accept_rates` (answer positions only). ``train_head`` False:
     the LM head stays the target's kept rows (a third less work per step, and the target's prior
-    is kept while the layer is still poor). -> (draft, report)."""
+    is kept while the layer is still poor). ``device``: where the draft trains (``seqs`` may live
+    there already). -> (draft, report)."""
     from tqdm.auto import tqdm
 
     torch.manual_seed(seed)
@@ -138,7 +142,8 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
     held = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout == 0]
     train = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout != 0]
     rng = random.Random(seed)
-    head = target_head.float()
+    head = target_head.float().to(device)
+    draft.to(device)
     draft.lm_head.requires_grad_(train_head)  # frozen: the target's kept rows stay the draft's head
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     t0, hist = time.time(), []
@@ -148,7 +153,7 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
         at = max(step, int(steps * (time.time() - t0) / seconds))  # (a time budget ends the cosine too)
         for g in opt.param_groups:
             g["lr"] = cosine_lr(min(at, steps - 1), steps, lr, warmup=min(30, steps // 10))
-        res = step_losses(draft, *batch_of(rng.sample(train, min(batch, len(train))), ttt, prompt_loss=prompt_loss), ttt,
+        res = step_losses(draft, *batch_of(rng.sample(train, min(batch, len(train))), ttt, device, prompt_loss), ttt,
                           head)
         loss = sum(decay ** j * ce / max(n, 1) for j, (ce, n, _) in enumerate(res))
         opt.zero_grad()
@@ -163,7 +168,7 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
             break
     draft.eval()
     train_s = time.time() - t0
-    rates = accept_rates(draft, held, head, depth=max(ttt, 6))  # (decoding grows deeper than training unrolls)
+    rates = accept_rates(draft, held, head, depth=max(ttt, 6), device=device)  # (decoding grows deeper than training unrolls)
     tail = hist[-50:]
     report = {"steps": len(hist), "seconds": round(train_s, 1), "train_rows": len(train), "heldout_rows": len(held),
               "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps),
@@ -219,12 +224,59 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
     return rows, target, top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)
 
 
-def train_eagle3_smollm2(out_dir: str, steps: int = 6000, seconds: float = 3300.0, gen_seconds: float = 1800.0,
+def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: int = 64, ttt: int = 7,
+                         lr: float = 1e-3, n_questions: int = 4000, vocab_keep: int = 8192,
+                         progress: bool = True) -> dict:
+    """The zoo's ``eagle3-smollm2-135m``: EAGLE-3's recipe at the scale it needs, on ``device`` (None:
+    a GPU when there is one). Data: SmolLM2's fp32 greedy answers to all four distillation stages
+    (:func:`refimpl.train.distill_data.all_stages`: ~10,400 conversations, self-instruct chat
+    included), prompt and answer features; ``vocab_keep`` answer tokens. Training: ``ttt`` = 7
+    unrolled steps (the paper's), a trained head, batches of ``batch`` rows, ``steps`` steps
+    (~14 passes over the data). Measured on one H200: answers 2.5 min, features 16 s, training
+    3.5 min (TF32 products). This CPU needs far longer (the README's models table)."""
+    from ..drafts import top_tokens
+    from ..lm import default_device
+    from ..models import load
+    from .distill_data import all_stages
+
+    device = torch.device(device) if device is not None else default_device()
+    target = load("smollm2-135m", device=device, fast=False)
+    t0 = time.time()
+    rows, stage = all_stages(target, n_questions, progress=progress)
+    gen_s, t0 = time.time() - t0, time.time()
+    tok = target.tokenizer
+    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
+    kept = top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)
+    draft = new_draft(target, kept=kept)
+    seqs = target_features(target, rows, draft.taps, batch=64, progress=progress, device=device)
+    data_s = time.time() - t0
+    W = target.model.get_output_embeddings().weight.detach()[kept.to(target.device)]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True  # (the draft's products only: the target's features are fp32)
+    try:
+        draft, report = train_draft(draft, seqs, W, steps=steps, ttt=ttt, batch=batch, lr=lr, progress=progress,
+                                    texts=[r[3] for r in rows], prompt_loss=True, train_head=True, device=device,
+                                    max_len=512)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    report.update(data_rows=len(rows), stage_rows=[stage.count(k) for k in (1, 2, 3, 4)],
+                  answer_seconds=round(gen_s, 1), feature_seconds=round(data_s, 1), vocab_keep=int(kept.numel()),
+                  device=str(device), threads=torch.get_num_threads(),
+                  gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                  context="prompt and answer features (one target forward per row)")
+    save_draft(draft.to("cpu"), out_dir, "smollm2-135m", report)
+    return write_report(out_dir, report)
+
+
+def train_eagle3_smollm2_cpu(out_dir: str, steps: int = 6000, seconds: float = 3300.0, gen_seconds: float = 1800.0,
                          vocab_keep: int = 8192, batch: int = 4, lr: float = 2e-3, prompt_loss: bool = True,
                          ttt: int = 3, train_head: bool = False, progress: bool = True) -> dict:
-    """SmolLM2's fp32 answers (:func:`smollm2_rows`, ``gen_seconds`` more of them first), prompt and
-    answer features recomputed (cached next to the answers), ``vocab_keep`` tokens, at most
-    ``seconds`` of training; ``prompt_loss``, ``ttt``, ``train_head``: :func:`train_draft`'s."""
+    """The recipe that fits a CPU's budget (``python -m refimpl.train eagle3-smollm2-135m-cpu``, about
+    95 minutes on 2 threads: held-out acceptance 0.50 / 0.24 / 0.14 at depth 1-3; the zoo's draft
+    is :func:`train_eagle3_smollm2`'s). SmolLM2's fp32 answers (:func:`smollm2_rows`, ``gen_seconds``
+    more of them first), prompt and answer features recomputed (cached next to the answers),
+    ``vocab_keep`` tokens, at most ``seconds`` of training; ``prompt_loss``, ``ttt``, ``train_head``:
+    :func:`train_draft`'s."""
     import os
 
     from ..models.hf import cache_dir
