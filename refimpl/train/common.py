@@ -151,6 +151,16 @@ def tiny_config(vocab_size: int, **overrides):
     return LlamaConfig(**kw)
 
 
+def answer_vocabulary(tokenizer, rows, k: int) -> torch.Tensor:
+    """A draft's kept vocabulary from distillation rows ``(ids, n_prompt, ...)``: the ``k`` most
+    frequent *answer* tokens (the positions a draft is scored on), the tokenizer's EOS / BOS / PAD
+    always among them; sorted ids on the CPU (:func:`refimpl.drafts.top_tokens`)."""
+    from ..drafts import top_tokens
+
+    always = [t for t in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if t is not None]
+    return top_tokens([(r[0][r[1]:],) for r in rows], k, always)
+
+
 def write_report(out_dir: str, report: dict) -> dict:
     """``train_report.json`` beside the weights (the numbers the README quotes), also printed."""
     with open(os.path.join(out_dir, "train_report.json"), "w") as f:

@@ -174,7 +174,7 @@ def build(folder: str, seconds: float = 1800.0, max_new_tokens: int = 96, batch:
 def all_stages(lm, n_questions: int = 4000, stage2_limit: int | None = 4608, max_new_tokens: int = 96,
                batch: int = 256, seed: int = 0, progress: bool = True) -> tuple[list, list[int]]:
     """``lm``'s greedy answers to all four stages of :func:`build`, on whatever device ``lm`` is (an
-    H200 answers the ~10,000 prompts in 2.5 minutes), nothing cached: stage 1's pool, stage 2 on its
+    H200 answers the ~10,000 prompts in 2.4 minutes), nothing cached: stage 1's pool, stage 2 on its
     answers (the first ``stage2_limit`` of its ~7,000 prompts), stage 3's copy / edit tasks on human
     text, stage 4's ``n_questions`` self-instruct questions. -> ``(rows, stage of each row)`` (rows
     as :func:`generate_answers` returns them)."""

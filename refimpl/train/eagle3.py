@@ -17,8 +17,9 @@ kept vocabulary) at every answer position it predicts (SmolLM2: at prompt positi
 ``prompt_loss``: the target's distribution is a label wherever it reads, and 1,500 answers are
 little data), weighted ``decay ** j`` (EAGLE-3's public recipe: 7 steps, 0.8). No feature regression.
 On a CPU the budget decides: SmolLM2's CPU recipe (:func:`train_eagle3_smollm2_cpu`) unrolls 3
-steps and keeps the head frozen at the target's kept rows (7 min each on 2 threads: held-out acceptance 0.32 / 0.10 / 0.04 at depth 1-3,
-where 7 steps with a trained head reached 0.21 / 0.03 / 0.00: 2.7x the steps in the same time).
+steps and keeps the head frozen at the target's kept rows (7 min each on 2 threads: held-out
+acceptance 0.32 / 0.10 / 0.04 at depth 1-3, where 7 steps with a trained head reached 0.21 / 0.03 /
+0.00: 2.7x the steps in the same time).
 
 Report: held-out acceptance per depth of the draft's own greedy chain, ``accept_rate[d]`` =
 P(the draft's first d greedy tokens all equal the target's), from every answer position, on the
@@ -34,7 +35,7 @@ import torch
 
 from ..eagle3 import Eagle3Draft, new_draft, save_draft, unroll
 from ..lm import left_pad
-from .common import cosine_lr, write_report
+from .common import answer_vocabulary, cosine_lr, write_report
 
 
 @torch.no_grad()
@@ -168,7 +169,8 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
             break
     draft.eval()
     train_s = time.time() - t0
-    rates = accept_rates(draft, held, head, depth=max(ttt, 6), device=device)  # (decoding grows deeper than training unrolls)
+    # (decoding grows deeper than training unrolls)
+    rates = accept_rates(draft, held, head, depth=max(ttt, 6), device=device)
     tail = hist[-50:]
     report = {"steps": len(hist), "seconds": round(train_s, 1), "train_rows": len(train), "heldout_rows": len(held),
               "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps),
@@ -204,7 +206,6 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
     continued for at most ``gen_seconds``; the ``vocab_keep`` most frequent answer tokens."""
     import os
 
-    from ..drafts import top_tokens
     from ..models import load
     from ..models.hf import cache_dir
     from .distill_data import generate_answers
@@ -219,9 +220,7 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
         rows = generate_answers(target, texts, 96, 64, seconds=gen_seconds, path=path, progress=progress, start=rows)
     if not rows:
         raise FileNotFoundError(f"no answers cached at {path}: run with gen_seconds > 0")
-    tok = target.tokenizer
-    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
-    return rows, target, top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)
+    return rows, target, answer_vocabulary(target.tokenizer, rows, vocab_keep)
 
 
 def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: int = 64, ttt: int = 7,
@@ -232,9 +231,8 @@ def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: in
     (:func:`refimpl.train.distill_data.all_stages`: ~10,400 conversations, self-instruct chat
     included), prompt and answer features; ``vocab_keep`` answer tokens. Training: ``ttt`` = 7
     unrolled steps (the paper's), a trained head, batches of ``batch`` rows, ``steps`` steps
-    (~14 passes over the data). Measured on one H200: answers 2.5 min, features 16 s, training
+    (~14 passes over the data). Measured on one H200: answers 2.4 min, features 16 s, training
     3.5 min (TF32 products). This CPU needs far longer (the README's models table)."""
-    from ..drafts import top_tokens
     from ..lm import default_device
     from ..models import load
     from .distill_data import all_stages
@@ -244,9 +242,7 @@ def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: in
     t0 = time.time()
     rows, stage = all_stages(target, n_questions, progress=progress)
     gen_s, t0 = time.time() - t0, time.time()
-    tok = target.tokenizer
-    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
-    kept = top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)
+    kept = answer_vocabulary(target.tokenizer, rows, vocab_keep)
     draft = new_draft(target, kept=kept)
     seqs = target_features(target, rows, draft.taps, batch=64, progress=progress, device=device)
     data_s = time.time() - t0
@@ -269,8 +265,8 @@ def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: in
 
 
 def train_eagle3_smollm2_cpu(out_dir: str, steps: int = 6000, seconds: float = 3300.0, gen_seconds: float = 1800.0,
-                         vocab_keep: int = 8192, batch: int = 4, lr: float = 2e-3, prompt_loss: bool = True,
-                         ttt: int = 3, train_head: bool = False, progress: bool = True) -> dict:
+                             vocab_keep: int = 8192, batch: int = 4, lr: float = 2e-3, prompt_loss: bool = True,
+                             ttt: int = 3, train_head: bool = False, progress: bool = True) -> dict:
     """The recipe that fits a CPU's budget (``python -m refimpl.train eagle3-smollm2-135m-cpu``, about
     95 minutes on 2 threads: held-out acceptance 0.50 / 0.24 / 0.14 at depth 1-3; the zoo's draft
     is :func:`train_eagle3_smollm2`'s). SmolLM2's fp32 answers (:func:`smollm2_rows`, ``gen_seconds``

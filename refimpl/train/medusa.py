@@ -24,7 +24,7 @@ import zlib
 import torch
 
 from ..medusa import MedusaHeads, choose_tree, expected_length, save_heads
-from .common import cosine_lr, write_report
+from .common import answer_vocabulary, cosine_lr, write_report
 
 
 def pairs(rows, k: int) -> torch.Tensor:
@@ -146,7 +146,6 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float = 0.0, progress: bool = Tru
     """-> ``(rows, target, kept)``: SmolLM2's cached distillation answers (``gen_seconds > 0`` generates
     more first, see distill_data.build), the target on the CPU, and the ``vocab_keep`` most frequent
     answer tokens (+ specials): what the Medusa and EAGLE trainers for SmolLM2 start from."""
-    from ..drafts import top_tokens
     from ..models import load
     from ..models.hf import cache_dir
     from . import distill_data
@@ -156,9 +155,7 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float = 0.0, progress: bool = Tru
         raise FileNotFoundError("no distillation rows cached: build them with refimpl.train.distill_data.build "
                                 "(or gen_seconds > 0 here; about 40 min for all stages)")
     target = load("smollm2-135m", device="cpu", prepack=False)
-    tok = target.tokenizer
-    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
-    return rows, target, top_tokens([(r[0][r[1]:],) for r in rows], vocab_keep, always)  # answer tokens only
+    return rows, target, answer_vocabulary(target.tokenizer, rows, vocab_keep)
 
 
 def train_medusa_smollm2(out_dir: str, steps: int = 1500, lr: float = 2e-3, vocab_keep: int = 8192,
