@@ -103,3 +103,38 @@ def test_layer_step_packs_plain_matrices_and_gets_the_packed_bits():
         w = (norms[0], prep(mats[0]), prep(mats[1]), norms[1], prep(mats[2]), prep(mats[3]))
         outs.append(step.run(x, [w], caches))
     assert torch.equal(outs[0], outs[1]) and outs[0].abs().sum() > 0
+
+
+def test_fp16_panels_give_the_fp32_panels_bits_for_fp16_weights():
+    """A weight stored in fp16 and loaded as fp32 (the zoo's drafts) packs into fp16 panels: half the
+    bytes, and the kernel widens each weight exactly, so every path gives the fp32 panels' bits."""
+    g = torch.Generator().manual_seed(6)
+    for n_out, k_in in ((1539, 580), (96, 1536), (13, 37)):
+        w = torch.randn(n_out, k_in, generator=g).half().float()
+        assert cpu_gemv.fits_half(w)
+        half, full = cpu_gemv.pack(w, half=True), cpu_gemv.pack(w)
+        assert half.half and half.data.dtype == torch.float16 and half.data.nbytes * 2 == full.data.nbytes
+        for rows in (1, 2, 3, 5, 17):
+            x, add = torch.randn(rows, k_in, generator=g), torch.randn(rows, n_out, generator=g)
+            assert torch.equal(cpu_gemv.linear(x, half, add), cpu_gemv.linear(x, full, add)), (n_out, rows)
+            torch.testing.assert_close(cpu_gemv.linear(x, half), F.linear(x, w), atol=1e-4, rtol=1e-5)
+
+
+def test_fp16_panels_are_refused_for_weights_they_would_round():
+    g = torch.Generator().manual_seed(7)
+    w, x = torch.randn(64, 48, generator=g), torch.randn(2, 48, generator=g)
+    assert not cpu_gemv.fits_half(w)
+    with pytest.raises(ValueError, match="weight has values that are not fp16"):
+        cpu_gemv.pack(w, half=True)
+    rounded = cpu_gemv.Packed(w, half=True)  # negative control: forced, it rounds -> other numbers
+    assert not torch.equal(cpu_gemv.linear(x, rounded), cpu_gemv.linear(x, w))
+    copy = cpu_gemv.PackedCopy(half=True)  # chooses: fp32 panels for this weight, fp16 once it fits
+    assert not copy.of(w).half and torch.equal(cpu_gemv.linear(x, copy.of(w)), cpu_gemv.linear(x, w))
+    w.copy_(w.half().float())
+    assert copy.of(w).half and torch.equal(cpu_gemv.linear(x, copy.of(w)), cpu_gemv.linear(x, w))
+    step = cpu_gemv.LayerStep(1, 1, 0, 48, 2, 1, 8, 24, 1e-6, 0.35, torch.ones(1, 1, 8), torch.zeros(1, 1, 8))
+    mats = [cpu_gemv.pack(torch.zeros(n, k).half().float(), half=True) for n, k in ((32, 48), (48, 16), (48, 48),
+                                                                                     (48, 24))]
+    with pytest.raises(ValueError, match="fp32 panels"):
+        step.run(torch.randn(1, 1, 48), [(torch.ones(48), mats[0], mats[1], torch.ones(48), mats[2], mats[3])],
+                 [(torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8))])

@@ -98,3 +98,29 @@ def test_the_kernel_runs_the_products(tiny, monkeypatch):
     with torch.no_grad():
         fast.logits(fast.fc(torch.randn(1, 3 * fast.hidden_size, device="cpu")))
     assert calls == [tuple(fast.fc.weight.shape), tuple(fast.lm_head.shape)]
+
+
+def test_a_draft_stored_in_fp16_runs_on_fp16_panels_with_the_same_bits(tiny):
+    """The zoo's drafts are saved in fp16 (eagle3.save_draft): their fp32 weights are fp16 numbers, so
+    the lean draft packs them into fp16 panels (half the bytes) and its outputs keep the fp32 panels'
+    bits; a weight trained past fp16 keeps fp32 panels."""
+    plain = drafts(tiny)[1]
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.copy_(p.half().float())
+    halves = lean_draft.lean(copy.deepcopy(plain))
+    fulls = lean_draft.lean(copy.deepcopy(plain))
+    for m in fulls.modules():
+        if isinstance(m, lean_draft.GemvLinear):
+            m.copy = cpu_gemv.PackedCopy()
+    fulls.head_copy = cpu_gemv.PackedCopy()
+    o = torch.randn(3, plain.hidden_size, device="cpu")
+    x = torch.randn(2, 3 * plain.hidden_size, device="cpu")
+    with torch.no_grad():
+        assert torch.equal(halves.logits(o), fulls.logits(o)) and torch.equal(halves.fc(x), fulls.fc(x))
+        assert halves.head_copy.of(halves.lm_head).half and halves.fc.copy.of(halves.fc.weight).half
+        assert not fulls.head_copy.of(fulls.lm_head).half
+        halves.lm_head.add_(1e-4)  # no longer fp16 numbers: back to fp32 panels, still right
+        assert not halves.head_copy.of(halves.lm_head).half
+        assert torch.allclose(halves.logits(o), plain.logits(o) + 1e-4 * plain.norm(o).sum(-1, keepdim=True),
+                              atol=1e-4)

@@ -35,16 +35,21 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
 }
 
 #define PW 8        // outputs per panel: one 8-lane vector
-#define AHEAD 1024  // floats: how far ahead in its panel a tile that streams it prefetches (128 k steps)
+#define AHEAD 1024  // weights: how far ahead in its panel a tile that streams it prefetches (128 k steps)
 
 // The packed layout (refimpl/models/cpu_gemv.py: pack): panel p holds weight rows p PW .. p PW + PW - 1
 // as K rows of PW floats, P[(p K + k) PW + c] = W[p PW + c, k] (zeros past N). A k step of a panel
 // is one 8-lane vector, multiplied by one broadcast x[r, k] per row of x.
 
+// A k step of a panel: 8 fp32 weights, or 8 fp16 ones widened to fp32 (F16C's vcvtph2ps; exact, so
+// a weight whose values are fp16 numbers gives the same bits from either panel, at half the bytes).
+static inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+static inline __m256 load8(const unsigned short* w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)w)); }
+
 // Output columns of NP panels (wp, panel numbers p) for x rows r0 .. r0 + RB: RB x NP accumulators,
 // lane c of each the chain over k of one output element. `ahead`: prefetch distance (0 = none).
-template <int RB, int NP>
-static inline void tile(const float* const* wp, const int* p, const float* x, float* y, const float* add, int K, int N,
+template <int RB, int NP, typename WT>
+static inline void tile(const WT* const* wp, const int* p, const float* x, float* y, const float* add, int K, int N,
                         int r0, int ahead) {
     __m256 acc[RB][NP];
 #pragma GCC unroll 16
@@ -58,7 +63,7 @@ static inline void tile(const float* const* wp, const int* p, const float* x, fl
             for (int i = 0; i < NP; i++) _mm_prefetch((const char*)(wp[i] + (size_t)k * PW + ahead), _MM_HINT_T0);
         __m256 w[NP];
 #pragma GCC unroll 16
-        for (int i = 0; i < NP; i++) w[i] = _mm256_loadu_ps(wp[i] + (size_t)k * PW);
+        for (int i = 0; i < NP; i++) w[i] = load8(wp[i] + (size_t)k * PW);
 #pragma GCC unroll 16
         for (int r = 0; r < RB; r++) {
             const __m256 b = _mm256_broadcast_ss(xr + (size_t)r * K + k);
@@ -91,19 +96,19 @@ static inline void tile(const float* const* wp, const int* p, const float* x, fl
 // Every row of x (R >= 4, or leftovers) against NP panels: ceil(R / 6) tiles of 3-6 rows (as even as
 // can be; fewer when R is), the first one streaming the panels in, the others reading them again
 // from L1 / L2.
-template <int NP>
-static inline void panels(const float* const* w, const int* p, const float* x, float* y, const float* add, int R,
+template <int NP, typename WT>
+static inline void panels(const WT* const* w, const int* p, const float* x, float* y, const float* add, int R,
                           int K, int N) {
     const int tiles = (R + 5) / 6, base = R / tiles, extra = R % tiles;
     for (int j = 0, r0 = 0; j < tiles; j++) {
         const int rb = base + (j < extra), ahead = j ? 0 : AHEAD;
         switch (rb) {
-            case 1: tile<1, NP>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 2: tile<2, NP>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 3: tile<3, NP>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 4: tile<4, NP>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 5: tile<5, NP>(w, p, x, y, add, K, N, r0, ahead); break;
-            default: tile<6, NP>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 1: tile<1, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 2: tile<2, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 3: tile<3, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 4: tile<4, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 5: tile<5, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
+            default: tile<6, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
         }
         r0 += rb;
     }
@@ -117,14 +122,15 @@ static inline void panels(const float* const* w, const int* p, const float* x, f
 // at a time (1 stream, 8-12 chains) took 24-27 ms for SmolLM2's products where 2 streams of
 // 8-wide panels take 18-22. Leftover panels go one at a time.
 // A barrier ends it, as a worksharing loop would.
-static void products(const float* P, const float* x, float* y, const float* add, int R, int K, int N) {
+template <typename WT>
+static void products(const WT* P, const float* x, float* y, const float* add, int R, int K, int N) {
     const int t = omp_get_thread_num(), T = omp_get_num_threads(), np = (N + PW - 1) / PW;
     const int lo = (int)((long long)np * t / T), hi = (int)((long long)np * (t + 1) / T);
     const int NS = R <= 3 ? 4 : 2, S = (hi - lo) / NS;
     const size_t stride = (size_t)K * PW;
     for (int j = 0; j < S; j++) {
         int ps[4];
-        const float* w[4];
+        const WT* w[4];
         for (int i = 0; i < NS; i++) ps[i] = lo + i * S + j, w[i] = P + ps[i] * stride;
         if (R == 1)
             tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
@@ -136,7 +142,7 @@ static void products(const float* P, const float* x, float* y, const float* add,
             panels<2>(w, ps, x, y, add, R, K, N);
     }
     for (int q = lo + NS * S; q < hi; q++) {
-        const float* w = P + q * stride;
+        const WT* w = P + q * stride;
         panels<1>(&w, &q, x, y, add, R, K, N);
     }
 #pragma omp barrier
@@ -147,6 +153,13 @@ static void products(const float* P, const float* x, float* y, const float* add,
 // product, and no two pools fight for the two cores.
 extern "C" void refimpl_gemv(const float* W, const float* x, float* y, const float* add,
                              int R, int K, int N, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1 && N >= 64)
+    products(W, x, y, add, R, K, N);
+}
+
+// The same products on panels of fp16 weights (pack(weight, half=True)): half the bytes to read.
+extern "C" void refimpl_gemv_f16(const unsigned short* W, const float* x, float* y, const float* add,
+                                 int R, int K, int N, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && N >= 64)
     products(W, x, y, add, R, K, N);
 }

@@ -26,6 +26,11 @@ and between layers, and those stages are plain loops. It is what :func:`refimpl.
 default where the kernel builds (a one-token SmolLM2 step ~31 ms, 1.07x its memory floor, where
 stage by stage it takes ~42 on the same machine).
 
+A weight whose values are all fp16 numbers -- a draft stored in fp16, as the zoo's are -- may be
+packed into fp16 panels (``pack(w, half=True)``, or ``PackedCopy(half=True)``, which checks): the
+kernel widens each 8-weight step to fp32 with F16C's ``vcvtph2ps`` (exact), so the products are
+the fp32 panels' bits at half the bytes read (:mod:`refimpl.models.lean_draft` uses them).
+
 The products are *batch-invariant*: every output element is the same sequence of float operations
 whatever the number of rows (one FMA chain over k, then the residual added), so a draft token scored in a block of ``k`` gets exactly the logits
 it gets alone (the tests check ``torch.equal``); the layer's norm, rotary and attention keep that
@@ -33,13 +38,13 @@ it gets alone (the tests check ``torch.equal``); the layer's norm, rotary and at
 run in another order: ~1e-6 relative; e^x is a polynomial within 1.3 ulp); greedy output stays Hugging Face's on every benchmark
 prompt, which the tests and the benchmark's ``exact`` column check.
 
-The source is compiled on first use with the system's C++ compiler (``g++ -O3 -mavx2 -mfma -ffp-contract=off -fopenmp``,
-~2 s) into ``$REFIMPL_CACHE/build`` and loaded with ``ctypes``. Its threads are torch's own OpenMP
-threads (``torch.get_num_threads()`` of them). A version with its own helper threads, kept
-spinning between products, ran AR as fast but a speculative step slower: those helpers and
-torch's threads fought over the two cores around every draft call. :func:`available` is False -- and
-the lean forward keeps oneDNN -- on a CPU without AVX2/FMA, without a compiler, or with
-``REFIMPL_GEMV=0`` in the environment (the off switch, e.g. to compare).
+The source is compiled on first use with the system's C++ compiler (``g++ -O3 -mavx2 -mfma -mf16c
+-ffp-contract=off -fopenmp``, ~2 s) into ``$REFIMPL_CACHE/build`` and loaded with ``ctypes``. Its threads are
+torch's own OpenMP threads (``torch.get_num_threads()`` of them). A version with its own helper threads, kept
+spinning between products, ran AR as fast but a speculative step slower: those helpers and torch's threads
+fought over the two cores around every draft call. :func:`available` is False -- and the lean forward keeps
+oneDNN -- on a CPU without AVX2/FMA/F16C, without a compiler, or with ``REFIMPL_GEMV=0`` in the environment (the
+off switch, e.g. to compare).
 """
 from __future__ import annotations
 
@@ -55,11 +60,12 @@ import tempfile
 import torch
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemv.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
 def cpu_has_avx2_fma() -> bool:
-    """True on an x86-64 Linux CPU that reports both AVX2 and FMA."""
+    """True on an x86-64 Linux CPU that reports AVX2 and FMA (and F16C, which every such CPU has:
+    the fp16 panels widen their weights with it)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:
@@ -67,7 +73,7 @@ def cpu_has_avx2_fma() -> bool:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     except OSError:
         return False
-    return "avx2" in flags and "fma" in flags
+    return "avx2" in flags and "fma" in flags and "f16c" in flags
 
 
 def build_dir() -> str:
@@ -96,8 +102,9 @@ def library() -> ctypes.CDLL | None:
             return None
         os.replace(tmp, path)
     lib = ctypes.CDLL(path)
-    lib.refimpl_gemv.restype = None
-    lib.refimpl_gemv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    for fn in (lib.refimpl_gemv, lib.refimpl_gemv_f16):
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     lib.refimpl_layers.restype = None
     lib.refimpl_layers.argtypes = [ctypes.POINTER(LayerArgs), ctypes.c_int]
     return lib
@@ -116,11 +123,14 @@ class Packed:
     """A weight (N, K) in the kernel's layout: panels of :data:`PANEL` output rows, each stored k-major,
     ``data[p, k, c] = weight[p * PANEL + c, k]`` (zero rows pad N up to a multiple of PANEL). A k step
     of a panel is one 8-lane vector, which the kernel multiplies by one broadcast ``x[r, k]`` per row.
-    ``shape`` is the weight's (N, K); ``data_ptr()`` is what the kernel reads."""
+    ``shape`` is the weight's (N, K); ``data_ptr()`` is what the kernel reads. ``half``: the panels
+    hold fp16 numbers (half the bytes; the kernel widens them to fp32 exactly, so a weight whose
+    values are all fp16 numbers gives the same bits from either layout)."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, half: bool = False):
         N, K = weight.shape
-        w = weight.detach().to(device="cpu", dtype=torch.float32)
+        self.half = bool(half)
+        w = weight.detach().to(device="cpu", dtype=torch.float16 if self.half else torch.float32)
         pad = -N % PANEL
         if pad:
             w = torch.cat([w, w.new_zeros(pad, K)])
@@ -131,25 +141,37 @@ class Packed:
         return self.data.data_ptr()
 
 
-def pack(weight: torch.Tensor) -> Packed:
-    """``weight`` (N, K) in the kernel's panel layout (:class:`Packed`): pack once, multiply many times."""
+def fits_half(weight: torch.Tensor) -> bool:
+    """Is every value of ``weight`` an fp16 number (a draft stored in fp16 and loaded as fp32 is)?"""
+    return bool(torch.equal(weight.detach().half().to(weight.dtype), weight.detach()))
+
+
+def pack(weight: torch.Tensor, half: bool = False) -> Packed:
+    """``weight`` (N, K) in the kernel's panel layout (:class:`Packed`): pack once, multiply many times.
+    ``half``: fp16 panels, for a weight whose values are all fp16 numbers (:func:`fits_half`; same
+    products, half the bytes read)."""
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D tensor (N, K), got {type(weight).__name__} "
                          f"{tuple(getattr(weight, 'shape', ()))}")
-    return Packed(weight)
+    if half and not fits_half(weight):
+        raise ValueError("weight has values that are not fp16 numbers: half=True would round them "
+                         "(pack it in fp32, or use PackedCopy(half=True), which chooses)")
+    return Packed(weight, half)
 
 
 class PackedCopy:
     """A weight's :func:`pack`-ed copy kept beside it, rebuilt when the weight is moved, cast or
-    edited in place (its ``data_ptr`` or ``_version`` changed): ``copy.of(weight)`` -> :class:`Packed`."""
+    edited in place (its ``data_ptr`` or ``_version`` changed): ``copy.of(weight)`` -> :class:`Packed`.
+    ``half``: fp16 panels whenever the weight's values are all fp16 numbers (:func:`fits_half`), fp32
+    ones otherwise -- the same products either way."""
 
-    def __init__(self):
-        self.key, self.packed = None, None
+    def __init__(self, half: bool = False):
+        self.key, self.packed, self.half = None, None, bool(half)
 
     def of(self, weight: torch.Tensor) -> Packed:
         key = (weight.data_ptr(), weight._version)
         if self.key != key:
-            self.key, self.packed = key, pack(weight.detach())
+            self.key, self.packed = key, pack(weight.detach(), self.half and fits_half(weight))
         return self.packed
 
 
@@ -194,8 +216,9 @@ def run(x: torch.Tensor, weight: Packed, add: torch.Tensor | None = None,
         add = add.contiguous()
     rows = x.numel() // K if K else 0
     if rows and N:
-        library().refimpl_gemv(weight.data_ptr(), x.data_ptr(), y.data_ptr(), 0 if add is None else add.data_ptr(),
-                               rows, K, N, torch.get_num_threads() if threads is None else int(threads))
+        fn = library().refimpl_gemv_f16 if weight.half else library().refimpl_gemv
+        fn(weight.data_ptr(), x.data_ptr(), y.data_ptr(), 0 if add is None else add.data_ptr(),
+           rows, K, N, torch.get_num_threads() if threads is None else int(threads))
     elif add is not None:
         y.copy_(add)
     else:
@@ -253,6 +276,8 @@ class LayerStep:
         for i, (w, (keys, values)) in enumerate(zip(weights, caches)):
             layers[i] = self.args  # a copy of the shared fields
             a = layers[i]
+            if any(isinstance(m, Packed) and m.half for m in w):
+                raise ValueError("weights: a layer runs on fp32 panels; pack its matrices with half=False")
             if not all(isinstance(m, Packed) for m in w[1:3] + w[4:6]):  # plain tensors: packed here, each call
                 w = [m if j in (0, 3) or isinstance(m, Packed) else Packed(m) for j, m in enumerate(w)]
                 alive.append(w)  # until the kernel has run

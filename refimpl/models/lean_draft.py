@@ -8,7 +8,9 @@ MKL's GEMM, which repacks each weight at every call: SmolLM2's EAGLE-3 draft (a 
 for its head alone on 3 rows and ~1.6 ms for the layer's four products, so its draft calls cost more
 than the target's 11-row verification (EAGLE-3, arXiv 2503.01840, §3: the draft must be cheap for
 the tree to pay). Packed once into :func:`refimpl.models.cpu_gemv.pack`'s panels, the same products
-read each weight once per call.
+read each weight once per call. A zoo draft is stored in fp16, so its fp32 weights are fp16 numbers:
+its panels hold fp16 (``PackedCopy(half=True)``), half the bytes for the same bits (the kernel widens
+each weight exactly); a weight trained past fp16 keeps fp32 panels.
 
 :func:`lean` turns a draft into its lean twin *in place*: every ``nn.Linear`` becomes a
 :class:`GemvLinear` (same parameters), and the head runs on a packed copy of ``lm_head`` that is
@@ -57,7 +59,7 @@ class GemvLinear(nn.Module):
             raise ValueError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.copy = cpu_gemv.PackedCopy()
+        self.copy = cpu_gemv.PackedCopy(half=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return product(x, self.weight, self.copy, self.bias)
@@ -96,6 +98,6 @@ def lean(draft: nn.Module) -> nn.Module:
              for name, child in parent.named_children() if type(child) is nn.Linear]
     for parent, name, child in swaps:
         setattr(parent, name, GemvLinear(child))
-    draft.head_copy = cpu_gemv.PackedCopy()
+    draft.head_copy = cpu_gemv.PackedCopy(half=True)
     draft.__class__ = LEAN[kind]
     return draft
