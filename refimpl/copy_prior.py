@@ -139,19 +139,27 @@ def copy_candidates(history: torch.Tensor, ends: torch.Tensor, max_ngram: int = 
     return tok if at.dim() == 2 else tok[0]
 
 
+def node_candidates(histories: list[list[list[int]]], max_ngram: int, min_ngram: int,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    """Each tree node's copy candidate (:func:`copy_candidates`): ``histories[b][i]`` the tokens up to
+    and including node i of row b (the committed tokens, then its path from the root), every row
+    with the same number of nodes -> (B, e) token ids, -1 = none."""
+    B, e = len(histories), len(histories[0]) if histories else 0
+    hist = [h for row in histories for h in row]
+    L = max(len(h) for h in hist)
+    h = torch.tensor([x + [-1] * (L - len(x)) for x in hist], device=device)  # (B e, L), -1 = none
+    ends = torch.tensor([[len(x) - 1] for x in hist], device=device)  # (B e, 1) the node's position
+    return copy_candidates(h, ends, max_ngram, min_ngram).view(B, e)
+
+
 def boost_nodes(logits: torch.Tensor, histories: list[list[list[int]]], max_ngram: int, min_ngram: int, bias: float,
                 column: torch.Tensor | None = None) -> torch.Tensor:
     """The copy prior per tree node (chapters 05-06): ``logits`` (B, e, V') of ``e`` nodes per row;
     ``histories[b][i]`` the tokens up to and including node i of row b (the committed tokens, then its
-    path from the root); each node's copy candidate (:func:`copy_candidates`) gets ``+bias``.
+    path from the root); each node's copy candidate (:func:`node_candidates`) gets ``+bias``.
     ``column`` (V,) long: token id -> its column of ``logits`` (-1: not scored, a draft over a kept
     vocabulary), None: the column is the id. In place; returns ``logits``."""
-    B, e = logits.shape[:2]
-    hist = [h for row in histories for h in row]
-    L = max(len(h) for h in hist)
-    h = torch.tensor([x + [-1] * (L - len(x)) for x in hist], device=logits.device)  # (B e, L), -1 = none
-    ends = torch.tensor([[len(x) - 1] for x in hist], device=logits.device)  # (B e, 1) the node's position
-    cand = copy_candidates(h, ends, max_ngram, min_ngram).view(B, e)  # (B, e) token ids, -1 = none
+    cand = node_candidates(histories, max_ngram, min_ngram, logits.device)  # (B, e) token ids, -1 = none
     if column is not None:
         cand = torch.where(cand >= 0, column.to(cand.device)[cand.clamp(min=0)], -1)  # (B, e) columns
     b, i = (cand >= 0).nonzero(as_tuple=True)

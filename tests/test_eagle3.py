@@ -162,8 +162,21 @@ class RootHistory(FirstChild):
     """A wrong copy prior (the negative control): every node looks up the committed tokens alone,
     forgetting its own path."""
 
-    def boost(self, logits, hist):
-        return super().boost(logits, [[row[0][:len(t)]] * len(row) for row, t in zip(hist, self.toks)])
+    def children(self, o, hist):
+        return super().children(o, None if hist is None else [[row[0][:len(t)]] * len(row)
+                                                               for row, t in zip(hist, self.toks)])
+
+
+class KeptOnly(FirstChild):
+    """The copy prior before stop 50 (the negative control): a candidate outside the draft's kept
+    vocabulary is dropped, never proposed."""
+
+    def children(self, o, hist):
+        if not self.copy:
+            return super().children(o, hist)
+        logits = copy_prior.boost_nodes(self.draft.logits(o), hist, 3, 2, self.copy, self.column)
+        lp, idx = torch.log_softmax(logits, -1).topk(self.topk, -1)
+        return lp, self.draft.full(idx)
 
 
 def test_the_copy_prior_puts_each_nodes_copy_candidate_first(tiny, random_draft, spec_prompts):
@@ -180,6 +193,33 @@ def test_the_copy_prior_puts_each_nodes_copy_candidate_first(tiny, random_draft,
         assert len(pairs) >= 10
         seen[kind.__name__] = sum(c == t for c, t in pairs) / len(pairs)
     assert seen["FirstChild"] == 1.0 and seen["RootHistory"] < 0.9, seen
+
+
+def test_a_copy_candidate_outside_the_kept_vocabulary_is_proposed(tiny, spec_prompts):
+    """A draft over a kept vocabulary that leaves out half of the prompts' tokens: with the copy
+    prior, a node whose candidate is not kept still proposes it first (an extra column at the node's
+    best logit + the bias), where dropping such candidates (the prior before stop 50) never can.
+    Greedy output stays AR's either way."""
+    prompts = [p + p[len(p) // 2:] for p in spec_prompts]
+    ar = autoregressive.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens
+    used = sorted({t for p in prompts for t in p})
+    left_out = set(used[::2])
+    kept = torch.tensor([t for t in range(tiny.config.vocab_size) if t not in left_out], device="cpu")
+    torch.manual_seed(0)
+    trimmed = eagle3.new_draft(tiny, kept=kept).eval()
+    seen = {}
+    for kind in (FirstChild, KeptOnly):
+        prop = kind(trimmed, total=4, depth=4, topk=1, copy=1e4)
+        assert speculative.decode(tiny, prop, prompts, max_new_tokens=N, eos_token_id=[]).tokens == ar
+        outside = [(c, t) for c, t in prop.log if c in left_out]
+        assert len(outside) >= 5
+        seen[kind.__name__] = sum(c == t for c, t in outside) / len(outside)
+        assert all(c == t for c, t in prop.log if c >= 0 and c not in left_out)  # kept candidates: first
+    assert seen == {"FirstChild": 1.0, "KeptOnly": 0.0}, seen
+    for copy_bias in (0.0, 6.0):  # the bias does not change exactness; the full tree too
+        g = eagle3.generate(tiny, prompts, draft=trimmed, max_new_tokens=N, eos_token_id=[], copy=copy_bias,
+                            total=8, depth=3, topk=2, floor=0.0)
+        assert g.tokens == ar
 
 
 def test_an_eagle1_draft_takes_the_copy_prior_too(tiny, spec_prompts, spec_ar_free):
