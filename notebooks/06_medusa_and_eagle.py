@@ -978,7 +978,7 @@ print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zo
 # layers. There scale decided it: trained on a CPU (1,471 answers, 3 unrolled steps) the SmolLM2 draft
 # accepted 0.50 at depth 1 and lost to AR; trained on a GPU (10,365 answers, 7 unrolled steps, 14
 # passes: `python -m refimpl.train eagle3-smollm2-135m --device cuda`) it accepts 0.63 and is the
-# fastest tree method there (1.29x AR on a 4-node tree with the copy prior, tau 2.21; 2.57 on 10 nodes).
+# fastest tree method there (1.36x AR on a 4-node tree with the copy prior, tau 2.44; 2.90 on 10 nodes).
 #
 # ## Side by side with chapter 04a's chain draft
 # The same three prompts, `NEW_TOKENS` tokens each. Greedy: autoregressive, the chain draft
