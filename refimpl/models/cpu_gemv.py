@@ -276,9 +276,10 @@ class LayerStep:
         for i, (w, (keys, values)) in enumerate(zip(weights, caches)):
             layers[i] = self.args  # a copy of the shared fields
             a = layers[i]
-            if any(isinstance(m, Packed) and m.half for m in w):
-                raise ValueError("weights: a layer runs on fp32 panels; pack its matrices with half=False")
-            if not all(isinstance(m, Packed) for m in w[1:3] + w[4:6]):  # plain tensors: packed here, each call
+            if not all(isinstance(m, Packed) and not m.half for m in w[1:3] + w[4:6]):  # the one check a step pays
+                if any(isinstance(m, Packed) and m.half for m in w):
+                    raise ValueError("weights: a layer runs on fp32 panels; pack its matrices with half=False")
+                # plain tensors: packed here, each call
                 w = [m if j in (0, 3) or isinstance(m, Packed) else Packed(m) for j, m in enumerate(w)]
                 alive.append(w)  # until the kernel has run
             a.norm1, a.w_qkv, a.w_o, a.norm2, a.w_gate_up, a.w_down = (t.data_ptr() for t in w)
