@@ -143,13 +143,16 @@ def node_candidates(histories: list[list[list[int]]], max_ngram: int, min_ngram:
                     device: torch.device | str = "cpu") -> torch.Tensor:
     """Each tree node's copy candidate (:func:`copy_candidates`): ``histories[b][i]`` the tokens up to
     and including node i of row b (the committed tokens, then its path from the root), every row
-    with the same number of nodes -> (B, e) token ids, -1 = none."""
+    with the same number of nodes -> (B, e) token ids, -1 = none. A tree level has a handful of
+    nodes, so each is a :func:`scan_positions` over its list (no tensor round trip: ~0.05 ms a node)."""
+    check_ngrams(max_ngram, min_ngram)
     B, e = len(histories), len(histories[0]) if histories else 0
-    hist = [h for row in histories for h in row]
-    L = max(len(h) for h in hist)
-    h = torch.tensor([x + [-1] * (L - len(x)) for x in hist], device=device)  # (B e, L), -1 = none
-    ends = torch.tensor([[len(x) - 1] for x in hist], device=device)  # (B e, 1) the node's position
-    return copy_candidates(h, ends, max_ngram, min_ngram).view(B, e)
+    got = []
+    for row in histories:
+        for h in row:
+            at = scan_positions(h, len(h) - 1, max_ngram, min_ngram) if h else -1
+            got.append(h[at] if at >= 0 else -1)
+    return torch.tensor(got, dtype=torch.long, device=device).view(B, e)
 
 
 def boost_nodes(logits: torch.Tensor, histories: list[list[list[int]]], max_ngram: int, min_ngram: int, bias: float,

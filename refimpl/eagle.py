@@ -51,14 +51,22 @@ from .speculative import decode
 from .tree import Tree, pack
 
 
-def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding of x (B, h, T, d) at positions pos (B, T) (Llama's rotate-half form)."""
-    d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
+def rope_tables(pos: torch.Tensor, d: int, theta: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary tables at positions pos (B, T) for head size d: ``cos2 = [cos, cos]`` and
+    ``sin2 = [-sin, sin]``, each (B, 1, T, d)."""
+    inv = theta ** (-torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d)  # (d/2,)
     ang = pos.to(torch.float32)[:, None, :, None] * inv  # (B, 1, T, d/2)
-    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    cos, sin = ang.cos(), ang.sin()
+    return torch.cat([cos, cos], -1).to(dtype), torch.cat([-sin, sin], -1).to(dtype)
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of x (..., B, h, T, d) at positions pos (B, T) (Llama's rotate-half
+    form, ``[x1 cos - x2 sin, x2 cos + x1 sin]``, as ``x cos2 + roll(x) sin2``: the same bits in
+    fewer calls). Leading dims let q and k rotate in one call."""
+    d = x.shape[-1]
+    cos2, sin2 = rope_tables(pos, d, theta, x.dtype)  # (B, 1, T, d)
+    return x * cos2 + x.roll(d // 2, -1) * sin2
 
 
 def positions(mask: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
@@ -110,8 +118,8 @@ class EagleDraft(nn.Module):
         -> (predicted features (B, T, H), (k, v) of these T inputs)."""
         B, T, H = feat.shape
         x = self.fc(torch.cat([self.embed[tok], feat.to(self.embed.dtype)], -1))  # (B, T, H)
-        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (B, h, T, d) each
-        q, k = rotate(q, pos, self.rope_theta), rotate(k, pos, self.rope_theta)
+        qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, h, T, d)
+        (q, k), v = rotate(qkv[:2], pos, self.rope_theta), qkv[2]  # (B, h, T, d) each
         K, V = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         a = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=allow[:, None])  # (B, h, T, d)
         x = x + self.o(a.transpose(1, 2).reshape(B, T, H))
@@ -207,8 +215,8 @@ class EagleProposer:
         self.draft = draft
         self.wants_hidden = getattr(draft, "taps", None) or True
         kept = getattr(draft, "kept", None)
-        self.column = None if kept is None else torch.full((draft.embed.shape[0],), -1, device=kept.device).index_copy_(
-            0, kept, torch.arange(len(kept), device=kept.device))  # (V,) token id -> its logit column, -1 = not kept
+        self.columns = None if kept is None else torch.full((draft.embed.shape[0],), -1, device="cpu").index_copy_(
+            0, kept.cpu(), torch.arange(len(kept), device="cpu")).tolist()  # token id -> its column, -1 = not kept
 
     def children(self, o: torch.Tensor, hist: list[list[list[int]]] | None):
         """The ``topk`` likeliest children of nodes whose draft outputs are ``o`` (B, e, H) -> (log-probs,
@@ -220,17 +228,26 @@ class EagleProposer:
         copied names and rare words: 9.5% of SmolLM2's greedy tokens on the benchmark prompts lie
         outside the EAGLE-3 draft's 8,192 (18% on summaries, most of them copy candidates)."""
         logits = self.draft.logits(o)  # (B, e, V')
-        V, cand = logits.shape[-1], None
-        if self.copy:
+        (B, e, V), cand = logits.shape, None
+        if self.copy:  # a node is a handful of Python ints: map them here, then one indexed add
             cand = node_candidates(hist, 3, 2, logits.device)  # (B, e) token ids, -1 = none
-            col = cand if self.column is None else torch.where(cand >= 0, self.column[cand.clamp(min=0)], -1)
-            outside = (cand >= 0) & (col < 0)  # (B, e) candidates the kept head has no column for
-            if bool(outside.any()):
-                extra = logits.amax(-1).masked_fill(~outside, float("-inf"))  # (B, e)
-                logits = torch.cat([logits, extra[..., None]], -1)  # (B, e, V' + 1)
-                col = torch.where(outside, V, col)
-            b, i = (col >= 0).nonzero(as_tuple=True)
-            logits[b, i, col[b, i]] += self.copy
+            at, outside = [], []  # (b, i, column) of every candidate; (b, i) of those outside the kept ones
+            for b, row in enumerate(cand.tolist()):
+                for i, t in enumerate(row):
+                    col = t if t < 0 or self.columns is None else self.columns[t]
+                    if t >= 0 and col < 0:
+                        outside.append((b, i))
+                        col = V  # the extra column
+                    if t >= 0:
+                        at.append((b, i, col))
+            if outside:
+                bo, io = zip(*outside)
+                extra = torch.full((B, e, 1), float("-inf"), device=logits.device)
+                extra[bo, io, 0] = logits[bo, io].amax(-1)
+                logits = torch.cat([logits, extra], -1)  # (B, e, V' + 1)
+            if at:
+                b, i, col = zip(*at)
+                logits[b, i, col] += self.copy
         lp, idx = torch.log_softmax(logits, -1).topk(self.topk, -1)  # (B, e, k)
         ids = self.draft.full(idx.clamp(max=V - 1))
         if logits.shape[-1] > V:  # the extra column is the node's copy candidate

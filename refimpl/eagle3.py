@@ -92,8 +92,8 @@ class Eagle3Draft(nn.Module):
         B, T, H = feat.shape
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = torch.cat([self.norm_in(self.embed[tok]), self.norm_hid(feat)], -1)  # (B, T, 2H)
-        q, k, v = self.qkv(x).view(B, T, h + 2 * kv, d).transpose(1, 2).split([h, kv, kv], 1)  # (B, heads, T, d)
-        q, k = rotate(q, pos, self.rope_theta), rotate(k, pos, self.rope_theta)
+        t = self.qkv(x).view(B, T, h + 2 * kv, d).transpose(1, 2)  # (B, heads, T, d)
+        (q, k), v = rotate(t[:, :h + kv], pos, self.rope_theta).split([h, kv], 1), t[:, h + kv:]  # q and k in one call
         K, V = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         a = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=allow[:, None], enable_gqa=h != kv)
         r = feat + self.o(a.transpose(1, 2).reshape(B, T, h * d))  # (B, T, H) the residual stream

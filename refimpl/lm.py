@@ -159,9 +159,11 @@ class LM:
         into place without another forward. Works on a Hugging Face ``DynamicCache`` and on
         :class:`refimpl.models.lean_llama.KVCache` (both keep (B, H, S, D) tensors per layer).
         """
+        k_new = src.shape[1]
+        if k_new == 0 or torch.equal(src, torch.arange(dst, dst + k_new, device=src.device).expand_as(src)):
+            return  # every row's path is already in place (its first node at each depth): nothing moves
         layers = [(lay.keys, lay.values) for lay in cache.layers] if hasattr(cache, "layers") else \
             list(zip(cache.keys, cache.values))
-        k_new = src.shape[1]
         for keys, values in layers:
             if keys is None or k_new == 0:
                 continue

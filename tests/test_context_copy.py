@@ -85,6 +85,28 @@ def test_the_scan_and_the_vectorised_lookup_agree():
         assert torch.equal(copy_prior.lookup_positions(hist, ends, max_n, min_n), want)  # auto
 
 
+def test_node_candidates_match_the_batched_lookup():
+    """Each node's candidate, scanned over its own list, == :func:`copy_candidates` over the padded
+    batch (the tensor round trip it replaced): ragged histories, unknown tokens, empty ones, and a
+    candidate that must be the *latest* occurrence's follower."""
+    rng = random.Random(3)
+    for _ in range(300):
+        B, e, V = rng.randint(1, 3), rng.randint(1, 4), rng.randint(2, 6)
+        hist = [[[rng.randrange(V) if rng.random() > 0.1 else -1 for _ in range(rng.randint(0, 30))]
+                 for _ in range(e)] for _ in range(B)]
+        max_n = rng.randint(1, 4)
+        min_n = rng.randint(1, max_n)
+        flat = [h for row in hist for h in row]
+        L = max(1, max(len(h) for h in flat))
+        pad = torch.tensor([h + [-1] * (L - len(h)) for h in flat])
+        ends = torch.tensor([[len(h) - 1] for h in flat])
+        want = copy_prior.copy_candidates(pad, ends, max_n, min_n).view(B, e)
+        assert torch.equal(copy_prior.node_candidates(hist, max_n, min_n), want), (hist, max_n, min_n)
+    assert copy_prior.node_candidates([[[5, 1, 2, 7, 1, 2, 9, 1, 2]]], 2, 2).tolist() == [[9]]
+    with pytest.raises(ValueError, match="min_ngram"):
+        copy_prior.node_candidates([[[1, 2]]], 2, 3)
+
+
 def test_lookup_bad_method_or_end_raises():
     h = torch.tensor([1, 2, 1, 2])
     with pytest.raises(ValueError, match="method"):

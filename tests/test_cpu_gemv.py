@@ -132,9 +132,28 @@ def test_fp16_panels_are_refused_for_weights_they_would_round():
     assert not copy.of(w).half and torch.equal(cpu_gemv.linear(x, copy.of(w)), cpu_gemv.linear(x, w))
     w.copy_(w.half().float())
     assert copy.of(w).half and torch.equal(cpu_gemv.linear(x, copy.of(w)), cpu_gemv.linear(x, w))
-    step = cpu_gemv.LayerStep(1, 1, 0, 48, 2, 1, 8, 24, 1e-6, 0.35, torch.ones(1, 1, 8), torch.zeros(1, 1, 8))
-    mats = [cpu_gemv.pack(torch.zeros(n, k).half().float(), half=True) for n, k in ((32, 48), (48, 16), (48, 48),
-                                                                                     (48, 24))]
-    with pytest.raises(ValueError, match="fp32 panels"):
-        step.run(torch.randn(1, 1, 48), [(torch.ones(48), mats[0], mats[1], torch.ones(48), mats[2], mats[3])],
-                 [(torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8))])
+
+
+def test_layer_step_on_fp16_panels_gives_the_fp32_panels_bits_and_refuses_a_mix():
+    """A layer whose four matrices are fp16 numbers runs on fp16 panels (the lean EAGLE drafts' layer)
+    with the fp32 panels' bits, the embedded (EAGLE-3) first stage included; a layer mixing the two
+    kinds is refused, naming the argument."""
+    g = torch.Generator().manual_seed(8)
+    hidden, H, Hkv, D, inter, B, Q = 48, 2, 1, 8, 24, 2, 3
+    mats = [(torch.randn(n, k, generator=g) * 0.2).half().float() for n, k in ((32, 2 * hidden), (48, 16), (48, 48),
+                                                                              (48, 24))]
+    cos2, sin2 = torch.rand(B, Q, D, generator=g), torch.rand(B, Q, D, generator=g)
+    x, e = torch.randn(B, Q, hidden, generator=g), torch.randn(B, Q, hidden, generator=g)
+    outs = []
+    for half in (True, False):
+        step = cpu_gemv.LayerStep(B, Q, 0, hidden, H, Hkv, D, inter, 1e-6, 0.35, cos2, sin2, embedded=True)
+        w = (torch.ones(hidden), *(cpu_gemv.pack(m, half=half) for m in mats[:2]), torch.ones(hidden),
+             *(cpu_gemv.pack(m, half=half) for m in mats[2:]))
+        caches = [(torch.zeros(B, Hkv, 4, D), torch.zeros(B, Hkv, 4, D))]
+        outs.append(step.run(x, [w], caches, e=e, norm_e=torch.ones(hidden)))
+    assert torch.equal(outs[0], outs[1]) and outs[0].abs().sum() > 0
+    mixed = (w[0], cpu_gemv.pack(mats[0], half=True), *w[2:])
+    with pytest.raises(ValueError, match="all be fp32 panels or all fp16"):
+        step.run(x, [mixed], caches, e=e, norm_e=torch.ones(hidden))
+    with pytest.raises(ValueError, match="e and norm_e"):
+        step.run(x, [w], caches)

@@ -224,6 +224,25 @@ def worst_feature_error(tiny, draft, prompts, kind):
     return worst
 
 
+def test_rotate_is_the_rotate_half_rope_bit_for_bit():
+    """``rotate`` (``x cos2 + roll(x) sin2``) == Llama's rotate-half form written out, bit for bit,
+    and q and k stacked on a leading dim rotate as each alone (the draft steps rotate them in one call);
+    a roll the wrong way (a sign slip in ``sin2``) fails."""
+    def written_out(x, pos, theta):
+        d = x.shape[-1]
+        ang = pos.float()[:, None, :, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+        return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 4):
+        x, pos = torch.randn(2, 3, 5, T, 16, generator=g), torch.randint(0, 5000, (3, T), generator=g)
+        got = eagle.rotate(x, pos, 10000.0)
+        assert torch.equal(got[0], written_out(x[0], pos, 10000.0))
+        assert torch.equal(got[1], eagle.rotate(x[1], pos, 10000.0))
+        assert not torch.equal(got[0], written_out(x[0].flip(-1), pos, 10000.0).flip(-1))
+
+
 def test_draft_reads_the_targets_features(tiny, draft, spec_prompts):
     assert worst_feature_error(tiny, draft, spec_prompts, Spy) < 1e-4  # ragged: left padding dropped
     assert worst_feature_error(tiny, draft, spec_prompts, ShiftedSpy) > 1e-2  # the check can fail

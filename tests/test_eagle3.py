@@ -174,7 +174,8 @@ class KeptOnly(FirstChild):
     def children(self, o, hist):
         if not self.copy:
             return super().children(o, hist)
-        logits = copy_prior.boost_nodes(self.draft.logits(o), hist, 3, 2, self.copy, self.column)
+        column = None if self.columns is None else torch.tensor(self.columns)  # (V,) token id -> column, -1 = none
+        logits = copy_prior.boost_nodes(self.draft.logits(o), hist, 3, 2, self.copy, column)
         lp, idx = torch.log_softmax(logits, -1).topk(self.topk, -1)
         return lp, self.draft.full(idx)
 

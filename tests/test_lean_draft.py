@@ -124,3 +124,39 @@ def test_a_draft_stored_in_fp16_runs_on_fp16_panels_with_the_same_bits(tiny):
         assert not halves.head_copy.of(halves.lm_head).half
         assert torch.allclose(halves.logits(o), plain.logits(o) + 1e-4 * plain.norm(o).sum(-1, keepdim=True),
                               atol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_gemv.available(), reason="the cpu_gemv kernel does not build here")
+def test_the_draft_layer_runs_in_one_kernel_call(tiny, monkeypatch):
+    """The lean drafts' ``step`` is one ``LayerStep`` call (EAGLE-3's embedded first stage) and gives
+    the plain step's outputs and keys under a ragged mask with a cached past, its norms made distinct
+    (the negative control: the embedding's and the feature's norms swapped is caught)."""
+    g = torch.Generator(device="cpu").manual_seed(2)
+    real, calls = cpu_gemv.LayerStep.run, []
+    monkeypatch.setattr(cpu_gemv.LayerStep, "run", lambda self, *a, **k: calls.append(self.embedded) or
+                        real(self, *a, **k))
+    for plain in drafts(tiny):
+        with torch.no_grad():
+            for m in plain.modules():
+                if isinstance(m, torch.nn.RMSNorm):
+                    m.weight.copy_(1 + torch.rand(m.weight.shape, generator=g, device="cpu"))
+        fast = lean_draft.lean(copy.deepcopy(plain))
+        calls.clear()
+        B, T, P, H = 2, 3, 4, plain.hidden_size
+        kv = getattr(plain, "num_kv_heads", plain.num_heads)
+        d = getattr(plain, "head_dim", H // plain.num_heads)
+        tok = torch.randint(0, plain.embed.shape[0], (B, T), generator=g, device="cpu")
+        f = torch.randn(B, T, H, generator=g, device="cpu")
+        pos = torch.randint(0, 60, (B, T), generator=g, device="cpu")
+        past = tuple(torch.randn(B, kv, P, d, generator=g, device="cpu") for _ in range(2))
+        allow = torch.rand(B, T, P + T, generator=g, device="cpu") > 0.4
+        allow[:, :, P:] = torch.eye(T, dtype=torch.bool, device="cpu")  # gaps in the past; each sees itself
+        with torch.no_grad():
+            want, (k, v) = plain.step(tok, f, pos, allow, past)
+            got, (k2, v2) = fast.step(tok, f, pos, allow, past)
+            assert calls == [isinstance(plain, eagle3.Eagle3Draft)]
+            assert torch.allclose(got, want, atol=1e-4) and torch.allclose(k2, k, atol=1e-5)
+            assert torch.allclose(v2, v, atol=1e-5)
+            if isinstance(plain, eagle3.Eagle3Draft):
+                fast.norm_in.weight, fast.norm_hid.weight = fast.norm_hid.weight, fast.norm_in.weight
+                assert not torch.allclose(fast.step(tok, f, pos, allow, past)[0], want, atol=1e-3)

@@ -423,3 +423,17 @@ def test_move_slots(tiny, kind):
     snap = [(k.clone(), v.clone()) for k, v in layer_tensors(cache)]
     tiny.move_slots(cache, DST, SRC[:, :0])  # nothing to move
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(snap, layer_tensors(cache)))
+
+
+def test_move_slots_skips_only_when_every_row_is_in_place(tiny):
+    """A path already in its slots (its first node at every depth) moves nothing; one row in place and
+    one not still moves the other row (a skip decided on row 0 alone would leave row 1's slots stale)."""
+    ids = torch.randint(0, tiny.vocab_size, (2, 10), generator=torch.Generator().manual_seed(6))
+    _, cache = tiny.forward(ids)
+    before = [(k.clone(), v.clone()) for k, v in layer_tensors(cache)]
+    tiny.move_slots(cache, DST, torch.tensor([[4, 5, 6], [4, 5, 6]]))
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(before, layer_tensors(cache)))
+    tiny.move_slots(cache, DST, torch.tensor([[4, 5, 6], [4, 9, 6]]))
+    for (k0, _), (k1, _) in zip(before, layer_tensors(cache)):
+        assert torch.equal(k1[0], k0[0]) and torch.equal(k1[1, :, 5], k0[1, :, 9])
+        assert not torch.equal(k1[1, :, 5], k0[1, :, 5])

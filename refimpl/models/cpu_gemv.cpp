@@ -184,7 +184,9 @@ struct Layer {          // mirrored by refimpl/models/cpu_gemv.py (LayerArgs)
     const float *norm1, *w_qkv, *w_o, *norm2, *w_gate_up, *w_down;
     const float *x, *cos2, *sin2, *mask;   // x (B, Q, hidden); cos2 = [cos, cos], sin2 = [-sin, sin] (B, Q, D)
     float *out, *keys, *values;            // out (B, Q, hidden); cache buffers (B, Hkv, cap, D)
-    float *h, *t, *o, *gu, *a;             // scratch: (R, hidden), (R, (H + 2 Hkv) D), (R, H D), (R, 2 I), (R, I)
+    float *h, *t, *o, *gu, *a;             // scratch: (R, K1), (R, (H + 2 Hkv) D), (R, H D), (R, 2 I), (R, I)
+    const float *e, *norm_e;  // EAGLE-3's draft layer (else null): q/k/v read [norm_e(e); norm1(x)], K1 = 2 hidden
+    int half;                 // the matrices are fp16 panels (pack(w, half=True)), else fp32 ones
 };
 
 static inline float dot(const float* u, const float* v, int n) {  // an 8-lane chain, hsum, then the tail
@@ -196,13 +198,23 @@ static inline float dot(const float* u, const float* v, int n) {  // an 8-lane c
     return s;
 }
 
-static void rmsnorm_rows(const float* x, const float* w, float* y, int R, int n, float eps) {
+// Row r of y starts at y + r * ys (ys = n, or 2 n when two normed inputs sit side by side).
+static void rmsnorm_rows(const float* x, const float* w, float* y, int R, int n, float eps, int ys) {
 #pragma omp for schedule(static)
     for (int r = 0; r < R; r++) {  // y = w * (x / sqrt(mean(x^2) + eps)), as LlamaRMSNorm
         const float* xr = x + (size_t)r * n;
         const float inv = 1.0f / sqrtf(dot(xr, xr, n) / (float)n + eps);
-        for (int k = 0; k < n; k++) y[(size_t)r * n + k] = w[k] * (xr[k] * inv);
+        for (int k = 0; k < n; k++) y[(size_t)r * ys + k] = w[k] * (xr[k] * inv);
     }
+}
+
+// A product of the layer on its fp32 or fp16 panels.
+static inline void product(const Layer* L, const float* w, const float* x, float* y, const float* add, int R, int K,
+                           int N) {
+    if (L->half)
+        products((const unsigned short*)w, x, y, add, R, K, N);
+    else
+        products(w, x, y, add, R, K, N);
 }
 
 // e^x for 8 floats: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so n ln 2 is exact),
@@ -306,8 +318,11 @@ static void layer_body(const Layer* L, float* p) {
     const int B = L->B, Q = L->Q, P = L->P, R = B * Q, D = L->D, H = L->H, Hkv = L->Hkv, hd = D / 2;
     const int width = (H + 2 * Hkv) * D, Lk = P + Q, I = L->I;
     float acc[512];  // one rotated head (D <= 512, checked by the caller)
-    rmsnorm_rows(L->x, L->norm1, L->h, R, L->hidden, L->eps);
-    products(L->w_qkv, L->h, L->t, nullptr, R, L->hidden, width);
+    const int K1 = L->e ? 2 * L->hidden : L->hidden;  // the q/k/v product's input width
+    if (L->e)  // EAGLE-3 (arXiv 2503.01840, vLLM's llama_eagle3.py): [norm_e(embedding); norm1(feature)]
+        rmsnorm_rows(L->e, L->norm_e, L->h, R, L->hidden, L->eps, K1);
+    rmsnorm_rows(L->x, L->norm1, L->h + (K1 - L->hidden), R, L->hidden, L->eps, K1);
+    product(L, L->w_qkv, L->h, L->t, nullptr, R, K1, width);
 #pragma omp for schedule(static)
     for (int i = 0; i < R * (H + 2 * Hkv); i++) {  // rotate q in place, k into the cache; copy v
         const int r = i / (H + 2 * Hkv), j = i % (H + 2 * Hkv), b = r / Q, q = r % Q;
@@ -340,9 +355,9 @@ static void layer_body(const Layer* L, float* p) {
         float* dst = L->o + (size_t)r * H * D + (size_t)hh * D;  // (B, Q, H, D)
         weighted_sum(p, L->values + kv, dst, n, D, sum);
     }
-    products(L->w_o, L->o, L->out, L->x, R, H * D, L->hidden);  // out = x + o_proj(o)
-    rmsnorm_rows(L->out, L->norm2, L->h, R, L->hidden, L->eps);
-    products(L->w_gate_up, L->h, L->gu, nullptr, R, L->hidden, 2 * I);
+    product(L, L->w_o, L->o, L->out, L->x, R, H * D, L->hidden);  // out = x + o_proj(o)
+    rmsnorm_rows(L->out, L->norm2, L->h, R, L->hidden, L->eps, L->hidden);
+    product(L, L->w_gate_up, L->h, L->gu, nullptr, R, L->hidden, 2 * I);
     const int chunks = (I + 63) / 64;
 #pragma omp for schedule(static)
     for (int i = 0; i < R * chunks; i++) {  // SwiGLU: silu(gate) * up = gate / (1 + e^-gate) * up, 64 at a time
@@ -353,7 +368,7 @@ static void layer_body(const Layer* L, float* p) {
         exp_n(ng, e, c1 - c0, 0.0f);
         for (int c = c0; c < c1; c++) L->a[(size_t)r * I + c] = g[c] / (1.0f + e[c - c0]) * u[c];
     }
-    products(L->w_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
+    product(L, L->w_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
 }
 
 // `count` layers in a row (each one's out is the next one's x) in one OpenMP region: between two

@@ -29,7 +29,9 @@ stage by stage it takes ~42 on the same machine).
 A weight whose values are all fp16 numbers -- a draft stored in fp16, as the zoo's are -- may be
 packed into fp16 panels (``pack(w, half=True)``, or ``PackedCopy(half=True)``, which checks): the
 kernel widens each 8-weight step to fp32 with F16C's ``vcvtph2ps`` (exact), so the products are
-the fp32 panels' bits at half the bytes read (:mod:`refimpl.models.lean_draft` uses them).
+the fp32 panels' bits at half the bytes read (:mod:`refimpl.models.lean_draft` uses them, and
+:class:`LayerStep` takes a layer whose four matrices are all fp16 panels: the EAGLE drafts' layer,
+with EAGLE-3's embedded first stage, runs there in one call).
 
 The products are *batch-invariant*: every output element is the same sequence of float operations
 whatever the number of rows (one FMA chain over k, then the residual added), so a draft token scored in a block of ``k`` gets exactly the logits
@@ -234,7 +236,8 @@ class LayerArgs(ctypes.Structure):
                 + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
                 + [(n, ctypes.c_void_p) for n in ("norm1", "w_qkv", "w_o", "norm2", "w_gate_up", "w_down", "x",
                                                    "cos2", "sin2", "mask", "out", "keys", "values",
-                                                   "h", "t", "o", "gu", "a")])
+                                                   "h", "t", "o", "gu", "a", "e", "norm_e")]
+                + [("half", ctypes.c_int)])
 
 
 class LayerStep:
@@ -247,15 +250,21 @@ class LayerStep:
     with the residual, RMSNorm, the fused gate/up product, SwiGLU and ``down_proj`` with the
     residual -- the math of ``LlamaDecoderLayer`` -- in one OpenMP region. The caller checks the
     operands (CPU float32, contiguous, ``D <= 512``); :mod:`refimpl.models.lean_llama` does.
+
+    ``embedded=True``: the first layer is EAGLE-3's draft layer (arXiv 2503.01840, §3.2; vLLM's
+    ``llama_eagle3.py``), whose q/k/v product reads ``[norm_e(e); norm1(x)]`` (2 hidden wide: the
+    normed token embedding ``e``, then the normed feature ``x``) while ``x`` stays the residual:
+    :meth:`run` takes ``e`` and ``norm_e``. :mod:`refimpl.models.lean_draft` runs the EAGLE drafts' layer here.
     """
 
     def __init__(self, B, Q, P, hidden, heads, kv_heads, head_dim, inter, eps, scale, cos2, sin2, mask=None,
-                 threads=None):
+                 threads=None, embedded: bool = False):
         R, D = B * Q, head_dim
         self.keep = [cos2, sin2, mask] + [torch.empty(R, n, dtype=torch.float32, device="cpu") for n in
-                                          (hidden, (heads + 2 * kv_heads) * D, heads * D, 2 * inter, inter)]
+                                          ((1 + bool(embedded)) * hidden, (heads + 2 * kv_heads) * D, heads * D,
+                                           2 * inter, inter)]
         h, t, o, gu, a = self.keep[3:]
-        self.shape = (B, Q, hidden)
+        self.shape, self.embedded = (B, Q, hidden), bool(embedded)
         self.args = LayerArgs(B=B, Q=Q, P=P, hidden=hidden, H=heads, Hkv=kv_heads, D=D, I=inter,
                               threads=torch.get_num_threads() if threads is None else int(threads),
                               mask_batch=0 if mask is None else mask.shape[0],
@@ -263,12 +272,17 @@ class LayerStep:
                               cos2=cos2.data_ptr(), sin2=sin2.data_ptr(), mask=None if mask is None else mask.data_ptr(),
                               h=h.data_ptr(), t=t.data_ptr(), o=o.data_ptr(), gu=gu.data_ptr(), a=a.data_ptr())
 
-    def run(self, x: torch.Tensor, weights: list, caches: list) -> torch.Tensor:
+    def run(self, x: torch.Tensor, weights: list, caches: list, e: torch.Tensor | None = None,
+            norm_e: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, Q, hidden) through ``len(weights)`` layers in one kernel call -> every layer's output
         (layers, B, Q, hidden). ``weights[i]`` = layer i's (input norm, W_qkv, W_o, post-attention
-        norm, W_gate_up, W_down), the matrices :func:`pack`-ed (plain (N, K) tensors are packed at
-        every call: slow, but right); ``caches[i]`` = its key and value buffers (B, Hkv, capacity, D),
-        where the new keys and values are written at positions P .. P + Q."""
+        norm, W_gate_up, W_down), the matrices :func:`pack`-ed, all four fp32 panels or all four fp16
+        ones (plain (N, K) tensors are packed in fp32 at every call: slow, but right); ``caches[i]`` =
+        its key and value buffers (B, Hkv, capacity, D), where the new keys and values are written at
+        positions P .. P + Q. ``e`` (B, Q, hidden) and ``norm_e`` (hidden,): the first layer's token
+        embedding and its norm, given exactly when the step was built ``embedded``."""
+        if (e is None or norm_e is None) == self.embedded:
+            raise ValueError(f"e and norm_e must be given exactly when the step is embedded ({self.embedded})")
         n = len(weights)
         outs = torch.empty(n, *self.shape, dtype=torch.float32, device="cpu")
         layers = (LayerArgs * n)()
@@ -276,14 +290,18 @@ class LayerStep:
         for i, (w, (keys, values)) in enumerate(zip(weights, caches)):
             layers[i] = self.args  # a copy of the shared fields
             a = layers[i]
-            if not all(isinstance(m, Packed) and not m.half for m in w[1:3] + w[4:6]):  # the one check a step pays
+            half = isinstance(w[1], Packed) and w[1].half
+            if not all(isinstance(m, Packed) and m.half == half for m in w[1:3] + w[4:6]):  # the one check a step pays
                 if any(isinstance(m, Packed) and m.half for m in w):
-                    raise ValueError("weights: a layer runs on fp32 panels; pack its matrices with half=False")
+                    raise ValueError("weights: a layer's four matrices must all be fp32 panels or all fp16 ones")
                 # plain tensors: packed here, each call
-                w = [m if j in (0, 3) or isinstance(m, Packed) else Packed(m) for j, m in enumerate(w)]
+                w, half = [m if j in (0, 3) or isinstance(m, Packed) else Packed(m) for j, m in enumerate(w)], False
                 alive.append(w)  # until the kernel has run
             a.norm1, a.w_qkv, a.w_o, a.norm2, a.w_gate_up, a.w_down = (t.data_ptr() for t in w)
             a.x = (x if i == 0 else outs[i - 1]).data_ptr()
             a.out, a.keys, a.values, a.cap = outs[i].data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2]
+            a.half = int(half)
+            if i == 0 and self.embedded:
+                a.e, a.norm_e = e.data_ptr(), norm_e.data_ptr()
         library().refimpl_layers(layers, n)
         return outs
