@@ -153,7 +153,54 @@ def test_layer_step_on_fp16_panels_gives_the_fp32_panels_bits_and_refuses_a_mix(
         outs.append(step.run(x, [w], caches, e=e, norm_e=torch.ones(hidden)))
     assert torch.equal(outs[0], outs[1]) and outs[0].abs().sum() > 0
     mixed = (w[0], cpu_gemv.pack(mats[0], half=True), *w[2:])
-    with pytest.raises(ValueError, match="all be fp32 panels or all fp16"):
+    with pytest.raises(ValueError, match="must all be fp32 panels, all fp16 or all int8"):
         step.run(x, [mixed], caches, e=e, norm_e=torch.ones(hidden))
     with pytest.raises(ValueError, match="e and norm_e"):
         step.run(x, [w], caches)
+
+
+def test_int8_panels_are_the_quantized_weights_products():
+    """int8 panels (a draft's, ``lean(draft, int8=True)``): each row quantized symmetric to [-127, 127]
+    with its own scale; the products are F.linear's with the dequantized weight ``scale * q`` (within
+    float rounding), batch-invariant like every path, and not the unquantized weight's (the control)."""
+    g = torch.Generator().manual_seed(9)
+    for n_out, k_in in ((1539, 580), (96, 1536), (13, 37)):
+        w = torch.randn(n_out, k_in, generator=g)
+        w[3] = 0  # a zero row: scale 1, all zeros
+        q, scale = cpu_gemv.quantize(w)
+        assert q.dtype == torch.int8 and int(q.abs().max()) == 127 and scale[3] == 1 and not q[3].any()
+        assert torch.equal(q.abs().amax(1)[:3], torch.full((3,), 127, dtype=torch.int8))
+        deq = scale[:, None] * q.float()
+        assert (deq - w).abs().max() <= scale.max() / 2 + 1e-6  # rounding: half a step at most
+        packed = cpu_gemv.pack(w, int8=True)
+        assert packed.int8 and packed.kind == 2 and packed.data.dtype == torch.int8
+        x, add = torch.randn(17, k_in, generator=g), torch.randn(17, n_out, generator=g)
+        whole = cpu_gemv.linear(x, packed, add)
+        torch.testing.assert_close(whole, F.linear(x, deq) + add, atol=1e-4, rtol=1e-5)
+        for rows in (1, 2, 3, 5):
+            assert torch.equal(cpu_gemv.linear(x[:rows], packed, add[:rows]), whole[:rows]), (n_out, rows)
+        assert not torch.allclose(cpu_gemv.linear(x, packed), F.linear(x, w), atol=1e-3)
+    with pytest.raises(ValueError, match="half and int8"):
+        cpu_gemv.pack(w, half=True, int8=True)
+    copy = cpu_gemv.PackedCopy(half=True, int8=True)
+    assert copy.of(w).int8
+
+
+def test_layer_step_on_int8_panels_is_the_dequantized_layer():
+    """A layer of int8 panels (embedded first stage included) gives the fp32 layer of its dequantized
+    matrices, within float rounding."""
+    g = torch.Generator().manual_seed(10)
+    hidden, H, Hkv, D, inter, B, Q = 48, 2, 1, 8, 24, 2, 3
+    mats = [torch.randn(n, k, generator=g) * 0.2 for n, k in ((32, 2 * hidden), (48, 16), (48, 48), (48, 24))]
+    deq = [s[:, None] * q.float() for q, s in map(cpu_gemv.quantize, mats)]
+    cos2, sin2 = torch.rand(B, Q, D, generator=g), torch.rand(B, Q, D, generator=g)
+    x, e = torch.randn(B, Q, hidden, generator=g), torch.randn(B, Q, hidden, generator=g)
+    outs = []
+    for prep in (lambda m, d: cpu_gemv.pack(m, int8=True), lambda m, d: cpu_gemv.pack(d)):
+        step = cpu_gemv.LayerStep(B, Q, 0, hidden, H, Hkv, D, inter, 1e-6, 0.35, cos2, sin2, embedded=True)
+        p = [prep(m, d) for m, d in zip(mats, deq)]
+        caches = [(torch.zeros(B, Hkv, 4, D), torch.zeros(B, Hkv, 4, D))]
+        outs.append(step.run(x, [(torch.ones(hidden), p[0], p[1], torch.ones(hidden), p[2], p[3])], caches,
+                             e=e, norm_e=torch.ones(hidden)))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    assert outs[0].abs().sum() > 0

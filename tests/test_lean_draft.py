@@ -160,3 +160,47 @@ def test_the_draft_layer_runs_in_one_kernel_call(tiny, monkeypatch):
             if isinstance(plain, eagle3.Eagle3Draft):
                 fast.norm_in.weight, fast.norm_hid.weight = fast.norm_hid.weight, fast.norm_in.weight
                 assert not torch.allclose(fast.step(tok, f, pos, allow, past)[0], want, atol=1e-3)
+
+
+def test_rope_rows_are_the_tables_at_those_positions():
+    """The kept table gives rope_tables' numbers bit for bit, before and after it grows; a row off by
+    one position does not."""
+    from refimpl.eagle import rope_tables
+
+    lean_draft.TABLES.clear()
+    for hi in (10, 300, 5000):  # the table grows past 256, then past 512
+        pos = torch.randint(0, hi, (2, 5), generator=torch.Generator().manual_seed(hi), device="cpu")
+        cos2, sin2 = lean_draft.rope_rows(pos, 16, 10000.0)
+        want = rope_tables(pos, 16, 10000.0)
+        assert torch.equal(cos2, want[0][:, 0]) and torch.equal(sin2, want[1][:, 0])
+        assert not torch.equal(lean_draft.rope_rows(pos + 1, 16, 10000.0)[0], want[0][:, 0])
+
+
+def test_an_int8_draft_is_its_dequantized_twin_and_decodes_exactly(tiny, spec_prompts, spec_ar_free):
+    """``lean(draft, int8=True)``: every product on int8 panels, so the draft is the plain draft with
+    its matrices dequantized (not the original: the control), and decoding with it is still AR greedy."""
+    for plain in drafts(tiny):
+        fast = lean_draft.lean(copy.deepcopy(plain), int8=True)
+        assert fast.head_copy.of(fast.lm_head).int8 and fast.qkv.copy.of(fast.qkv.weight).int8
+        twin = copy.deepcopy(plain)
+        with torch.no_grad():
+            for m in twin.modules():
+                if isinstance(m, torch.nn.Linear):
+                    q, s = cpu_gemv.quantize(m.weight)
+                    m.weight.copy_(s[:, None] * q.float())
+            q, s = cpu_gemv.quantize(twin.lm_head)
+            twin.lm_head.copy_(s[:, None] * q.float())
+        B, T, H = 2, 4, plain.hidden_size
+        g = torch.Generator(device="cpu").manual_seed(3)
+        tok = torch.randint(0, plain.embed.shape[0], (B, T), generator=g, device="cpu")
+        f = plain.fuse(torch.randn(B, T, len(plain.taps or (0,)) * H, generator=g, device="cpu"))
+        pos = torch.arange(T, device="cpu")[None].expand(B, -1)
+        allow = torch.ones(B, T, T, dtype=torch.bool, device="cpu").tril()
+        with torch.no_grad():
+            got = fast.logits(fast.step(tok, f, pos, allow)[0])
+            assert torch.allclose(got, twin.logits(twin.step(tok, f, pos, allow)[0]), atol=1e-4)
+            assert not torch.allclose(got, plain.logits(plain.step(tok, f, pos, allow)[0]), atol=1e-4)
+    e1, e3 = (lean_draft.lean(d, int8=True) for d in drafts(tiny))
+    assert eagle.generate(tiny, spec_prompts, draft=e1, max_new_tokens=20, eos_token_id=[]).tokens == spec_ar_free
+    g3 = eagle3.generate(tiny, spec_prompts, draft=e3, max_new_tokens=20, eos_token_id=[], copy=6.0)
+    assert g3.tokens == spec_ar_free

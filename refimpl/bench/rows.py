@@ -98,15 +98,16 @@ def medusa_row(tree_size: int, acceptance: str = "lossless", temperature: float 
     return run
 
 
-def eagle_row(total: int, depth: int, topk: int, module=eagle, **tree):
+def eagle_row(total: int, depth: int, topk: int, module=eagle, int8: bool = False, **tree):
     """EAGLE-style decoding with the zoo's draft for the target (loaded once per run), a dynamic tree
     of ``total`` nodes grown ``depth`` levels deep from the ``topk`` most confident nodes per level;
     ``module``: :mod:`refimpl.eagle` or :mod:`refimpl.eagle3` (``tree``: its extra options, ``floor``).
-    The draft runs its products on the lean kernel (:func:`refimpl.models.lean_draft.lean`)."""
+    The draft runs its products on the lean kernel (:func:`refimpl.models.lean_draft.lean`; ``int8``:
+    on int8 panels)."""
     def run(ctx: Context, ids, n):
-        key = (module.__name__, id(ctx.target))
+        key = (module.__name__, id(ctx.target), int8)
         if key not in ctx.memo:
-            ctx.memo[key] = lean(module.load_draft(ctx.target))  # its products on cpu_gemv's panels
+            ctx.memo[key] = lean(module.load_draft(ctx.target), int8=int8)  # its products on cpu_gemv's panels
         return module.generate(ctx.target, [ids], draft=ctx.memo[key], max_new_tokens=n, total=total, depth=depth,
                                topk=topk, **tree)
     return run
@@ -155,6 +156,12 @@ def decode_rows() -> list[Method]:
                eagle_row(4, 4, 2, eagle3, floor=0.0, copy=6.0), needs=("target", "eagle3")),
         Method("eagle-3 + copy prior (dynamic tree 16 nodes, depth 7, top-4, floor 0.05, bias 6)",
                eagle_row(16, 7, 4, eagle3, floor=0.05, copy=6.0), needs=("target", "eagle3")),
+        Method("eagle-3 + copy prior (dynamic tree 3 nodes, depth 3, top-2, floor 0, bias 6)",
+               eagle_row(3, 3, 2, eagle3, floor=0.0, copy=6.0), needs=("target", "eagle3")),
+        Method("eagle-3 + copy prior, int8 draft (dynamic tree 4 nodes, depth 4, top-2, floor 0, bias 6)",
+               eagle_row(4, 4, 2, eagle3, int8=True, floor=0.0, copy=6.0), needs=("target", "eagle3")),
+        Method("eagle-3 + copy prior, int8 draft (dynamic tree 3 nodes, depth 3, top-2, floor 0, bias 6)",
+               eagle_row(3, 3, 2, eagle3, int8=True, floor=0.0, copy=6.0), needs=("target", "eagle3")),
         Method("self-spec (early exit, gamma 4)", self_spec, needs=T),
         Method("adaptive gamma (confidence < 0.3 stops, max 8)", adaptive_row("threshold", 0.3), needs=D),
         Method("adaptive gamma (cumulative < 0.05 stops, max 8)", adaptive_row("cumulative", 0.05), needs=D),

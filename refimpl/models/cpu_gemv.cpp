@@ -45,12 +45,16 @@ static inline float hsum(__m256 v) {  // ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), 
 // a weight whose values are fp16 numbers gives the same bits from either panel, at half the bytes).
 static inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
 static inline __m256 load8(const unsigned short* w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)w)); }
+// int8 panels (pack(weight, int8=True)): 8 weights widened exactly; the row's scale multiplies the sum.
+static inline __m256 load8(const signed char* w) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)w)));
+}
 
 // Output columns of NP panels (wp, panel numbers p) for x rows r0 .. r0 + RB: RB x NP accumulators,
 // lane c of each the chain over k of one output element. `ahead`: prefetch distance (0 = none).
 template <int RB, int NP, typename WT>
 static inline void tile(const WT* const* wp, const int* p, const float* x, float* y, const float* add, int K, int N,
-                        int r0, int ahead) {
+                        int r0, int ahead, const float* scale) {
     __m256 acc[RB][NP];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
@@ -84,11 +88,15 @@ static inline void tile(const WT* const* wp, const int* p, const float* x, float
             const float* s = t[r][i];
             float* yr = y + (size_t)(r0 + r) * N;
             const float* ar = add ? add + (size_t)(r0 + r) * N : nullptr;
-            if (n + PW <= N) {
-                const __m256 v = _mm256_load_ps(s);
+            if (n + PW <= N) {  // scale (int8 panels): the sum times its row's scale, then + add
+                const __m256 sum = _mm256_load_ps(s);
+                const __m256 v = scale ? _mm256_mul_ps(sum, _mm256_loadu_ps(scale + n)) : sum;
                 _mm256_storeu_ps(yr + n, ar ? _mm256_add_ps(_mm256_loadu_ps(ar + n), v) : v);
             } else {
-                for (int c = 0; n + c < N; c++) yr[n + c] = ar ? ar[n + c] + s[c] : s[c];
+                for (int c = 0; n + c < N; c++) {
+                    const float v = scale ? s[c] * scale[n + c] : s[c];
+                    yr[n + c] = ar ? ar[n + c] + v : v;
+                }
             }
         }
 }
@@ -98,17 +106,17 @@ static inline void tile(const WT* const* wp, const int* p, const float* x, float
 // from L1 / L2.
 template <int NP, typename WT>
 static inline void panels(const WT* const* w, const int* p, const float* x, float* y, const float* add, int R,
-                          int K, int N) {
+                          int K, int N, const float* scale) {
     const int tiles = (R + 5) / 6, base = R / tiles, extra = R % tiles;
     for (int j = 0, r0 = 0; j < tiles; j++) {
         const int rb = base + (j < extra), ahead = j ? 0 : AHEAD;
         switch (rb) {
-            case 1: tile<1, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 2: tile<2, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 3: tile<3, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 4: tile<4, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
-            case 5: tile<5, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
-            default: tile<6, NP, WT>(w, p, x, y, add, K, N, r0, ahead); break;
+            case 1: tile<1, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
+            case 2: tile<2, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
+            case 3: tile<3, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
+            case 4: tile<4, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
+            case 5: tile<5, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
+            default: tile<6, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
         }
         r0 += rb;
     }
@@ -123,7 +131,8 @@ static inline void panels(const WT* const* w, const int* p, const float* x, floa
 // 8-wide panels take 18-22. Leftover panels go one at a time.
 // A barrier ends it, as a worksharing loop would.
 template <typename WT>
-static void products(const WT* P, const float* x, float* y, const float* add, int R, int K, int N) {
+static void products(const WT* P, const float* x, float* y, const float* add, int R, int K, int N,
+                     const float* scale = nullptr) {
     const int t = omp_get_thread_num(), T = omp_get_num_threads(), np = (N + PW - 1) / PW;
     const int lo = (int)((long long)np * t / T), hi = (int)((long long)np * (t + 1) / T);
     const int NS = R <= 3 ? 4 : 2, S = (hi - lo) / NS;
@@ -133,17 +142,17 @@ static void products(const WT* P, const float* x, float* y, const float* add, in
         const WT* w[4];
         for (int i = 0; i < NS; i++) ps[i] = lo + i * S + j, w[i] = P + ps[i] * stride;
         if (R == 1)
-            tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
+            tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
         else if (R == 2)
-            tile<2, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
+            tile<2, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
         else if (R == 3)
-            tile<3, 4>(w, ps, x, y, add, K, N, 0, AHEAD);
+            tile<3, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
         else
-            panels<2>(w, ps, x, y, add, R, K, N);
+            panels<2>(w, ps, x, y, add, R, K, N, scale);
     }
     for (int q = lo + NS * S; q < hi; q++) {
         const WT* w = P + q * stride;
-        panels<1>(&w, &q, x, y, add, R, K, N);
+        panels<1>(&w, &q, x, y, add, R, K, N, scale);
     }
 #pragma omp barrier
 }
@@ -162,6 +171,14 @@ extern "C" void refimpl_gemv_f16(const unsigned short* W, const float* x, float*
                                  int R, int K, int N, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && N >= 64)
     products(W, x, y, add, R, K, N);
+}
+
+// The same products on int8 panels (pack(weight, int8=True)): a quarter of the bytes, each output row's
+// sum times its scale (the weight's values are scale * q, q an integer in [-127, 127]).
+extern "C" void refimpl_gemv_i8(const signed char* W, const float* scale, const float* x, float* y,
+                                const float* add, int R, int K, int N, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1 && N >= 64)
+    products(W, x, y, add, R, K, N, scale);
 }
 
 // ---- Whole decoder layers in one parallel region (the lean forward's default on an AVX2 CPU) ----
@@ -186,7 +203,8 @@ struct Layer {          // mirrored by refimpl/models/cpu_gemv.py (LayerArgs)
     float *out, *keys, *values;            // out (B, Q, hidden); cache buffers (B, Hkv, cap, D)
     float *h, *t, *o, *gu, *a;             // scratch: (R, K1), (R, (H + 2 Hkv) D), (R, H D), (R, 2 I), (R, I)
     const float *e, *norm_e;  // EAGLE-3's draft layer (else null): q/k/v read [norm_e(e); norm1(x)], K1 = 2 hidden
-    int half;                 // the matrices are fp16 panels (pack(w, half=True)), else fp32 ones
+    int half;                 // the matrices are 1: fp16 panels (pack(w, half=True)), 2: int8 ones, 0: fp32 ones
+    const float *s_qkv, *s_o, *s_gate_up, *s_down;  // int8 panels: each matrix's row scales
 };
 
 static inline float dot(const float* u, const float* v, int n) {  // an 8-lane chain, hsum, then the tail
@@ -208,10 +226,12 @@ static void rmsnorm_rows(const float* x, const float* w, float* y, int R, int n,
     }
 }
 
-// A product of the layer on its fp32 or fp16 panels.
-static inline void product(const Layer* L, const float* w, const float* x, float* y, const float* add, int R, int K,
-                           int N) {
-    if (L->half)
+// A product of the layer on its fp32, fp16 or int8 panels (scale: the int8 matrix's row scales).
+static inline void product(const Layer* L, const float* w, const float* scale, const float* x, float* y,
+                           const float* add, int R, int K, int N) {
+    if (L->half == 2)
+        products((const signed char*)w, x, y, add, R, K, N, scale);
+    else if (L->half)
         products((const unsigned short*)w, x, y, add, R, K, N);
     else
         products(w, x, y, add, R, K, N);
@@ -322,7 +342,7 @@ static void layer_body(const Layer* L, float* p) {
     if (L->e)  // EAGLE-3 (arXiv 2503.01840, vLLM's llama_eagle3.py): [norm_e(embedding); norm1(feature)]
         rmsnorm_rows(L->e, L->norm_e, L->h, R, L->hidden, L->eps, K1);
     rmsnorm_rows(L->x, L->norm1, L->h + (K1 - L->hidden), R, L->hidden, L->eps, K1);
-    product(L, L->w_qkv, L->h, L->t, nullptr, R, K1, width);
+    product(L, L->w_qkv, L->s_qkv, L->h, L->t, nullptr, R, K1, width);
 #pragma omp for schedule(static)
     for (int i = 0; i < R * (H + 2 * Hkv); i++) {  // rotate q in place, k into the cache; copy v
         const int r = i / (H + 2 * Hkv), j = i % (H + 2 * Hkv), b = r / Q, q = r % Q;
@@ -355,9 +375,9 @@ static void layer_body(const Layer* L, float* p) {
         float* dst = L->o + (size_t)r * H * D + (size_t)hh * D;  // (B, Q, H, D)
         weighted_sum(p, L->values + kv, dst, n, D, sum);
     }
-    product(L, L->w_o, L->o, L->out, L->x, R, H * D, L->hidden);  // out = x + o_proj(o)
+    product(L, L->w_o, L->s_o, L->o, L->out, L->x, R, H * D, L->hidden);  // out = x + o_proj(o)
     rmsnorm_rows(L->out, L->norm2, L->h, R, L->hidden, L->eps, L->hidden);
-    product(L, L->w_gate_up, L->h, L->gu, nullptr, R, L->hidden, 2 * I);
+    product(L, L->w_gate_up, L->s_gate_up, L->h, L->gu, nullptr, R, L->hidden, 2 * I);
     const int chunks = (I + 63) / 64;
 #pragma omp for schedule(static)
     for (int i = 0; i < R * chunks; i++) {  // SwiGLU: silu(gate) * up = gate / (1 + e^-gate) * up, 64 at a time
@@ -368,7 +388,7 @@ static void layer_body(const Layer* L, float* p) {
         exp_n(ng, e, c1 - c0, 0.0f);
         for (int c = c0; c < c1; c++) L->a[(size_t)r * I + c] = g[c] / (1.0f + e[c - c0]) * u[c];
     }
-    product(L, L->w_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
+    product(L, L->w_down, L->s_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
 }
 
 // `count` layers in a row (each one's out is the next one's x) in one OpenMP region: between two

@@ -107,6 +107,8 @@ def library() -> ctypes.CDLL | None:
     for fn in (lib.refimpl_gemv, lib.refimpl_gemv_f16):
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    lib.refimpl_gemv_i8.restype = None
+    lib.refimpl_gemv_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
     lib.refimpl_layers.restype = None
     lib.refimpl_layers.argtypes = [ctypes.POINTER(LayerArgs), ctypes.c_int]
     return lib
@@ -127,20 +129,38 @@ class Packed:
     of a panel is one 8-lane vector, which the kernel multiplies by one broadcast ``x[r, k]`` per row.
     ``shape`` is the weight's (N, K); ``data_ptr()`` is what the kernel reads. ``half``: the panels
     hold fp16 numbers (half the bytes; the kernel widens them to fp32 exactly, so a weight whose
-    values are all fp16 numbers gives the same bits from either layout)."""
+    values are all fp16 numbers gives the same bits from either layout). ``int8``: the panels hold
+    :func:`quantize`'s integers and ``scale`` (N rounded up to PANEL,) each row's scale (a quarter of
+    the bytes; the products are those of the quantized weight ``scale * q``, not of ``weight``).
+    ``kind``: 0 fp32, 1 fp16, 2 int8 (``struct Layer``'s ``half``)."""
 
-    def __init__(self, weight: torch.Tensor, half: bool = False):
+    def __init__(self, weight: torch.Tensor, half: bool = False, int8: bool = False):
         N, K = weight.shape
-        self.half = bool(half)
-        w = weight.detach().to(device="cpu", dtype=torch.float16 if self.half else torch.float32)
+        self.half, self.int8, self.scale = bool(half) and not int8, bool(int8), None
+        w = weight.detach().to(device="cpu", dtype=torch.float32)
         pad = -N % PANEL
         if pad:
             w = torch.cat([w, w.new_zeros(pad, K)])
+        if self.int8:
+            w, self.scale = quantize(w)
+        elif self.half:
+            w = w.half()
         self.data = w.reshape((N + pad) // PANEL, PANEL, K).transpose(1, 2).contiguous()  # (N / PANEL, K, PANEL)
         self.shape = (N, K)
+        self.kind = 2 if self.int8 else int(self.half)
 
     def data_ptr(self) -> int:
         return self.data.data_ptr()
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: ``weight`` (N, K) -> (q (N, K) int8 in [-127, 127], scale (N,)
+    float32) with ``weight ~ scale[:, None] * q`` (scale = the row's largest magnitude / 127; 1 for a
+    zero row). A draft's weights lose ~0.2% each; its trees barely move (README, stop 51)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale.contiguous()
 
 
 def fits_half(weight: torch.Tensor) -> bool:
@@ -148,32 +168,35 @@ def fits_half(weight: torch.Tensor) -> bool:
     return bool(torch.equal(weight.detach().half().to(weight.dtype), weight.detach()))
 
 
-def pack(weight: torch.Tensor, half: bool = False) -> Packed:
+def pack(weight: torch.Tensor, half: bool = False, int8: bool = False) -> Packed:
     """``weight`` (N, K) in the kernel's panel layout (:class:`Packed`): pack once, multiply many times.
     ``half``: fp16 panels, for a weight whose values are all fp16 numbers (:func:`fits_half`; same
-    products, half the bytes read)."""
+    products, half the bytes read). ``int8``: :func:`quantize`-d panels (lossy by choice: a draft's)."""
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D tensor (N, K), got {type(weight).__name__} "
                          f"{tuple(getattr(weight, 'shape', ()))}")
+    if half and int8:
+        raise ValueError("half and int8 exclude each other: choose one panel type")
     if half and not fits_half(weight):
         raise ValueError("weight has values that are not fp16 numbers: half=True would round them "
                          "(pack it in fp32, or use PackedCopy(half=True), which chooses)")
-    return Packed(weight, half)
+    return Packed(weight, half, int8)
 
 
 class PackedCopy:
     """A weight's :func:`pack`-ed copy kept beside it, rebuilt when the weight is moved, cast or
     edited in place (its ``data_ptr`` or ``_version`` changed): ``copy.of(weight)`` -> :class:`Packed`.
     ``half``: fp16 panels whenever the weight's values are all fp16 numbers (:func:`fits_half`), fp32
-    ones otherwise -- the same products either way."""
+    ones otherwise -- the same products either way. ``int8``: int8 panels always (:func:`quantize`)."""
 
-    def __init__(self, half: bool = False):
-        self.key, self.packed, self.half = None, None, bool(half)
+    def __init__(self, half: bool = False, int8: bool = False):
+        self.key, self.packed, self.half, self.int8 = None, None, bool(half), bool(int8)
 
     def of(self, weight: torch.Tensor) -> Packed:
         key = (weight.data_ptr(), weight._version)
         if self.key != key:
-            self.key, self.packed = key, pack(weight.detach(), self.half and fits_half(weight))
+            self.key = key
+            self.packed = pack(weight.detach(), self.half and not self.int8 and fits_half(weight), self.int8)
         return self.packed
 
 
@@ -218,9 +241,12 @@ def run(x: torch.Tensor, weight: Packed, add: torch.Tensor | None = None,
         add = add.contiguous()
     rows = x.numel() // K if K else 0
     if rows and N:
-        fn = library().refimpl_gemv_f16 if weight.half else library().refimpl_gemv
-        fn(weight.data_ptr(), x.data_ptr(), y.data_ptr(), 0 if add is None else add.data_ptr(),
-           rows, K, N, torch.get_num_threads() if threads is None else int(threads))
+        args = (x.data_ptr(), y.data_ptr(), 0 if add is None else add.data_ptr(),
+                rows, K, N, torch.get_num_threads() if threads is None else int(threads))
+        if weight.int8:
+            library().refimpl_gemv_i8(weight.data_ptr(), weight.scale.data_ptr(), *args)
+        else:
+            (library().refimpl_gemv_f16 if weight.half else library().refimpl_gemv)(weight.data_ptr(), *args)
     elif add is not None:
         y.copy_(add)
     else:
@@ -237,7 +263,8 @@ class LayerArgs(ctypes.Structure):
                 + [(n, ctypes.c_void_p) for n in ("norm1", "w_qkv", "w_o", "norm2", "w_gate_up", "w_down", "x",
                                                    "cos2", "sin2", "mask", "out", "keys", "values",
                                                    "h", "t", "o", "gu", "a", "e", "norm_e")]
-                + [("half", ctypes.c_int)])
+                + [("half", ctypes.c_int)]
+                + [(n, ctypes.c_void_p) for n in ("s_qkv", "s_o", "s_gate_up", "s_down")])
 
 
 class LayerStep:
@@ -290,17 +317,19 @@ class LayerStep:
         for i, (w, (keys, values)) in enumerate(zip(weights, caches)):
             layers[i] = self.args  # a copy of the shared fields
             a = layers[i]
-            half = isinstance(w[1], Packed) and w[1].half
-            if not all(isinstance(m, Packed) and m.half == half for m in w[1:3] + w[4:6]):  # the one check a step pays
-                if any(isinstance(m, Packed) and m.half for m in w):
-                    raise ValueError("weights: a layer's four matrices must all be fp32 panels or all fp16 ones")
+            kind = w[1].kind if isinstance(w[1], Packed) else 0
+            if not all(isinstance(m, Packed) and m.kind == kind for m in w[1:3] + w[4:6]):  # the one check a step pays
+                if any(isinstance(m, Packed) and m.kind for m in w):
+                    raise ValueError("weights: a layer's four matrices must all be fp32 panels, all fp16 or all int8")
                 # plain tensors: packed here, each call
-                w, half = [m if j in (0, 3) or isinstance(m, Packed) else Packed(m) for j, m in enumerate(w)], False
+                w, kind = [m if j in (0, 3) or isinstance(m, Packed) else Packed(m) for j, m in enumerate(w)], 0
                 alive.append(w)  # until the kernel has run
             a.norm1, a.w_qkv, a.w_o, a.norm2, a.w_gate_up, a.w_down = (t.data_ptr() for t in w)
             a.x = (x if i == 0 else outs[i - 1]).data_ptr()
             a.out, a.keys, a.values, a.cap = outs[i].data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2]
-            a.half = int(half)
+            a.half = kind
+            if kind == 2:
+                a.s_qkv, a.s_o, a.s_gate_up, a.s_down = (w[j].scale.data_ptr() for j in (1, 2, 4, 5))
             if i == 0 and self.embedded:
                 a.e, a.norm_e = e.data_ptr(), norm_e.data_ptr()
         library().refimpl_layers(layers, n)

@@ -76,11 +76,27 @@ class GemvLinear(nn.Module):
 def panels(draft, x: torch.Tensor) -> list | None:
     """The packed panels of the draft layer's four :class:`GemvLinear` products (q/k/v, o, gate/up,
     down) for an input ``x``, or None where the plain step must run: the kernel not :func:`usable`, or
-    the four not all fp16 or all fp32 (one weight trained past fp16)."""
+    the four not of one kind (fp16 panels and one weight trained past fp16, in fp32)."""
     if not usable(x, draft.qkv.weight):
         return None
     packed = [m.copy.of(m.weight) for m in (draft.qkv, draft.o, draft.gate_up, draft.down)]
-    return packed if len({p.half for p in packed}) == 1 else None
+    return packed if len({p.kind for p in packed}) == 1 else None
+
+
+TABLES: dict = {}  # (head size, theta) -> the rotary tables cos2, sin2 (positions, d) for positions 0, 1, ...
+
+
+def rope_rows(pos: torch.Tensor, d: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`refimpl.eagle.rope_tables` at positions pos (B, T) as (B, T, d) rows of a table computed
+    once per head size and theta (grown by doubling): the same numbers (each row is computed from its
+    position alone) in three calls instead of ~15."""
+    need = int(pos.max()) + 1 if pos.numel() else 1
+    table = TABLES.get((d, theta))
+    if table is None or table[0].shape[0] < need:
+        size = max(need, 256, 2 * (0 if table is None else table[0].shape[0]))
+        cos2, sin2 = rope_tables(torch.arange(size, device="cpu")[None], d, theta)  # (1, 1, size, d)
+        table = TABLES[(d, theta)] = (cos2[0, 0], sin2[0, 0])
+    return table[0][pos], table[1][pos]  # (B, T, d) each
 
 
 def kernel_layer(x, e, norms: tuple, packed: list, pos, allow, past, heads: int, kv_heads: int, theta: float):
@@ -95,7 +111,7 @@ def kernel_layer(x, e, norms: tuple, packed: list, pos, allow, past, heads: int,
     keys, values = (x.new_empty(B, kv_heads, P + T, d) for _ in range(2))  # the cache: past, then these T
     if P:
         keys[:, :, :P], values[:, :, :P] = past
-    cos2, sin2 = (t[:, 0].contiguous() for t in rope_tables(pos, d, theta))  # (B, T, d)
+    cos2, sin2 = rope_rows(pos.cpu(), d, theta)  # (B, T, d)
     mask = torch.zeros(allow.shape, device="cpu").masked_fill_(~allow, float("-inf"))  # (B, T, P + T)
     norm_e, norm1, norm2 = norms
     eps = torch.finfo(torch.float32).eps if norm1.eps is None else norm1.eps  # nn.RMSNorm's default
@@ -141,19 +157,24 @@ class LeanEagle3Draft(Eagle3Draft):
 LEAN = {EagleDraft: LeanEagleDraft, Eagle3Draft: LeanEagle3Draft}
 
 
-def lean(draft: nn.Module) -> nn.Module:
+def lean(draft: nn.Module, int8: bool = False) -> nn.Module:
     """Make ``draft`` (an EAGLE-1 or EAGLE-3 draft) run its products on the kernel, in place, and
     return it: its ``nn.Linear`` modules become :class:`GemvLinear` (same parameters) and its class
-    the lean twin, which overrides only ``logits``. Safe to call twice."""
+    the lean twin, which overrides ``step`` and ``logits``. ``int8``: every product reads int8
+    panels (:func:`refimpl.models.cpu_gemv.quantize`, per output row): a quarter of fp32's bytes,
+    half of fp16's, and a draft whose outputs move by the quantization (~0.2% a weight; the target
+    verifies every token, so decoding stays exact; SmolLM2's EAGLE-3 trees keep their tau, README
+    stop 51). Safe to call twice (the second call sets the panels' kind)."""
     kind = type(draft)
-    if kind in LEAN.values():
-        return draft
-    if kind not in LEAN:
+    if kind not in LEAN and kind not in LEAN.values():
         raise ValueError(f"draft must be an EagleDraft or an Eagle3Draft, got {kind.__name__}")
     swaps = [(parent, name, child) for parent in draft.modules()
              for name, child in parent.named_children() if type(child) is nn.Linear]
     for parent, name, child in swaps:
         setattr(parent, name, GemvLinear(child))
-    draft.head_copy = cpu_gemv.PackedCopy(half=True)
-    draft.__class__ = LEAN[kind]
+    for m in draft.modules():
+        if isinstance(m, GemvLinear):
+            m.copy = cpu_gemv.PackedCopy(half=True, int8=int8)
+    draft.head_copy = cpu_gemv.PackedCopy(half=True, int8=int8)
+    draft.__class__ = LEAN.get(kind, kind)
     return draft
