@@ -112,9 +112,14 @@ class Checked(eagle.EagleProposer):
 
 
 @pytest.mark.parametrize("copy_bias", [0.0, 6.0])
-def test_cached_draft_proposes_the_recomputed_trees(tiny, draft, spec_prompts, spec_ar_free, copy_bias):
-    from refimpl import autoregressive
+@pytest.mark.parametrize("panels", [None, "fp16", "int8"])  # the plain draft; lean_draft's kernel layer
+def test_cached_draft_proposes_the_recomputed_trees(tiny, draft, spec_prompts, spec_ar_free, copy_bias, panels):
+    from refimpl.models import cpu_gemv, lean_draft
 
+    if panels:
+        if not cpu_gemv.available():
+            pytest.skip("the cpu_gemv kernel does not build here")
+        draft = lean_draft.lean(copy.deepcopy(draft), int8=panels == "int8")
     eos = ragged_eos(spec_ar_free)
     ar = autoregressive.generate(tiny, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos).tokens
     prop = Checked(draft, total=8, depth=4, topk=2, copy=copy_bias)
