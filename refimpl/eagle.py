@@ -234,12 +234,13 @@ class EagleProposer:
             at, outside = [], []  # (b, i, column) of every candidate; (b, i) of those outside the kept ones
             for b, row in enumerate(cand.tolist()):
                 for i, t in enumerate(row):
-                    col = t if t < 0 or self.columns is None else self.columns[t]
-                    if t >= 0 and col < 0:
+                    if t < 0:
+                        continue
+                    col = t if self.columns is None else self.columns[t]
+                    if col < 0:
                         outside.append((b, i))
                         col = V  # the extra column
-                    if t >= 0:
-                        at.append((b, i, col))
+                    at.append((b, i, col))
             if outside:
                 bo, io = zip(*outside)
                 extra = torch.full((B, e, 1), float("-inf"), device=logits.device)

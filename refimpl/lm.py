@@ -165,7 +165,7 @@ class LM:
         layers = [(lay.keys, lay.values) for lay in cache.layers] if hasattr(cache, "layers") else \
             list(zip(cache.keys, cache.values))
         for keys, values in layers:
-            if keys is None or k_new == 0:
+            if keys is None:
                 continue
             idx = src.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
             keys[:, :, dst:dst + k_new] = keys.gather(2, idx)  # gather copies first: overlaps are safe

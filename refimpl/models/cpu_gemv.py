@@ -31,7 +31,9 @@ packed into fp16 panels (``pack(w, half=True)``, or ``PackedCopy(half=True)``, w
 kernel widens each 8-weight step to fp32 with F16C's ``vcvtph2ps`` (exact), so the products are
 the fp32 panels' bits at half the bytes read (:mod:`refimpl.models.lean_draft` uses them, and
 :class:`LayerStep` takes a layer whose four matrices are all fp16 panels: the EAGLE drafts' layer,
-with EAGLE-3's embedded first stage, runs there in one call).
+with EAGLE-3's embedded first stage, runs there in one call). A draft may also be read from int8
+panels (``pack(w, int8=True)``: :func:`quantize`'s symmetric integers per output row, each row's sum
+times its scale): a quarter of fp32's bytes, the products of the quantized weight, not the same bits.
 
 The products are *batch-invariant*: every output element is the same sequence of float operations
 whatever the number of rows (one FMA chain over k, then the residual added), so a draft token scored in a block of ``k`` gets exactly the logits
@@ -303,8 +305,8 @@ class LayerStep:
             norm_e: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, Q, hidden) through ``len(weights)`` layers in one kernel call -> every layer's output
         (layers, B, Q, hidden). ``weights[i]`` = layer i's (input norm, W_qkv, W_o, post-attention
-        norm, W_gate_up, W_down), the matrices :func:`pack`-ed, all four fp32 panels or all four fp16
-        ones (plain (N, K) tensors are packed in fp32 at every call: slow, but right); ``caches[i]`` =
+        norm, W_gate_up, W_down), the matrices :func:`pack`-ed, all four of one kind: fp32, fp16 or int8
+        panels (plain (N, K) tensors are packed in fp32 at every call: slow, but right); ``caches[i]`` =
         its key and value buffers (B, Hkv, capacity, D), where the new keys and values are written at
         positions P .. P + Q. ``e`` (B, Q, hidden) and ``norm_e`` (hidden,): the first layer's token
         embedding and its norm, given exactly when the step was built ``embedded``."""
