@@ -355,17 +355,21 @@ class EagleProposer:
 
     @torch.no_grad()
     def accept(self, v) -> None:
-        hid = self.draft.fuse(v.hidden)  # (b, g + 1, H): after the root, then after each node
         path = None if v.path is None else v.path.tolist()
+        nodes = [path[r][:k] if k else [] for r, k in enumerate(v.n_list)]  # each row's accepted nodes
+        rows = [[0] + [1 + i for i in nd] for nd in nodes]  # v.hidden's rows to keep: the root, the path
+        w = max(map(len, rows))
+        idx = torch.tensor([r + [0] * (w - len(r)) for r in rows], device=v.hidden.device)  # (b, w)
+        hid = self.draft.fuse(v.hidden.gather(1, idx[..., None].expand(-1, -1, v.hidden.shape[-1])))  # (b, w, H)
+        fed_all = v.fed_hidden is not None and v.fed_hidden.shape[1] > 0  # tokens fed before the root
         new = []
-        for r, (k, nxt) in enumerate(zip(v.n_list, v.next.tolist())):
-            nodes = path[r][:k] if k else []
-            fed = self.draft.fuse(v.fed_hidden[r]) if v.fed_hidden is not None else hid[r, :0]  # (F - 1, H)
+        for r, (nd, nxt) in enumerate(zip(nodes, v.next.tolist())):
+            fed = self.draft.fuse(v.fed_hidden[r]) if fed_all else hid[r, :0]  # (F - 1, H)
             if self.feats is None:  # the prompt: drop the left padding
                 fed = fed[self.pmask[r, : fed.shape[0]].to(fed.device)]
             old = [] if self.feats is None else [self.feats[r]]
-            new.append(torch.cat(old + [fed, hid[r, [0] + [1 + i for i in nodes]]]).to(self.draft.embed.device))
-            self.toks[r] += [self.rows[r][0][i] for i in nodes] + [nxt]
+            new.append(torch.cat(old + [fed, hid[r, :len(rows[r])]]).to(self.draft.embed.device))
+            self.toks[r] += [self.rows[r][0][i] for i in nd] + [nxt]
         self.feats = new
 
     def select(self, rows: torch.Tensor) -> None:

@@ -162,6 +162,8 @@ class LM:
         k_new = src.shape[1]
         if k_new == 0 or torch.equal(src, torch.arange(dst, dst + k_new, device=src.device).expand_as(src)):
             return  # every row's path is already in place (its first node at each depth): nothing moves
+        if hasattr(cache, "move") and cache.move(dst, src):  # the lean cache: every layer in one kernel call
+            return
         layers = [(lay.keys, lay.values) for lay in cache.layers] if hasattr(cache, "layers") else \
             list(zip(cache.keys, cache.values))
         for keys, values in layers:

@@ -54,16 +54,19 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
 
     Side nodes (``SIDE``) and the root's children have no ancestors among the nodes."""
     b, m = parents.shape
-    if m and bool((parents >= torch.arange(m, device=parents.device)).any()):
-        raise ValueError("parents must list a node's parent before the node (parents[i] < i)")
-    anc = torch.zeros((b, m, m), dtype=torch.bool, device=parents.device)
-    rows = torch.arange(b, device=parents.device)
-    for i in range(m):
-        p = parents[:, i]
-        has = p >= 0
-        anc[rows[has], i] = anc[rows[has], p[has]]
-        anc[:, i, i] = True
-    return anc
+    out = bytearray()  # (b, m, m) bytes: a node's row is a copy of its parent's plus itself (~5 m torch calls before)
+    for row in parents.tolist():
+        if any(p >= i for i, p in enumerate(row)):
+            raise ValueError("parents must list a node's parent before the node (parents[i] < i)")
+        anc = []
+        for i, p in enumerate(row):
+            a = bytearray(anc[p]) if p >= 0 else bytearray(m)
+            a[i] = 1
+            anc.append(a)
+        out += b"".join(anc)
+    if not out:
+        return torch.zeros((b, m, m), dtype=torch.bool, device=parents.device)
+    return torch.frombuffer(out, dtype=torch.uint8).view(b, m, m).to(device=parents.device, dtype=torch.bool)
 
 
 def additive(allow: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -96,8 +99,8 @@ class Tree:
 
     def candidates(self, valid: torch.Tensor) -> torch.Tensor:
         """(b,) nodes that could be accepted (side nodes are scored, never drafts): for ``stats.drafted``."""
-        real = torch.arange(self.parents.shape[1], device=valid.device)[None, :] < valid[:, None]
-        return (real & (self.parents.to(valid.device) != SIDE)).sum(-1)
+        counts = [sum(p != SIDE for p in row[:v]) for row, v in zip(self.parents.tolist(), valid.tolist())]
+        return torch.tensor(counts, dtype=torch.long, device=valid.device)
 
     # -- 1. one forward over the unprocessed tokens + every node ---------------------------
     def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
@@ -111,29 +114,37 @@ class Tree:
         h still (b, F + m, H)."""
         b, F = feed.shape
         m, dev = x.shape[1], feed.device
-        fm = torch.ones_like(feed) if fmask is None else fmask
-        node_ok = (torch.arange(m, device=dev)[None, :] < valid.to(dev)[:, None]).long()  # (b, m)
         P = slots.length
-        root = slots.count + fm.sum(-1) - 1  # (b,) the root's position
-        pos = torch.cat([slots.count[:, None] + (fm.cumsum(-1) - 1).clamp(min=0),
-                         root[:, None] + self.depth.to(dev)], 1)  # (b, F + m)
+        # every slot, fed token and node real (one row, say): the slots stay dense, nothing to mask out
+        dense = slots.dense and fmask is None and all(v == m for v in valid.tolist())
         allow = torch.zeros((b, F + m, P + F + m), dtype=torch.bool, device=dev)
         allow[:, :, :P] = True
         allow[:, :F, P:P + F] = torch.ones((F, F), dtype=torch.bool, device=dev).tril()
         allow[:, F:, P:P + F] = True
         allow[:, F:, P + F:] = self.see.to(dev)
-        allow &= torch.cat([slots.mask, fm, node_ok], 1).bool()[:, None, :]
-        diag = torch.arange(F + m, device=dev)
-        allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
+        if dense:
+            pos = torch.cat([torch.arange(P, P + F, device=dev)[None].expand(b, F), P + F - 1 + self.depth.to(dev)], 1)
+        else:
+            fm = torch.ones_like(feed) if fmask is None else fmask
+            node_ok = (torch.arange(m, device=dev)[None, :] < valid.to(dev)[:, None]).long()  # (b, m)
+            root = slots.count + fm.sum(-1) - 1  # (b,) the root's position
+            pos = torch.cat([slots.count[:, None] + (fm.cumsum(-1) - 1).clamp(min=0),
+                             root[:, None] + self.depth.to(dev)], 1)  # (b, F + m)
+            allow &= torch.cat([slots.mask, fm, node_ok], 1).bool()[:, None, :]
+            diag = torch.arange(F + m, device=dev)
+            allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
         extra = {"output_hidden_states": hidden} if hidden else {}
         if keep and full:
             extra["logits_to_keep"] = keep
         out = slots.lm.forward(torch.cat([feed, x], 1), slots.cache, position_ids=pos,
                                attention_mask=additive(allow), **extra)
         slots.cache = out[1]
-        slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
-        slots.count = slots.mask.sum(-1)
-        slots.holes = slots.holes or fmask is not None
+        if dense:
+            slots.length += F + m
+        else:
+            slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
+            slots.count = slots.mask.sum(-1)
+            slots.holes = slots.holes or fmask is not None
         rows = slice(None) if full else slice(F - 1, None)
         return (out[0][:, rows], out[2][:, rows]) if hidden else out[0][:, rows]
 

@@ -142,6 +142,30 @@ class Oracle:
         self.rows = [self.rows[i] for i in rows.tolist()]
 
 
+def test_dense_slots_feed_like_masked_ones(tiny):
+    """Tree.feed on slots with every position real (one row: no mask to build, the slots stay dense)
+    gives the bits of the same feed through the explicit mask, and leaves the same slots behind."""
+    from refimpl.slot_cache import SlotCache
+
+    g = torch.Generator().manual_seed(3)
+    tree = Tree(torch.tensor([[ROOT, 0, ROOT, 1, SIDE]]))
+    x = torch.randint(0, tiny.vocab_size, (1, 5), generator=g)
+    outs = []
+    for dense in (True, False):
+        slots = SlotCache(tiny, 1, tiny.device)
+        slots.feed(torch.randint(0, tiny.vocab_size, (1, 7), generator=torch.Generator().manual_seed(4)))
+        if not dense:
+            slots.mask = slots.mask  # the same all-ones mask, now explicit: the general path
+        assert slots.dense == dense
+        for F in (2, 1):  # two feeds: the second one after the first one's tree slots
+            logits, h = tree.feed(slots, torch.tensor([[11, 12]])[:, :F], None, x, torch.tensor([5]), full=True,
+                                  hidden=True)
+            outs.append((logits, h, slots.length, slots.count.tolist(), slots.mask.tolist()))
+        assert slots.dense == dense
+    for a, b in zip(outs[:2], outs[2:]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2:] == b[2:]
+
+
 def test_greedy_tree_equals_ar_ragged_and_batch_1(tiny, prompts, ar_free):
     ref = [r[:N] for r in ar_free]
     oracle = Oracle(ar_free, tiny.vocab_size, seed=1)
@@ -405,9 +429,9 @@ def check_moved(before, after, length):
             assert not torch.equal(new, old)
 
 
-@pytest.mark.parametrize("kind", ["dynamic", "lean"])
-def test_move_slots(tiny, kind):
-    from refimpl.models import lean_llama
+@pytest.mark.parametrize("kind", ["dynamic", "lean", "lean, layer by layer"])
+def test_move_slots(tiny, kind, monkeypatch):
+    from refimpl.models import cpu_gemv, lean_llama
 
     ids = torch.randint(0, tiny.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5))
     if kind == "dynamic":
@@ -415,14 +439,34 @@ def test_move_slots(tiny, kind):
     else:
         cache = lean_llama.KVCache(tiny.num_layers)
         lean_llama.forward(tiny.model, ids, cache)
+    calls = []
+    if kind == "lean" and cpu_gemv.available():  # the lean cache moves every layer in one kernel call
+        monkeypatch.setattr(cpu_gemv, "move_slots", lambda *a, f=cpu_gemv.move_slots: calls.append(1) or f(*a))
+    elif kind == "lean, layer by layer":  # the torch path the kernel replaces (no kernel on this machine)
+        monkeypatch.setattr(cpu_gemv, "available", lambda: False)
     before = [(k.clone(), v.clone()) for k, v in layer_tensors(cache)]
     assert len(before) == tiny.num_layers
     tiny.move_slots(cache, DST, SRC)
+    assert len(calls) == (kind == "lean" and cpu_gemv.available())
     check_moved(before, layer_tensors(cache), 10)
     assert cache.get_seq_length() == 10  # moving does not crop
     snap = [(k.clone(), v.clone()) for k, v in layer_tensors(cache)]
     tiny.move_slots(cache, DST, SRC[:, :0])  # nothing to move
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(snap, layer_tensors(cache)))
+
+
+def test_lean_cache_move_refuses_positions_outside_its_buffers(tiny):
+    from refimpl.models import cpu_gemv, lean_llama
+
+    if not cpu_gemv.available():
+        pytest.skip("the kernel does not build here: the lean cache moves layer by layer")
+    cache = lean_llama.KVCache(tiny.num_layers)
+    lean_llama.forward(tiny.model, torch.zeros((2, 10), dtype=torch.long), cache)
+    cap = cache.keys[0].shape[2]
+    for dst, src in ((4, torch.tensor([[cap, 5], [5, 6]])), (4, torch.tensor([[-1, 5], [5, 6]])),
+                     (cap - 1, torch.tensor([[5, 6], [5, 6]])), (4, torch.tensor([[5, 6]]))):
+        with pytest.raises(ValueError, match="src"):
+            cache.move(dst, src)
 
 
 def test_move_slots_skips_only_when_every_row_is_in_place(tiny):

@@ -9,8 +9,8 @@
 //   a k step of a panel is one 8-lane vector, multiplied by a broadcast x[r, k] into that row's
 //   accumulator. No horizontal sums: lane c of panel p's accumulator is output 8 p + c (the
 //   register-blocked "outer product" kernel of GotoBLAS / BLIS);
-// - enough independent FMA chains to cover the FMA latency, and few loads per FMA: 1-3 rows of x
-//   take 4 panels at once (4-12 chains), 4 rows and more 2 panels in tiles of 3-6 rows (6-12), the
+// - enough independent FMA chains to cover the FMA latency, and few loads per FMA: 1-2 rows of x
+//   take 4 panels at once (4-8 chains), 3 rows and more 2 panels in tiles of 3-6 rows (6-12), the
 //   first tile streaming the panels into L1 / L2 and the others reusing them;
 // - the panels taken together come from far-apart slabs of the thread's share, so each is one
 //   long sequential stream (4 or 2 of them), and the tile that streams them prefetches 4 KB ahead;
@@ -101,7 +101,7 @@ static inline void tile(const WT* const* wp, const int* p, const float* x, float
         }
 }
 
-// Every row of x (R >= 4, or leftovers) against NP panels: ceil(R / 6) tiles of 3-6 rows (as even as
+// Every row of x (R >= 3, or leftovers) against NP panels: ceil(R / 6) tiles of 3-6 rows (as even as
 // can be; fewer when R is), the first one streaming the panels in, the others reading them again
 // from L1 / L2.
 template <int NP, typename WT>
@@ -124,18 +124,20 @@ static inline void panels(const WT* const* w, const int* p, const float* x, floa
 
 // One product, run by every thread of the enclosing region. Thread t owns the contiguous panels
 // lo .. hi and cuts them into NS slabs: its j-th step takes the j-th panel of every slab, so it
-// reads NS long sequential streams at once. 1-3 rows: 4 slabs (4-12 accumulator chains: 1 row is
-// bound by memory, not by the FMA latency; 8 slabs read no faster); 4 rows and more: 2 (8-12 chains
-// a tile, 4 x 2 needs 16 + 2 registers). One stream reads slower: 4-6 rows over one 16-wide panel
-// at a time (1 stream, 8-12 chains) took 24-27 ms for SmolLM2's products where 2 streams of
-// 8-wide panels take 18-22. Leftover panels go one at a time.
+// reads NS long sequential streams at once. 1-2 rows: 4 slabs (4-8 accumulator chains: 1 row is
+// bound by memory, not by the FMA latency; 8 slabs read no faster); 3 rows and more: 2 (6-12 chains
+// a tile). 3 rows over 4 slabs would hold 12 accumulators + 4 weights + 1 broadcast: 17 of AVX2's 16
+// registers, so g++ spilled them to the stack every k step (stop 52: 3-row products of fp16 and int8
+// panels 25-35% slower than over 2 slabs, SmolLM2's EAGLE-3 draft's; fp32 ones even). One stream
+// reads slower: 4-6 rows over one 16-wide panel at a time (1 stream, 8-12 chains) took 24-27 ms
+// for SmolLM2's products where 2 streams of 8-wide panels take 18-22. Leftover panels go one at a time.
 // A barrier ends it, as a worksharing loop would.
 template <typename WT>
 static void products(const WT* P, const float* x, float* y, const float* add, int R, int K, int N,
                      const float* scale = nullptr) {
     const int t = omp_get_thread_num(), T = omp_get_num_threads(), np = (N + PW - 1) / PW;
     const int lo = (int)((long long)np * t / T), hi = (int)((long long)np * (t + 1) / T);
-    const int NS = R <= 3 ? 4 : 2, S = (hi - lo) / NS;
+    const int NS = R <= 2 ? 4 : 2, S = (hi - lo) / NS;
     const size_t stride = (size_t)K * PW;
     for (int j = 0; j < S; j++) {
         int ps[4];
@@ -145,8 +147,6 @@ static void products(const WT* P, const float* x, float* y, const float* add, in
             tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
         else if (R == 2)
             tile<2, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
-        else if (R == 3)
-            tile<3, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
         else
             panels<2>(w, ps, x, y, add, R, K, N, scale);
     }
@@ -193,6 +193,7 @@ extern "C" void refimpl_gemv_i8(const signed char* W, const float* scale, const 
 // multiply and an add wherever the compiler inlines it (with contraction it was an FMA in one
 // copy and not in another, and a key's score depended on whether it came in a group of 4).
 #include <math.h>
+#include <string.h>
 
 struct Layer {          // mirrored by refimpl/models/cpu_gemv.py (LayerArgs)
     int B, Q, P, cap;   // batch, new tokens, cached positions, cache capacity
@@ -389,6 +390,23 @@ static void layer_body(const Layer* L, float* p) {
         for (int c = c0; c < c1; c++) L->a[(size_t)r * I + c] = g[c] / (1.0f + e[c - c0]) * u[c];
     }
     product(L, L->w_down, L->s_down, L->a, L->out, L->out, R, I, L->hidden);  // out += down_proj(a)
+}
+
+// Each row's cached positions src[b, 0 .. k-1] copied to dst .. dst + k - 1 in n buffers (B, H, cap, D): a
+// tree's compaction after its verification, every layer's keys and values in one call. A row's k
+// positions go through `tmp` first, so a source that a destination overlaps is read before it is written.
+extern "C" void refimpl_move_slots(float* const* bufs, int n, int B, int H, int cap, int D, int dst,
+                                   const long long* src, int k) {
+    float* tmp = new float[(size_t)k * D];
+    for (int j = 0; j < n; j++)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                float* base = bufs[j] + ((size_t)b * H + h) * cap * D;
+                for (int i = 0; i < k; i++)
+                    memcpy(tmp + (size_t)i * D, base + (size_t)src[(size_t)b * k + i] * D, sizeof(float) * D);
+                memcpy(base + (size_t)dst * D, tmp, sizeof(float) * k * D);
+            }
+    delete[] tmp;
 }
 
 // `count` layers in a row (each one's out is the next one's x) in one OpenMP region: between two

@@ -9,7 +9,7 @@ products (:mod:`refimpl.models.cpu_linear`) read SmolLM2-135M's 538 MB at 10-14 
 each weight packed once (:func:`pack`) into panels of 8 output rows stored k-major, so a k step is one
 8-lane vector multiplied by a broadcast ``x[r, k]`` into 8 outputs' accumulator (GotoBLAS's
 register-blocked kernel: Goto, van de Geijn, "Anatomy of High-Performance Matrix Multiplication",
-ACM TOMS 2008: its micro-kernel's outer-product update); 1-3 rows take 4 panels at a time from 4
+ACM TOMS 2008: its micro-kernel's outer-product update); 1-2 rows take 4 panels at a time from 4
 far-apart slabs (4 sequential streams), more rows 2 panels in tiles of 3-6 rows, the first tile
 streaming them into cache and the others reusing them. An earlier version read the weight row-major with a horizontal
 sum per output: as fast at 1 row, but 17 rows of ``tiny``'s products ran at ~48 GFLOP/s (2 threads)
@@ -113,6 +113,8 @@ def library() -> ctypes.CDLL | None:
     lib.refimpl_gemv_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
     lib.refimpl_layers.restype = None
     lib.refimpl_layers.argtypes = [ctypes.POINTER(LayerArgs), ctypes.c_int]
+    lib.refimpl_move_slots.restype = None
+    lib.refimpl_move_slots.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 6 + [ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -254,6 +256,18 @@ def run(x: torch.Tensor, weight: Packed, add: torch.Tensor | None = None,
     else:
         y.zero_()
     return y
+
+
+def move_slots(buffers: list, dst: int, src: torch.Tensor) -> None:
+    """Copy each row's positions ``src`` (B, k) to positions ``dst .. dst + k - 1`` in every buffer of
+    ``buffers`` (each a contiguous CPU float32 (B, H, capacity, D) tensor of one shape: a KV cache's
+    keys and values, every layer's) in one kernel call: :class:`refimpl.models.kv_cache.KVCache`'s
+    compaction after a tree's verification, where torch pays ~4 calls a buffer (~1.2 ms for SmolLM2's
+    60). Each row's k positions are read before any is written, so overlaps are safe."""
+    B, H, cap, D = buffers[0].shape
+    src = src.to(device="cpu", dtype=torch.long).contiguous()
+    ptrs = (ctypes.c_void_p * len(buffers))(*(b.data_ptr() for b in buffers))
+    library().refimpl_move_slots(ptrs, len(buffers), B, H, cap, D, int(dst), src.data_ptr(), src.shape[1])
 
 
 class LayerArgs(ctypes.Structure):

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from . import cpu_gemv
+
 
 class CacheLayer(NamedTuple):
     """One layer's cached keys and values (B, Hkv, length, D): views into :class:`KVCache`'s buffers."""
@@ -65,6 +67,21 @@ class KVCache:
                 new_v[:, :, :P] = buf_v[:, :, :P]
             self.keys[layer], self.values[layer] = buf_k, buf_v = new_k, new_v
         return buf_k, buf_v
+
+    def move(self, dst: int, src: torch.Tensor) -> bool:
+        """:meth:`refimpl.lm.LM.move_slots` in one :func:`refimpl.models.cpu_gemv.move_slots` call for every
+        layer's buffers (CPU float32 ones, the kernel built) -> True; False: nothing moved, the caller
+        moves them layer by layer."""
+        bufs = [b for pair in zip(self.keys, self.values) for b in pair if b is not None]
+        if not bufs or not cpu_gemv.available() or any(
+                b.device.type != "cpu" or b.dtype != torch.float32 or b.shape != bufs[0].shape or not b.is_contiguous()
+                for b in bufs):
+            return False
+        if src.shape[0] != bufs[0].shape[0] or dst + src.shape[1] > bufs[0].shape[2] or (
+                src.numel() and not 0 <= int(src.min()) <= int(src.max()) < bufs[0].shape[2]):
+            raise ValueError(f"src {tuple(src.shape)} must name cached positions of every row; dst={dst}")
+        cpu_gemv.move_slots(bufs, dst, src)
+        return True
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, Hkv, Q, D) after the cached ``length`` positions -> (B, Hkv, length + Q, D) views."""
