@@ -979,7 +979,8 @@ print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zo
 # accepted 0.50 at depth 1 and lost to AR; trained on a GPU (10,365 answers, 7 unrolled steps, 14
 # passes: `python -m refimpl.train eagle3-smollm2-135m --device cuda`) it accepts 0.63 and is the
 # fastest tree method there (1.53x AR on a 4-node tree with the copy prior, tau 2.44; 2.90 on 10 nodes;
-# 1.55x on 3 nodes with the draft's weights in int8: a draft may be approximate, the target checks it).
+# 1.51-1.59x on 3 nodes with the draft's weights in int8 and a stronger prior: a draft may be approximate,
+# the target checks it).
 # Part of that is the copy prior reaching past the draft's trimmed head: 9.5% of SmolLM2's tokens on
 # the benchmark prompts are outside the draft's 8,192 kept ones (names, rare words, mostly copied from
 # the prompt), and a head without their rows can never propose them. The prior gives such a
