@@ -337,7 +337,7 @@ class EagleProposer:
         grown = Growth(score[:, 0], toks[:, 0])  # level 1
         lvl_feat = root[:, None].expand(B, k, -1)  # the current level's nodes' input features
         for d in range(1, D):  # expand the topk most confident nodes of level d
-            if settled(grown.score, grown.lvl, d, caps, self.total, self.floor):
+            if settled(grown.scores, grown.lvl, d, caps, self.total, self.floor):
                 self.calls = d
                 break
             top, anc = grown.expand()  # (B, e) global ids, (B, e, expanded before)
@@ -345,7 +345,7 @@ class EagleProposer:
             allow = torch.cat([kmask[:, None, :].expand(B, e, P), anc,
                                torch.eye(e, dtype=torch.bool, device=dev)[None].expand(B, e, e)], -1)
             inp = lvl_feat.gather(1, (top - grown.lvl[0])[..., None].expand(-1, -1, root.shape[-1]))  # (B, e, H)
-            f, (kk, vv) = self.draft.step(grown.toks.gather(1, top), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
+            f, (kk, vv) = self.draft.step(grown.tokens_at(top), inp, (n - 1 + d)[:, None].expand(B, e), allow, past)
             past = (torch.cat([past[0], kk], 2), torch.cat([past[1], vv], 2))
             hist = [[self.toks[b] + p for p in row] for b, row in enumerate(grown.paths(top))] if self.copy else None
             lp, ch = self.children(f, hist)  # (B, e, k)

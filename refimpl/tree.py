@@ -266,16 +266,15 @@ def keep_best(tokens: torch.Tensor, parents: torch.Tensor, score: torch.Tensor, 
     ``total`` with the highest cumulative confidence that are no deeper than the row's cap.
 
     ``tokens``, ``parents`` (global node ids, ``ROOT`` below the root; parents listed first),
-    ``score`` (B, N) and ``depth`` (N,). A child's score is at most its parent's (a sum of log
-    probabilities), so the kept set is a tree; a stable sort keeps the parent first on a tie.
-    -> ``(rows, scores)``: per row ``(tokens, parents)`` re-indexed for :func:`pack`, and the kept
-    nodes' scores."""
-    deep, cap = depth.to(score.device)[None], torch.tensor(caps, device=score.device)[:, None]  # (1, N), (B, 1)
-    order = torch.sort(-score.masked_fill(deep > cap, float("-inf")), dim=-1, stable=True).indices.tolist()
-    ok, T, P, S = (deep <= cap).sum(-1).tolist(), tokens.tolist(), parents.tolist(), score.tolist()
+    ``score`` (B, N) and ``depth`` (N,), tensors or nested lists. A child's score is at most its
+    parent's (a sum of log probabilities), so the kept set is a tree; a stable sort keeps the parent
+    first on a tie. -> ``(rows, scores)``: per row ``(tokens, parents)`` re-indexed for :func:`pack`,
+    and the kept nodes' scores. (A tree has a handful of nodes: plain lists, a Python sort.)"""
+    T, P, S, D = (x.tolist() if isinstance(x, torch.Tensor) else x for x in (tokens, parents, score, depth))
     rows, scores = [], []
-    for r in range(len(caps)):
-        keep = sorted(order[r][: min(total, ok[r])])
+    for r, cap in enumerate(caps):
+        ok = [g for g, d in enumerate(D) if d <= cap]  # no deeper than the row's cap
+        keep = sorted(sorted(ok, key=lambda g: -S[r][g])[:total])  # the most confident (stable: parents first)
         local = {g: i for i, g in enumerate(keep)}
         rows.append(([T[r][g] for g in keep], [ROOT if P[r][g] == ROOT else local[P[r][g]] for g in keep]))
         scores.append([S[r][g] for g in keep])
