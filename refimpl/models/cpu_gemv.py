@@ -114,7 +114,8 @@ def library() -> ctypes.CDLL | None:
     lib.refimpl_layers.restype = None
     lib.refimpl_layers.argtypes = [ctypes.POINTER(LayerArgs), ctypes.c_int]
     lib.refimpl_move_slots.restype = None
-    lib.refimpl_move_slots.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 6 + [ctypes.c_void_p, ctypes.c_int]
+    lib.refimpl_move_slots.argtypes = ([ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 6
+                                       + [ctypes.c_void_p, ctypes.c_int])
     return lib
 
 
