@@ -170,6 +170,34 @@ def boost_nodes(logits: torch.Tensor, histories: list[list[list[int]]], max_ngra
     return logits
 
 
+def boost_columns(logits: torch.Tensor, histories: list[list[list[int]]], columns: list[int] | None,
+                  bias: float, max_ngram: int = 3, min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`boost_nodes` for a draft that scores a kept vocabulary (:class:`refimpl.eagle.EagleProposer`):
+    ``columns[t]`` token id -> its column of ``logits`` (B, e, V') (-1: not kept; None: the id). A candidate
+    outside the kept columns has no logit of the draft's: it gets one more column, at the node's best logit
+    + ``bias``, so the prior ranks it first as it ranks a kept candidate the draft already likes. ->
+    ``(logits (B, e, V') or (B, e, V' + 1), candidates (B, e) token ids, -1 = none)``: column V' (when
+    present) is each node's candidate. A node is a handful of Python ints: mapped here, then one indexed add."""
+    cand = node_candidates(histories, max_ngram, min_ngram, logits.device)  # (B, e)
+    (B, e, V), at, outside = logits.shape, [], []  # (b, i, column) of every candidate; (b, i) outside the kept
+    for b, row in enumerate(cand.tolist()):
+        for i, t in enumerate(row):
+            if t >= 0:
+                col = t if columns is None else columns[t]
+                if col < 0:
+                    outside.append((b, i))
+                at.append((b, i, V if col < 0 else col))
+    if outside:
+        bo, io = zip(*outside)
+        extra = torch.full((B, e, 1), float("-inf"), device=logits.device)
+        extra[bo, io, 0] = logits[bo, io].amax(-1)
+        logits = torch.cat([logits, extra], -1)  # (B, e, V' + 1)
+    if at:
+        b, i, col = zip(*at)
+        logits[b, i, col] += bias
+    return logits, cand
+
+
 class CopyCache:
     """A draft's KV cache (``inner``) plus its token history (B, S) indexed by position.
 

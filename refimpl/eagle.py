@@ -42,10 +42,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .copy_prior import node_candidates
+from .copy_prior import boost_columns
 from .dynamic_tree import Growth, check_floor, settled
 from .generation import Generation, check_positive_int
-from .lm import positions_from_mask
+from .lm import causal_after, positions_from_mask
 from .medusa import read_folder, write_folder
 from .speculative import decode
 from .tree import Tree, pack
@@ -114,9 +114,11 @@ class EagleDraft(nn.Module):
 
     def step(self, tok, feat, pos, allow, past=None):
         """Inputs ``(feat (B, T, H), tok (B, T))`` at positions ``pos`` (B, T); ``allow`` (B, T, P + T)
-        bool: query i may attend to key j (``past`` = (k, v), each (B, heads, P, d), first).
-        -> (predicted features (B, T, H), (k, v) of these T inputs)."""
+        bool: query i may attend to key j (``past`` = (k, v), each (B, heads, P, d), first; None: every
+        key up to itself, :func:`causal_after`). -> (predicted features (B, T, H), (k, v) of these T inputs)."""
         B, T, H = feat.shape
+        if allow is None:
+            allow = causal_after(B, T, 0 if past is None else past[0].shape[2], feat.device)
         x = self.fc(torch.cat([self.embed[tok], feat.to(self.embed.dtype)], -1))  # (B, T, H)
         qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, h, T, d)
         (q, k), v = rotate(qkv[:2], pos, self.rope_theta), qkv[2]  # (B, h, T, d) each
@@ -198,6 +200,7 @@ class EagleProposer:
     wants_hidden = True  # the target's features; a draft's ``taps`` (EAGLE-3) set layer ids (:meth:`use`)
     kind = Tree  # the Tree class the proposals use (a test swaps in a wrong walk)
     compact_at = 0.25  # squeeze the cache's padding out once every row has this fraction of it
+    plain_causal = True  # inputs without padding attend causally, no mask built (False: the mask; tests compare)
 
     def __init__(self, draft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True, floor: float = 0.0,
                  copy: float = 0.0):
@@ -222,33 +225,15 @@ class EagleProposer:
         """The ``topk`` likeliest children of nodes whose draft outputs are ``o`` (B, e, H) -> (log-probs,
         token ids), each (B, e, topk). The copy prior (``copy`` > 0; ``hist[b][i]``: node i's tokens,
         committed + path) adds ``copy`` to each node's copy candidate
-        (:func:`refimpl.copy_prior.node_candidates`). A candidate outside the draft's kept vocabulary
+        (:func:`refimpl.copy_prior.boost_columns`). A candidate outside the draft's kept vocabulary
         has no logit of the draft's: it gets one more column, at the node's best logit + ``copy``, so
         the prior ranks it first, as it ranks a kept candidate the draft already likes. Those are the
         copied names and rare words: 9.5% of SmolLM2's greedy tokens on the benchmark prompts lie
         outside the EAGLE-3 draft's 8,192 (18% on summaries, most of them copy candidates)."""
         logits = self.draft.logits(o)  # (B, e, V')
-        (B, e, V), cand = logits.shape, None
-        if self.copy:  # a node is a handful of Python ints: map them here, then one indexed add
-            cand = node_candidates(hist, 3, 2, logits.device)  # (B, e) token ids, -1 = none
-            at, outside = [], []  # (b, i, column) of every candidate; (b, i) of those outside the kept ones
-            for b, row in enumerate(cand.tolist()):
-                for i, t in enumerate(row):
-                    if t < 0:
-                        continue
-                    col = t if self.columns is None else self.columns[t]
-                    if col < 0:
-                        outside.append((b, i))
-                        col = V  # the extra column
-                    at.append((b, i, col))
-            if outside:
-                bo, io = zip(*outside)
-                extra = torch.full((B, e, 1), float("-inf"), device=logits.device)
-                extra[bo, io, 0] = logits[bo, io].amax(-1)
-                logits = torch.cat([logits, extra], -1)  # (B, e, V' + 1)
-            if at:
-                b, i, col = zip(*at)
-                logits[b, i, col] += self.copy
+        V, cand = logits.shape[-1], None
+        if self.copy:
+            logits, cand = boost_columns(logits, hist, self.columns, self.copy)  # (B, e, V' [+ 1]), (B, e)
         lp, idx = torch.log_softmax(logits, -1).topk(self.topk, -1)  # (B, e, k)
         ids = self.draft.full(idx.clamp(max=V - 1))
         if logits.shape[-1] > V:  # the extra column is the node's copy candidate
@@ -264,6 +249,7 @@ class EagleProposer:
         self.kv = None  # the draft cache: (k, v), each (B, heads, P, d), of the inputs run so far (rotary applied)
         self.kmask = None  # (B, P) bool: which cached keys are real (left padding, gaps left by ragged steps)
         self.done = None  # per row: inputs in the cache (= the position of the next one)
+        self.dense = True  # every cached key is real (no padding): the next inputs may attend causally
 
     def context(self, skip: list[int] | None = None):
         """Left-padded draft inputs, each row's first ``skip[r]`` left out (None: none): tokens
@@ -281,23 +267,32 @@ class EagleProposer:
     def encode(self):
         """Run the draft layer over the inputs not in the cache yet (``cache=False``: over all) ->
         the root's predicted feature (B, H), keys / values ``(k, v)`` (B, heads, P, d) of every row's
-        whole context, which of them are real (B, P) and the inputs per row (B,)."""
+        whole context, which of them are real (B, P) and the inputs per row (B,). Rows with as many
+        new inputs each and no padding cached (one row, say) attend causally: no mask to build."""
         first = self.kv is None or not self.cache
         done = [0] * len(self.feats) if first else self.done
-        tok, feat, mask = self.context(done)  # (B, m): the inputs not in the cache, left-padded
-        pos = positions(mask, torch.tensor(done, device=tok.device))  # (B, m): as if run from the start
-        allow, past = causal(mask), None if first else self.kv
-        if not first:  # the new inputs see the real cached keys, then each other causally
-            allow = torch.cat([self.kmask[:, None, :].expand(-1, tok.shape[1], -1), allow], -1)
-        out, (k, v) = self.draft.step(tok, feat, pos, allow, past)
+        new, dev, past = {f.shape[0] - s for f, s in zip(self.feats, done)}, self.draft.embed.device, self.kv
+        if self.plain_causal and (first or self.dense) and len(new) == 1 and min(new) > 0:
+            m = new.pop()
+            tok = torch.tensor([t[1 + s:] for t, s in zip(self.toks, done)], device=dev)  # (B, m)
+            feat = torch.stack([f[s:] for f, s in zip(self.feats, done)])  # (B, m, H)
+            pos = torch.tensor(done, device=dev)[:, None] + torch.arange(m, device=dev)  # (B, m)
+            allow, mask = None, torch.ones(tok.shape, dtype=torch.bool, device=dev)
+        else:
+            tok, feat, mask = self.context(done)  # (B, m): the inputs not in the cache, left-padded
+            pos, allow = positions(mask, torch.tensor(done, device=tok.device)), causal(mask)  # as if run from 0
+            if not first:  # the new inputs see the real cached keys, then each other causally
+                allow = torch.cat([self.kmask[:, None, :].expand(-1, tok.shape[1], -1), allow], -1)
+        out, (k, v) = self.draft.step(tok, feat, pos, allow, None if first else past)
         kv, kmask = (k, v), mask.bool()
         if not first:
             kv, kmask = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)), torch.cat([self.kmask, kmask], 1)
         n = [f.shape[0] for f in self.feats]
         if self.cache:
             self.kv, self.kmask, self.done = kv, kmask, n
-            self.compact()
-            kv, kmask = self.kv, self.kmask
+            if allow is not None:  # padding may have come in: squeezed out when it is worth it
+                self.compact()
+            kv, kmask, self.dense = self.kv, self.kmask, allow is None or bool(self.kmask.all())
         return out[:, -1], kv, kmask, torch.tensor(n, device=tok.device)
 
     def compact(self) -> None:

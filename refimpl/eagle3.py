@@ -36,7 +36,7 @@ from torch import nn
 
 from .eagle import EagleProposer, causal, positions, rotate
 from .generation import Generation
-from .lm import check_taps
+from .lm import causal_after, check_taps
 from .medusa import read_folder, write_folder
 from .speculative import decode
 
@@ -91,6 +91,8 @@ class Eagle3Draft(nn.Module):
         before the final norm, (k, v) of these T inputs)."""
         B, T, H = feat.shape
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if allow is None:  # no padding: every key up to itself
+            allow = causal_after(B, T, 0 if past is None else past[0].shape[2], feat.device)
         x = torch.cat([self.norm_in(self.embed[tok]), self.norm_hid(feat)], -1)  # (B, T, 2H)
         t = self.qkv(x).view(B, T, h + 2 * kv, d).transpose(1, 2)  # (B, heads, T, d)
         (q, k), v = rotate(t[:, :h + kv], pos, self.rope_theta).split([h, kv], 1), t[:, h + kv:]  # q and k in one call

@@ -199,6 +199,12 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def causal_after(B: int, T: int, P: int, device) -> torch.Tensor:
+    """(B, T, P + T) bool: T new queries after P cached keys, none of them padding, see every cached
+    key and the new ones up to themselves (the EAGLE drafts' ``step`` when ``allow`` is None)."""
+    return torch.ones(T, P + T, dtype=torch.bool, device=device).tril(P)[None].expand(B, T, P + T)
+
+
 def decoder_of(model):
     """The inner decoder of a Hugging Face causal LM (``model.model`` for Llama-like models)."""
     inner = getattr(model, "model", None)

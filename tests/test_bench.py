@@ -65,6 +65,16 @@ def test_command_line_writes_json_and_markdown(tmp_path, monkeypatch):
     assert "prepacked_linears" in saved and "| method |" in open(os.path.join(out, "decode_tiny.md")).read()
 
 
+def test_methods_pick_rows_by_substring_with_commas_or_semicolons():
+    from refimpl.bench import cli
+
+    rows = [bench.Method(n, None) for n in ("ar (cache)", "tree (10 nodes, depth 6)", "tree (3 nodes, depth 3)", "chain")]
+    names = lambda spec: [m.name for m in cli.pick(rows, spec)]  # noqa: E731
+    assert names("chain") == ["ar (cache)", "chain"]
+    assert names("3 nodes, depth 6") == ["ar (cache)", "tree (10 nodes, depth 6)", "tree (3 nodes, depth 3)"]  # split
+    assert names("(3 nodes, depth 3); chain") == ["ar (cache)", "tree (3 nodes, depth 3)", "chain"]  # whole names
+
+
 def test_refuses_to_time_the_triton_interpreter(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(SystemExit, match="TRITON_INTERPRET"):

@@ -128,6 +128,47 @@ def test_cached_draft_proposes_the_recomputed_trees(tiny, draft, spec_prompts, s
     assert prop.steps and all(same and err < 1e-4 for same, err in prop.steps)
 
 
+class MaskChecked(Checked):
+    """Also proposes with the explicit attention mask at every step (``plain_causal=False``: the encode
+    of padded batches) from the same state; records whether trees and scores agree."""
+
+    def propose(self, caps):
+        ref = copy.copy(self)
+        ref.plain_causal = False
+        eagle.EagleProposer.propose(ref, caps)
+        out = eagle.EagleProposer.propose(self, caps)
+        if self.rows is not None:
+            self.steps.append((self.rows == ref.rows, self.scores == ref.scores))
+        return out
+
+
+@pytest.mark.parametrize("panels", [None, "int8"])  # the plain draft; lean_draft's kernel layer (its causal rule)
+def test_unpadded_inputs_attend_causally_without_a_mask(tiny, draft, spec_prompts, panels):
+    """One row at a time (no padding: the fast path at every step): the same trees and the same scores,
+    bit for bit, as the explicit mask; greedy output stays AR's."""
+    from refimpl.models import cpu_gemv, lean_draft
+
+    if panels:
+        if not cpu_gemv.available():
+            pytest.skip("the cpu_gemv kernel does not build here")
+        draft = lean_draft.lean(copy.deepcopy(draft), int8=True)
+    for p in spec_prompts[:3]:
+        prop = MaskChecked(draft, total=6, depth=4, topk=2, copy=6.0)
+        g = speculative.decode(tiny, prop, [p], max_new_tokens=N, eos_token_id=[])
+        assert g.tokens == autoregressive.generate(tiny, [p], max_new_tokens=N, eos_token_id=[]).tokens
+        assert len(prop.steps) > 3 and all(same_rows and same_scores for same_rows, same_scores in prop.steps)
+        assert prop.dense
+
+
+def test_causal_after_is_the_explicit_causal_mask():
+    """``allow=None`` in the drafts' step means this mask: every cached key, then the new ones up to each query."""
+    from refimpl.lm import causal_after
+
+    got = causal_after(2, 3, 4, "cpu")
+    want = torch.cat([torch.ones(2, 3, 4, dtype=torch.bool, device="cpu"), eagle.causal(torch.ones(2, 3, device="cpu"))], -1)
+    assert torch.equal(got, want) and got.shape == (2, 3, 7)
+
+
 class Chains(eagle.EagleProposer):
     """Records, at every step with features, each row's committed tokens, fused features, proposed
     chain and its cumulative log-confidences."""

@@ -44,11 +44,18 @@ def products(lm) -> str:
     return "onednn" if prepacked(lm.model) else "torch"
 
 
+def pick(methods: list, spec: str) -> list:
+    """The rows whose names contain one of ``spec``'s substrings, and AR's: comma-separated, or
+    semicolon-separated when ``spec`` has a ``;`` (names with commas: "10 nodes, depth 6; ar (cache)")."""
+    want = [w.strip() for w in spec.split(";" if ";" in spec else ",") if w.strip()]
+    return [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refimpl.bench", description="Benchmark every decoding method.")
     p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "learned", "kernels", "lookahead-sweep", "capstone"], default="decode")
     p.add_argument("--model", default="tiny", help="target model (zoo name, folder or HF id)")
-    p.add_argument("--methods", default=None, help="comma-separated substrings of method names to run")
+    p.add_argument("--methods", default=None, help="substrings of method names to run, comma-separated (semicolons: names with commas)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--per-category", type=int, default=None, help="prompts per category (default: all 5)")
     p.add_argument("--repeats", type=int, default=3)
@@ -110,8 +117,7 @@ def main(argv=None):
         else:
             methods = decode_rows() if args.suite == "decode" else lookahead_sweep_rows()
         if args.methods:
-            want = [w.strip() for w in args.methods.split(",")]
-            methods = [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
+            methods = pick(methods, args.methods)
         methods = [m for m in methods if "dlm" not in m.needs or args.model in DLLM_FOR]
         methods = [m for m in methods if all(k not in m.needs or has_heads(args.model, k) for k in ("medusa", "eagle", "eagle3"))]
         ctx = Context(target=lm, model_name=args.model)

@@ -104,7 +104,8 @@ def kernel_layer(x, e, norms: tuple, packed: list, pos, allow, past, heads: int,
     layer's input (its residual stream), ``e`` (B, T, H) the token embedding EAGLE-3 reads beside it
     (None: EAGLE-1, whose input is already fused); ``norms`` = (norm_e or None, norm1, norm2)
     ``nn.RMSNorm``; ``allow`` (B, T, P + T) bool and ``past`` = (k, v) (B, kv heads, P, d) or None as
-    the drafts' ``step``. -> (outputs (B, T, H), (k, v) of these T inputs (B, kv heads, T, d))."""
+    the drafts' ``step`` (``allow`` None: the kernel's causal rule, no mask). -> (outputs (B, T, H), (k, v) of
+    these T inputs (B, kv heads, T, d))."""
     B, T, H = x.shape
     d = packed[1].shape[1] // heads  # o reads heads * d
     P = 0 if past is None else past[0].shape[2]
@@ -112,7 +113,7 @@ def kernel_layer(x, e, norms: tuple, packed: list, pos, allow, past, heads: int,
     if P:
         keys[:, :, :P], values[:, :, :P] = past
     cos2, sin2 = rope_rows(pos.cpu(), d, theta)  # (B, T, d)
-    mask = torch.zeros(allow.shape, device="cpu").masked_fill_(~allow, float("-inf"))  # (B, T, P + T)
+    mask = None if allow is None else torch.zeros(allow.shape, device="cpu").masked_fill_(~allow, float("-inf"))
     norm_e, norm1, norm2 = norms
     eps = torch.finfo(torch.float32).eps if norm1.eps is None else norm1.eps  # nn.RMSNorm's default
     step = cpu_gemv.LayerStep(B, T, P, H, heads, kv_heads, d, packed[2].shape[0] // 2, eps, d ** -0.5,
