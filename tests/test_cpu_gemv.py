@@ -204,3 +204,18 @@ def test_layer_step_on_int8_panels_is_the_dequantized_layer():
                              e=e, norm_e=torch.ones(hidden)))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     assert outs[0].abs().sum() > 0
+
+
+def test_rmsnorm_is_torchs_within_rounding_and_gives_each_row_its_own_bits():
+    """The EAGLE drafts' final norm in one call: torch.rms_norm's values (~1e-7), each row's bits
+    whatever rows come with it, and a weight of the wrong size refused by name."""
+    g = torch.Generator().manual_seed(3)
+    for n in (576, 37, 8):
+        x, w = torch.randn(2, 5, n, generator=g), torch.randn(n, generator=g)
+        got = cpu_gemv.rmsnorm(x, w, 1e-5)
+        torch.testing.assert_close(got, torch.rms_norm(x, (n,), w, 1e-5), atol=1e-5, rtol=1e-5)
+        alone = torch.cat([cpu_gemv.rmsnorm(x[:, i:i + 1], w, 1e-5) for i in range(5)], 1)
+        assert torch.equal(got, alone)
+        assert not torch.allclose(cpu_gemv.rmsnorm(x, w, 1.0), got, atol=1e-3)  # eps is used
+    with pytest.raises(ValueError, match="weight"):
+        cpu_gemv.rmsnorm(torch.randn(3, 8), torch.randn(7), 1e-5)
