@@ -355,6 +355,22 @@ def test_fused_weights_follow_in_place_edits():
     torch.testing.assert_close(after, hf.logits(ids), atol=1e-5, rtol=1e-5)
 
 
+def test_weights_are_checked_at_a_caches_first_step_only(monkeypatch):
+    """lean_llama.checked: one check of every weight per cache (its first step), none at its later steps;
+    a new cache checks again, so an edit between generations is seen (the test above)."""
+    lean, _ = lean_and_hf(small_llama())
+    calls = []
+    real = lean_llama.projections
+    monkeypatch.setattr(lean_llama, "projections", lambda m: calls.append(m) or real(m))
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(8))
+    cache = lean.new_cache()
+    for t in range(ids.shape[1]):  # a prefill of one token, then cached steps
+        lean.forward(ids[:, t:t + 1], cache)
+    assert len(calls) == 1 and calls[0] is lean.model
+    lean.forward(ids, lean.new_cache())
+    assert len(calls) == 2
+
+
 def test_load_picks_the_lean_forward_with_an_off_switch(tiny):
     assert type(tiny) is models.LM  # tiny: nothing packed, so the plain forward
     fast = models.load("tiny", device="cpu", prepack=True)

@@ -34,6 +34,7 @@ class KVCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.length = 0
+        self.weights = None  # (model, its fused weights) checked at this cache's first step (lean_llama.checked)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
