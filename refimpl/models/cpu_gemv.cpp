@@ -13,7 +13,9 @@
 //   take 4 panels at once (4-8 chains), 3 rows and more 2 panels in tiles of 3-6 rows (6-12), the
 //   first tile streaming the panels into L1 / L2 and the others reusing them;
 // - the panels taken together come from far-apart slabs of the thread's share, so each is one
-//   long sequential stream (4 or 2 of them), and the tile that streams them prefetches 4 KB ahead;
+//   long sequential stream (4 or 2 of them), and the tile that streams them prefetches 4 KB ahead,
+//   but for 1-2 rows of fp32 panels (stop 53 measured SmolLM2's whole step 3% (1 row) and 5% (2 rows)
+//   faster without, in one process; with 3-5 rows the prefetch is worth 0-9%);
 // - each thread (torch's OpenMP threads) reads one contiguous share of the panels;
 // - every output element is the same sequence of operations whatever R and the blocking: one FMA
 //   chain over k = 0 .. K - 1, then + add. So a row scored inside a block of R rows gets exactly
@@ -143,10 +145,10 @@ static void products(const WT* P, const float* x, float* y, const float* add, in
         int ps[4];
         const WT* w[4];
         for (int i = 0; i < NS; i++) ps[i] = lo + i * S + j, w[i] = P + ps[i] * stride;
-        if (R == 1)
-            tile<1, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
+        if (R == 1)  // fp32 panels over 4 streams: no software prefetch, the hardware's keeps up (stop 53, above)
+            tile<1, 4>(w, ps, x, y, add, K, N, 0, sizeof(WT) == 4 ? 0 : AHEAD, scale);
         else if (R == 2)
-            tile<2, 4>(w, ps, x, y, add, K, N, 0, AHEAD, scale);
+            tile<2, 4>(w, ps, x, y, add, K, N, 0, sizeof(WT) == 4 ? 0 : AHEAD, scale);
         else
             panels<2>(w, ps, x, y, add, R, K, N, scale);
     }
