@@ -145,14 +145,22 @@ def node_candidates(histories: list[list[list[int]]], max_ngram: int, min_ngram:
     and including node i of row b (the committed tokens, then its path from the root), every row
     with the same number of nodes -> (B, e) token ids, -1 = none. A tree level has a handful of
     nodes, so each is a :func:`scan_positions` over its list (no tensor round trip: ~0.05 ms a node)."""
-    check_ngrams(max_ngram, min_ngram)
     B, e = len(histories), len(histories[0]) if histories else 0
-    got = []
+    got = candidate_lists(histories, max_ngram, min_ngram)
+    return torch.tensor(got, dtype=torch.long, device=device).view(B, e)
+
+
+def candidate_lists(histories: list[list[list[int]]], max_ngram: int, min_ngram: int) -> list[list[int]]:
+    """:func:`node_candidates` as Python lists (B rows of e token ids, -1 = none)."""
+    check_ngrams(max_ngram, min_ngram)
+    out = []
     for row in histories:
+        got = []
         for h in row:
             at = scan_positions(h, len(h) - 1, max_ngram, min_ngram) if h else -1
             got.append(h[at] if at >= 0 else -1)
-    return torch.tensor(got, dtype=torch.long, device=device).view(B, e)
+        out.append(got)
+    return out
 
 
 def boost_nodes(logits: torch.Tensor, histories: list[list[list[int]]], max_ngram: int, min_ngram: int, bias: float,
@@ -176,11 +184,12 @@ def boost_columns(logits: torch.Tensor, histories: list[list[list[int]]], column
     ``columns[t]`` token id -> its column of ``logits`` (B, e, V') (-1: not kept; None: the id). A candidate
     outside the kept columns has no logit of the draft's: it gets one more column, at the node's best logit
     + ``bias``, so the prior ranks it first as it ranks a kept candidate the draft already likes. ->
-    ``(logits (B, e, V') or (B, e, V' + 1), candidates (B, e) token ids, -1 = none)``: column V' (when
-    present) is each node's candidate. A node is a handful of Python ints: mapped here, then one indexed add."""
-    cand = node_candidates(histories, max_ngram, min_ngram, logits.device)  # (B, e)
+    ``(logits (B, e, V') or (B, e, V' + 1), candidates)``, the candidates as B lists of e token ids (-1 = none):
+    column V' (when present) is each node's candidate. A node is a handful of Python ints: mapped here, then one
+    indexed add."""
+    cand = candidate_lists(histories, max_ngram, min_ngram)  # B lists of e
     (B, e, V), at, outside = logits.shape, [], []  # (b, i, column) of every candidate; (b, i) outside the kept
-    for b, row in enumerate(cand.tolist()):
+    for b, row in enumerate(cand):
         for i, t in enumerate(row):
             if t >= 0:
                 col = t if columns is None else columns[t]

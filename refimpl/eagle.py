@@ -233,11 +233,11 @@ class EagleProposer:
         logits = self.draft.logits(o)  # (B, e, V')
         V, cand = logits.shape[-1], None
         if self.copy:
-            logits, cand = boost_columns(logits, hist, self.columns, self.copy)  # (B, e, V' [+ 1]), (B, e)
+            logits, cand = boost_columns(logits, hist, self.columns, self.copy)  # (B, e, V' [+ 1]), B lists of e
         lp, idx = torch.log_softmax(logits, -1).topk(self.topk, -1)  # (B, e, k)
         ids = self.draft.full(idx.clamp(max=V - 1))
         if logits.shape[-1] > V:  # the extra column is the node's copy candidate
-            ids = torch.where(idx == V, cand[..., None].expand_as(idx), ids)
+            ids = torch.where(idx == V, torch.tensor(cand, device=idx.device)[..., None].expand_as(idx), ids)
         return lp, ids
 
     def start(self, ids, mask, settings) -> None:

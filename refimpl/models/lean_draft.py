@@ -88,15 +88,19 @@ TABLES: dict = {}  # (head size, theta) -> the rotary tables cos2, sin2 (positio
 
 def rope_rows(pos: torch.Tensor, d: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`refimpl.eagle.rope_tables` at positions pos (B, T) as (B, T, d) rows of a table computed
-    once per head size and theta (grown by doubling): the same numbers (each row is computed from its
-    position alone) in three calls instead of ~15."""
-    need = int(pos.max()) + 1 if pos.numel() else 1
+    once per head size and theta (grown by doubling when a position falls past it): the same numbers (each
+    row is computed from its position alone) in two calls instead of ~15."""
     table = TABLES.get((d, theta))
-    if table is None or table[0].shape[0] < need:
-        size = max(need, 256, 2 * (0 if table is None else table[0].shape[0]))
-        cos2, sin2 = rope_tables(torch.arange(size, device="cpu")[None], d, theta)  # (1, 1, size, d)
-        table = TABLES[(d, theta)] = (cos2[0, 0], sin2[0, 0])
-    return table[0][pos], table[1][pos]  # (B, T, d) each
+    if table is not None:
+        try:
+            return table[0][pos], table[1][pos]  # (B, T, d) each
+        except IndexError:  # a position past the table: grow it
+            pass
+    need = int(pos.max()) + 1 if pos.numel() else 1
+    size = max(need, 256, 2 * (0 if table is None else table[0].shape[0]))
+    cos2, sin2 = rope_tables(torch.arange(size, device="cpu")[None], d, theta)  # (1, 1, size, d)
+    table = TABLES[(d, theta)] = (cos2[0, 0], sin2[0, 0])
+    return table[0][pos], table[1][pos]
 
 
 def kernel_layer(x, e, norms: tuple, packed: list, pos, allow, past, heads: int, kv_heads: int, theta: float):
