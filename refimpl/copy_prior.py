@@ -179,7 +179,7 @@ def boost_nodes(logits: torch.Tensor, histories: list[list[list[int]]], max_ngra
 
 
 def boost_columns(logits: torch.Tensor, histories: list[list[list[int]]], columns: list[int] | None,
-                  bias: float, max_ngram: int = 3, min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+                  bias: float, max_ngram: int = 3, min_ngram: int = 2) -> tuple[torch.Tensor, list[list[int]]]:
     """:func:`boost_nodes` for a draft that scores a kept vocabulary (:class:`refimpl.eagle.EagleProposer`):
     ``columns[t]`` token id -> its column of ``logits`` (B, e, V') (-1: not kept; None: the id). A candidate
     outside the kept columns has no logit of the draft's: it gets one more column, at the node's best logit

@@ -68,7 +68,8 @@ def test_command_line_writes_json_and_markdown(tmp_path, monkeypatch):
 def test_methods_pick_rows_by_substring_with_commas_or_semicolons():
     from refimpl.bench import cli
 
-    rows = [bench.Method(n, None) for n in ("ar (cache)", "tree (10 nodes, depth 6)", "tree (3 nodes, depth 3)", "chain")]
+    names_ = ("ar (cache)", "tree (10 nodes, depth 6)", "tree (3 nodes, depth 3)", "chain")
+    rows = [bench.Method(n, None) for n in names_]
     names = lambda spec: [m.name for m in cli.pick(rows, spec)]  # noqa: E731
     assert names("chain") == ["ar (cache)", "chain"]
     assert names("3 nodes, depth 6") == ["ar (cache)", "tree (10 nodes, depth 6)", "tree (3 nodes, depth 3)"]  # split

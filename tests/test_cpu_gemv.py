@@ -219,3 +219,7 @@ def test_rmsnorm_is_torchs_within_rounding_and_gives_each_row_its_own_bits():
         assert not torch.allclose(cpu_gemv.rmsnorm(x, w, 1.0), got, atol=1e-3)  # eps is used
     with pytest.raises(ValueError, match="weight"):
         cpu_gemv.rmsnorm(torch.randn(3, 8), torch.randn(7), 1e-5)
+    with pytest.raises(ValueError, match="weight"):
+        cpu_gemv.rmsnorm(torch.randn(3, 8), torch.randn(8).half(), 1e-5)
+    with pytest.raises(ValueError, match="x must"):
+        cpu_gemv.rmsnorm(torch.randn(3, 8).double(), torch.randn(8), 1e-5)

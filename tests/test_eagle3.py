@@ -165,7 +165,8 @@ def test_causal_after_is_the_explicit_causal_mask():
     from refimpl.lm import causal_after
 
     got = causal_after(2, 3, 4, "cpu")
-    want = torch.cat([torch.ones(2, 3, 4, dtype=torch.bool, device="cpu"), eagle.causal(torch.ones(2, 3, device="cpu"))], -1)
+    cached = torch.ones(2, 3, 4, dtype=torch.bool, device="cpu")  # every cached key, for every query
+    want = torch.cat([cached, eagle.causal(torch.ones(2, 3, device="cpu"))], -1)
     assert torch.equal(got, want) and got.shape == (2, 3, 7)
 
 

@@ -55,7 +55,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refimpl.bench", description="Benchmark every decoding method.")
     p.add_argument("--suite", choices=["decode", "latency", "matmul", "dllm", "learned", "kernels", "lookahead-sweep", "capstone"], default="decode")
     p.add_argument("--model", default="tiny", help="target model (zoo name, folder or HF id)")
-    p.add_argument("--methods", default=None, help="substrings of method names to run, comma-separated (semicolons: names with commas)")
+    p.add_argument("--methods", default=None,
+                   help="substrings of method names to run, comma-separated (semicolons: names with commas)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--per-category", type=int, default=None, help="prompts per category (default: all 5)")
     p.add_argument("--repeats", type=int, default=3)

@@ -14,8 +14,8 @@
 //   (6-12), the first tile streaming the panels into L1 / L2 and the others reusing them;
 // - the panels taken together come from far-apart slabs of the thread's share, so each is one
 //   long sequential stream (4 or 2 of them), and the tile that streams them prefetches 4 KB ahead,
-//   but for 1-2 rows of fp32 panels (stop 53 measured SmolLM2's whole step 3% (1 row) and 5% (2 rows)
-//   faster without, in one process; with 3-5 rows the prefetch is worth 0-9%);
+//   but for 1-4 rows of fp32 panels (stop 53: without it our AR decoded the benchmark's prompts 12.8%
+//   faster, one model switched at run time; more rows over 2 streams still gain 0-9% from it);
 // - each thread (torch's OpenMP threads) reads one contiguous share of the panels;
 // - every output element is the same sequence of operations whatever R and the blocking: one FMA
 //   chain over k = 0 .. K - 1, then + add. So a row scored inside a block of R rows gets exactly

@@ -267,8 +267,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     float rounding of ``torch.rms_norm``, ~1e-7 relative). An EAGLE draft's final norm: on a few rows
     torch's RMSNorm is ~6 small operations, ~30 us warm and ~230 us after a target step's cold caches."""
     n = x.shape[-1]
-    if weight.shape != (n,):
-        raise ValueError(f"weight must be ({n},) for x (..., {n}), got {tuple(weight.shape)}")
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        raise ValueError(f"x must be a CPU float32 tensor, got {x.dtype} on {x.device}")
+    if weight.shape != (n,) or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        raise ValueError(f"weight must be a CPU float32 ({n},) for x (..., {n}), got {weight.dtype} "
+                         f"{tuple(weight.shape)} on {weight.device}")
     x, w = x.contiguous(), weight.detach().contiguous()
     y = torch.empty_like(x)
     library().refimpl_rmsnorm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() // n if n else 0, n, float(eps))
