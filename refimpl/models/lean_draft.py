@@ -83,6 +83,11 @@ def panels(draft, x: torch.Tensor) -> list | None:
     return packed if len({p.kind for p in packed}) == 1 else None
 
 
+def eps_of(norm: nn.RMSNorm) -> float:
+    """An ``nn.RMSNorm``'s epsilon as the kernel takes it (None: torch's default, float32's machine epsilon)."""
+    return torch.finfo(torch.float32).eps if norm.eps is None else norm.eps
+
+
 TABLES: dict = {}  # (head size, theta) -> the rotary tables cos2, sin2 (positions, d) for positions 0, 1, ...
 
 
@@ -119,8 +124,7 @@ def kernel_layer(x, e, norms: tuple, packed: list, pos, allow, past, heads: int,
     cos2, sin2 = rope_rows(pos.cpu(), d, theta)  # (B, T, d)
     mask = None if allow is None else torch.zeros(allow.shape, device="cpu").masked_fill_(~allow, float("-inf"))
     norm_e, norm1, norm2 = norms
-    eps = torch.finfo(torch.float32).eps if norm1.eps is None else norm1.eps  # nn.RMSNorm's default
-    step = cpu_gemv.LayerStep(B, T, P, H, heads, kv_heads, d, packed[2].shape[0] // 2, eps, d ** -0.5,
+    step = cpu_gemv.LayerStep(B, T, P, H, heads, kv_heads, d, packed[2].shape[0] // 2, eps_of(norm1), d ** -0.5,
                               cos2, sin2, mask, embedded=e is not None)
     w = (norm1.weight, *packed[:2], norm2.weight, *packed[2:])
     extra = {} if e is None else {"e": e.contiguous(), "norm_e": norm_e.weight}
@@ -157,8 +161,8 @@ class LeanEagle3Draft(Eagle3Draft):
 
     def logits(self, o: torch.Tensor) -> torch.Tensor:
         if usable(o, self.lm_head):  # the final norm in one kernel call (torch's: ~6 small operations)
-            eps = torch.finfo(torch.float32).eps if self.norm.eps is None else self.norm.eps
-            return product(cpu_gemv.rmsnorm(o, self.norm.weight, eps), self.lm_head, self.head_copy)  # (..., V')
+            normed = cpu_gemv.rmsnorm(o, self.norm.weight, eps_of(self.norm))
+            return cpu_gemv.run(normed, self.head_copy.of(self.lm_head))  # (..., V')
         return product(self.norm(o), self.lm_head, self.head_copy)
 
 
