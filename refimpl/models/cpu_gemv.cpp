@@ -10,12 +10,12 @@
 //   accumulator. No horizontal sums: lane c of panel p's accumulator is output 8 p + c (the
 //   register-blocked "outer product" kernel of GotoBLAS / BLIS);
 // - enough independent FMA chains to cover the FMA latency, and few loads per FMA: 1-2 rows of x
-//   (1-4 on fp32 panels) take 4 panels at once (4-16 chains), more rows 2 panels in tiles of 3-6 rows
-//   (6-12), the first tile streaming the panels into L1 / L2 and the others reusing them;
+//   take 4 panels at once (4-8 chains), 3 rows and more 2 panels in tiles of 3-6 rows (6-12), the
+//   first tile streaming the panels into L1 / L2 and the others reusing them;
 // - the panels taken together come from far-apart slabs of the thread's share, so each is one
 //   long sequential stream (4 or 2 of them), and the tile that streams them prefetches 4 KB ahead,
-//   but for 1-4 rows of fp32 panels (stop 53: without it our AR decoded the benchmark's prompts 12.8%
-//   faster, one model switched at run time; more rows over 2 streams still gain 0-9% from it);
+//   but for 1-2 rows of fp32 panels (stop 53: without it our AR decoded the benchmark's prompts 12.8%
+//   faster, one model switched at run time; 3 rows and more, over 2 streams, gain from it: below);
 // - each thread (torch's OpenMP threads) reads one contiguous share of the panels;
 // - every output element is the same sequence of operations whatever R and the blocking: one FMA
 //   chain over k = 0 .. K - 1, then + add. So a row scored inside a block of R rows gets exactly
@@ -130,9 +130,11 @@ static inline void panels(const WT* const* w, const int* p, const float* x, floa
 // bound by memory, not by the FMA latency; 8 slabs read no faster); 3 rows and more: 2 (6-12 chains
 // a tile). 3 rows over 4 slabs would hold 12 accumulators + 4 weights + 1 broadcast: 17 of AVX2's 16
 // registers, so g++ spilled them to the stack every k step (stop 52: 3-row products of fp16 and int8
-// panels 25-35% slower than over 2 slabs, SmolLM2's EAGLE-3 draft's). fp32 panels (no widening) take
-// 3-4 rows over 4 slabs anyway, without the prefetch: SmolLM2's products 2-2.5% faster than over 2
-// slabs with it (stop 53, one process, 20 rounds), spills and all: a tree's verification. One stream
+// panels 25-35% slower than over 2 slabs, SmolLM2's EAGLE-3 draft's). Stop 53 sent 3-4 rows of fp32
+// panels over 4 slabs anyway, without the prefetch (2-2.5% faster products on that machine); on
+// stop 54's (AVX-512 Zen 4, more bandwidth) that made SmolLM2's 4-row step 13.2 ms against 9.6 over
+// 2 slabs with the prefetch (3 rows: 11.4 against 9.6; 1 row: 9.0), and EAGLE-3 8% slower end to
+// end, one model switched at run time (bench_results/eagle3_smollm2-135m/stop54/). One stream
 // reads slower: 4-6 rows over one 16-wide panel at a time (1 stream, 8-12 chains) took 24-27 ms
 // for SmolLM2's products where 2 streams of 8-wide panels take 18-22. Leftover panels go one at a time.
 // A barrier ends it, as a worksharing loop would.
@@ -141,8 +143,7 @@ static void products(const WT* P, const float* x, float* y, const float* add, in
                      const float* scale = nullptr) {
     const int t = omp_get_thread_num(), T = omp_get_num_threads(), np = (N + PW - 1) / PW;
     const int lo = (int)((long long)np * t / T), hi = (int)((long long)np * (t + 1) / T);
-    const bool wide = R <= 2 || (R <= 4 && sizeof(WT) == 4);  // 4 slabs (above)
-    const int NS = wide ? 4 : 2, S = (hi - lo) / NS;
+    const int NS = R <= 2 ? 4 : 2, S = (hi - lo) / NS;  // slabs (above)
     const size_t stride = (size_t)K * PW;
     for (int j = 0; j < S; j++) {
         int ps[4];
@@ -152,10 +153,6 @@ static void products(const WT* P, const float* x, float* y, const float* add, in
             tile<1, 4>(w, ps, x, y, add, K, N, 0, sizeof(WT) == 4 ? 0 : AHEAD, scale);
         else if (R == 2)
             tile<2, 4>(w, ps, x, y, add, K, N, 0, sizeof(WT) == 4 ? 0 : AHEAD, scale);
-        else if (wide && R == 3)
-            tile<3, 4>(w, ps, x, y, add, K, N, 0, 0, scale);
-        else if (wide)
-            tile<4, 4>(w, ps, x, y, add, K, N, 0, 0, scale);
         else
             panels<2>(w, ps, x, y, add, R, K, N, scale);
     }
