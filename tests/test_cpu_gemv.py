@@ -223,3 +223,48 @@ def test_rmsnorm_is_torchs_within_rounding_and_gives_each_row_its_own_bits():
         cpu_gemv.rmsnorm(torch.randn(3, 8), torch.randn(8).half(), 1e-5)
     with pytest.raises(ValueError, match="x must"):
         cpu_gemv.rmsnorm(torch.randn(3, 8).double(), torch.randn(8), 1e-5)
+
+
+def test_build_flags_add_avx512_where_the_cpu_has_it_and_the_switch_allows(monkeypatch):
+    monkeypatch.delenv("REFIMPL_AVX512", raising=False)
+    monkeypatch.setattr(cpu_gemv, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f"}))
+    assert cpu_gemv.build_flags()[-1] == "-mavx512f"
+    monkeypatch.setenv("REFIMPL_AVX512", "0")
+    assert cpu_gemv.build_flags() == tuple(cpu_gemv.FLAGS)
+    monkeypatch.delenv("REFIMPL_AVX512")
+    monkeypatch.setattr(cpu_gemv, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    assert cpu_gemv.build_flags() == tuple(cpu_gemv.FLAGS)
+
+
+@pytest.mark.skipif("avx512f" not in cpu_gemv.cpu_flags(), reason="the CPU has no AVX-512F: one build only")
+def test_the_avx512_build_gives_the_avx2_builds_bits(monkeypatch):
+    """tile16 (two panels in one 16-lane vector, up to 16 rows a tile) runs each output's FMA chain as
+    tile<RB, 2> does: every panel kind, row count (tiles of 1-16 rows, several tiles, leftovers) and
+    the whole-layer kernel give the AVX2 build's bits."""
+    wide, plain = cpu_gemv.build(cpu_gemv.FLAGS_AVX512), cpu_gemv.build(tuple(cpu_gemv.FLAGS))
+    assert wide is not None and plain is not None and wide is not plain
+    g = torch.Generator().manual_seed(9)
+    runs = []
+    for lib in (plain, wide):
+        monkeypatch.setattr(cpu_gemv, "library", lambda lib=lib: lib)
+        out = []
+        for n_out, k_in in ((1539, 580), (61, 37)):
+            w = torch.randn(n_out, k_in, generator=torch.Generator().manual_seed(n_out))
+            x = torch.randn(40, k_in, generator=torch.Generator().manual_seed(k_in))
+            add = torch.randn(40, n_out, generator=torch.Generator().manual_seed(1))
+            for p in (cpu_gemv.pack(w), cpu_gemv.pack(w.half().float(), half=True), cpu_gemv.pack(w, int8=True)):
+                out += [cpu_gemv.run(x[:r], p, add[:r]) for r in [*range(1, 18), 33, 40]]
+        B, Q, hidden, H, Hkv, D, inter = 1, 20, 64, 4, 2, 16, 96
+        gl = torch.Generator().manual_seed(3)
+        mats = [cpu_gemv.pack(torch.randn(n, k, generator=gl)) for n, k in (((H + 2 * Hkv) * D, hidden),
+                                                                          (hidden, H * D), (2 * inter, hidden),
+                                                                          (hidden, inter))]
+        norms = [torch.rand(hidden, generator=gl) + 0.5 for _ in range(2)]
+        cos2, sin2 = torch.rand(B, Q, D, generator=gl), torch.rand(B, Q, D, generator=gl)
+        step = cpu_gemv.LayerStep(B, Q, 0, hidden, H, Hkv, D, inter, 1e-6, D ** -0.5, cos2, sin2)
+        caches = [(torch.zeros(B, Hkv, Q, D), torch.zeros(B, Hkv, Q, D))]
+        out.append(step.run(torch.randn(B, Q, hidden, generator=gl), [(norms[0], *mats[:2], norms[1], *mats[2:])],
+                            caches))
+        runs.append(out)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert not torch.equal(runs[0][0], runs[0][38])  # fp32 against int8 panels, 1 row: equal() tells them apart

@@ -43,12 +43,13 @@ run in another order: ~1e-6 relative; e^x is a polynomial within 1.3 ulp); greed
 prompt, which the tests and the benchmark's ``exact`` column check.
 
 The source is compiled on first use with the system's C++ compiler (``g++ -O3 -mavx2 -mfma -mf16c
--ffp-contract=off -fopenmp``, ~2 s) into ``$REFIMPL_CACHE/build`` and loaded with ``ctypes``. Its threads are
+-ffp-contract=off -fopenmp``, plus ``-mavx512f`` on a CPU with AVX-512: :func:`build_flags`; ~2 s) into
+``$REFIMPL_CACHE/build`` and loaded with ``ctypes``. Its threads are
 torch's own OpenMP threads (``torch.get_num_threads()`` of them). A version with its own helper threads, kept
 spinning between products, ran AR as fast but a speculative step slower: those helpers and torch's threads
 fought over the two cores around every draft call. :func:`available` is False -- and the lean forward keeps
 oneDNN -- on a CPU without AVX2/FMA/F16C, without a compiler, or with ``REFIMPL_GEMV=0`` in the environment (the
-off switch, e.g. to compare).
+off switch, e.g. to compare; ``REFIMPL_AVX512=0`` keeps the AVX2 build on an AVX-512 CPU).
 """
 from __future__ import annotations
 
@@ -65,19 +66,33 @@ import torch
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemv.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+FLAGS_AVX512 = (*FLAGS, "-mavx512f")  # on a CPU with AVX-512F (build_flags)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset:
+    """The instruction-set flags this x86-64 Linux CPU reports (``/proc/cpuinfo``); empty elsewhere."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return frozenset()
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return frozenset()
 
 
 def cpu_has_avx2_fma() -> bool:
     """True on an x86-64 Linux CPU that reports AVX2 and FMA (and F16C, which every such CPU has:
     the fp16 panels widen their weights with it)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags and "f16c" in flags
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
+
+
+def build_flags() -> tuple[str, ...]:
+    """The compiler flags for this machine: :data:`FLAGS`, plus ``-mavx512f`` where the CPU reports
+    AVX-512F and ``REFIMPL_AVX512`` is not ``0``: tiles of 3 rows and more then multiply two panels in
+    one 16-lane vector (``tile16`` in ``cpu_gemv.cpp``, the same bits)."""
+    avx512 = "avx512f" in cpu_flags() and os.environ.get("REFIMPL_AVX512", "1") != "0"
+    return FLAGS_AVX512 if avx512 else tuple(FLAGS)
 
 
 def build_dir() -> str:
@@ -88,19 +103,27 @@ def build_dir() -> str:
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel (built once per source version and machine), or None when it cannot be."""
+    """The compiled kernel for this machine (:func:`build` with :func:`build_flags`; the AVX2 build if
+    the AVX-512 one does not compile), or None."""
+    return build(build_flags()) or build(tuple(FLAGS))
+
+
+@functools.lru_cache(maxsize=None)
+def build(flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The kernel compiled with ``flags`` (once per source version and flags; a test builds the AVX2
+    one beside the AVX-512 one to compare them), or None when it cannot be."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None or not cpu_has_avx2_fma():
         return None
     torch.zeros(2, device="cpu").sum()  # torch's OpenMP runtime is loaded first: the kernel links to the same one
     with open(SOURCE, "rb") as f:
-        key = hashlib.sha256(f.read() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        key = hashlib.sha256(f.read() + " ".join(flags).encode()).hexdigest()[:16]
     path = os.path.join(build_dir(), f"cpu_gemv-{key}.so")
     if not os.path.exists(path):
         os.makedirs(build_dir(), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=build_dir())  # parallel workers: build aside, rename
         os.close(fd)
-        done = subprocess.run([compiler, *FLAGS, SOURCE, "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([compiler, *flags, SOURCE, "-o", tmp], capture_output=True, text=True)
         if done.returncode != 0:
             os.unlink(tmp)
             return None
