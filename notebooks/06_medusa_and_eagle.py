@@ -980,7 +980,8 @@ print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zo
 # passes: `python -m refimpl.train eagle3-smollm2-135m --device cuda`) it accepts 0.63 and is the
 # fastest tree method there (1.53x AR on a 4-node tree with the copy prior, tau 2.44; 2.90 on 10 nodes;
 # 1.51-1.59x on 3 nodes with the draft's weights in int8 and a stronger prior: a draft may be approximate,
-# the target checks it; 1.38-1.46x once our AR itself got 13% faster in stop 53: a speed-up is a ratio).
+# the target checks it; 1.38-1.46x once our AR itself got 13% faster in stop 53: a speed-up is a ratio;
+# 1.68x on 5-6 nodes on stop 54's machine, whose verification of 3-16 tokens got cheaper: the kernel matters too).
 # Part of that is the copy prior reaching past the draft's trimmed head: 9.5% of SmolLM2's tokens on
 # the benchmark prompts are outside the draft's 8,192 kept ones (names, rare words, mostly copied from
 # the prompt), and a head without their rows can never propose them. The prior gives such a
