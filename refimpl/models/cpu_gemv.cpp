@@ -121,7 +121,7 @@ static inline void finish(const float* t, const int* p, float* y, const float* a
 // panels side by side in one 16-lane vector (lanes 0-7 panel 0, 8-15 panel 1), so half the
 // multiply-add instructions of tile<RB, 2>, and up to MAXZ rows a tile (AVX2's 16 registers hold 6):
 // fewer passes over the panels. Each lane is the same FMA chain over k as in tile<RB, 2>: the same
-// bits (tested against the AVX2 build). On stop 54's CPU (AMD EPYC, AVX-512 with 512-bit FMA units)
+// bits (tested against the AVX2 build). On stop 54's CPU (an AMD EPYC with AVX-512)
 // SmolLM2's 84-token prefill took 88 ms against 115, 16 rows 18 against 25; 1-5 rows unchanged.
 template <int RB, typename WT>
 static inline void tile16(const WT* const* wp, const int* p, const float* x, float* y, const float* add, int K,
@@ -191,7 +191,7 @@ static inline void panels(const WT* const* w, const int* p, const float* x, floa
 // registers, so g++ spilled them to the stack every k step (stop 52: 3-row products of fp16 and int8
 // panels 25-35% slower than over 2 slabs, SmolLM2's EAGLE-3 draft's). Stop 53 sent 3-4 rows of fp32
 // panels over 4 slabs anyway, without the prefetch (2-2.5% faster products on that machine); on
-// stop 54's (AVX-512 Zen 4, more bandwidth) that made SmolLM2's 4-row step 13.2 ms against 9.6 over
+// stop 54's (AVX-512, 73 GB/s reads) that made SmolLM2's 4-row step 13.2 ms against 9.6 over
 // 2 slabs with the prefetch (3 rows: 11.4 against 9.6; 1 row: 9.0), and EAGLE-3 8% slower end to
 // end, one model switched at run time (bench_results/eagle3_smollm2-135m/stop54/). One stream
 // reads slower: 4-6 rows over one 16-wide panel at a time (1 stream, 8-12 chains) took 24-27 ms
