@@ -176,7 +176,8 @@ SHORT = [("on tiny-cllm", "CLLM Jacobi (ch 15)"), ("speculative sampling T=0.7",
          ("without copy prior", "chain draft, no copy prior"), ("speculative greedy", "chain draft"),
          ("self-spec", "self-spec (early exit)"), ("adaptive gamma", "adaptive gamma"),
          ("top-k tree", "static tree 2x2"), ("dynamic tree 10", "dynamic tree"),
-         ("medusa typical", "Medusa typical (LOSSY)"), ("medusa", "Medusa"), ("eagle", "EAGLE"),
+         ("medusa typical", "Medusa typical (LOSSY)"), ("medusa", "Medusa"),
+         ("eagle-3", "EAGLE-3 + copy prior"), ("eagle", "EAGLE"),
          ("hf prompt lookup", "HF prompt lookup"), ("prompt lookup sampling", "prompt lookup T=0.7"),
          ("prompt lookup", "prompt lookup"), ("sam + token", "SAM + recycling"), ("sam (", "SAM"),
          ("token recycling", "token recycling"), ("jacobi", "Jacobi"), ("lookahead", "lookahead"),
@@ -459,10 +460,11 @@ print(production.production_map(prod))
 # %% [markdown]
 # ## Summary
 # - Every method is a point (step cost, tau); speed-up = tau / step cost. On this CPU the step cost
-#   grows with every scored token, so small drafts and retrieval win; on a GPU it barely does, so
-#   trees and heads move up.
-# - The winner depends on the workload: retrieval wins where text repeats (summaries, copies, QA),
-#   a trained draft where it does not (chat).
+#   grows with every scored token, so small trees, cheap drafts and retrieval win; on a GPU it barely
+#   does, so bigger trees and heads move up.
+# - The winner depends on the workload: retrieval wins where the answer copies the prompt at length
+#   (summaries); a draft that reads the target's features (EAGLE-3, with a copy prior) wins the rest
+#   of the committed SmolLM2 table, chat included, and a weak draft wins nowhere (EAGLE-1, Medusa).
 # - A dLLM sampler is chosen on a calls-vs-quality front, not on speed alone.
 # - What we train runs in vLLM once exported to its layout; the same algorithm gives the same tau in
 #   both engines, and a difference in tokens/s is a difference in step cost.

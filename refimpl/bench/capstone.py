@@ -31,6 +31,7 @@ CHAPTER_DEFAULTS = [
     ("medusa (lossless, 16-node tree)", "06"),
     ("medusa typical acceptance T=0.7 (LOSSY, 16-node tree)", "06"),
     ("eagle (dynamic tree 16 nodes, depth 5, top-4)", "06"),
+    ("eagle-3 + strong copy prior, int8 draft (dynamic tree 5 nodes, depth 5, top-2, floor 0.1, bias 12)", "06"),
     ("jacobi (window 8)", "07"),
     ("lookahead (W=7, N=5, G=7)", "08"),
     ("hf prompt lookup (10 tokens, ngram <= 2)", "09"),
