@@ -154,23 +154,24 @@ template <int NP, typename WT>
 static inline void panels(const WT* const* w, const int* p, const float* x, float* y, const float* add, int R,
                           int K, int N, const float* scale) {
 #ifdef __AVX512F__
-    if (NP == 2) {
-        const int tiles = (R + MAXZ - 1) / MAXZ, base = R / tiles, extra = R % tiles;
-        for (int j = 0, r0 = 0; j < tiles; j++) {
-            const int rb = base + (j < extra), ahead = j ? 0 : AHEAD;
+    const bool wide = NP == 2;  // tile16
+#else
+    const bool wide = false;
+#endif
+    const int most = wide ? MAXZ : 6, tiles = (R + most - 1) / most, base = R / tiles, extra = R % tiles;
+    for (int j = 0, r0 = 0; j < tiles; j++) {
+        const int rb = base + (j < extra), ahead = j ? 0 : AHEAD;
+#ifdef __AVX512F__
+        if (wide) {
             switch (rb) {
 #define Z(n) case n: tile16<n, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
                 Z(1) Z(2) Z(3) Z(4) Z(5) Z(6) Z(7) Z(8) Z(9) Z(10) Z(11) Z(12) Z(13) Z(14) Z(15) Z(16)
 #undef Z
             }
             r0 += rb;
+            continue;
         }
-        return;
-    }
 #endif
-    const int tiles = (R + 5) / 6, base = R / tiles, extra = R % tiles;
-    for (int j = 0, r0 = 0; j < tiles; j++) {
-        const int rb = base + (j < extra), ahead = j ? 0 : AHEAD;
         switch (rb) {
             case 1: tile<1, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
             case 2: tile<2, NP, WT>(w, p, x, y, add, K, N, r0, ahead, scale); break;
