@@ -190,6 +190,9 @@ def vllm_eagle3(w: dict, cfg: dict, tok: torch.Tensor, aux: torch.Tensor, embed:
     h = (torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) \
         @ w[p + "mlp.down_proj.weight"].T
     logits = rms(h + res, w["norm.weight"], eps) @ w["lm_head.weight"].T  # (T, draft vocab)
+    if "d2t" not in w:  # draft_id_to_target_id is None: the logits are the full vocabulary's, in token order
+        assert logits.shape[1] == cfg["vocab_size"]
+        return logits
     full = torch.full((T, cfg["vocab_size"]), -torch.inf)
     full[:, torch.arange(cfg["draft_vocab_size"]) + w["d2t"]] = logits
     return full
@@ -226,3 +229,54 @@ def test_eagle3_export_is_our_draft_in_vllms_layout(smol, tmp_path):
 def test_eagle3_export_refuses_a_tap_vllm_cannot_read(tmp_path):
     with pytest.raises(ValueError, match="final normed state"):
         export.export("eagle3-tiny", str(tmp_path))  # tiny's draft reads layer 4 = L
+
+
+def vllm_eagle3_load(w: dict, cfg: dict) -> None:
+    """vLLM 0.32's ``Eagle3LlamaForCausalLM.load_weights`` name check: ``t2d`` is skipped, ``d2t`` loads into
+    ``draft_id_to_target_id``, which exists only when ``draft_vocab_size`` differs from the target's vocabulary
+    (None otherwise); a tensor with no parameter to go to fails the load."""
+    params = {"draft_id_to_target_id"} if cfg["draft_vocab_size"] != cfg["vocab_size"] else set()
+    for name in w:
+        if name == "d2t" and "draft_id_to_target_id" not in params:
+            raise ValueError("There is no module or parameter named 'draft_id_to_target_id'")
+
+
+@pytest.mark.parametrize("kept", ["all tokens (None)", "all tokens (shuffled)", "a subset"])
+def test_eagle3_export_of_a_full_vocabulary_draft_has_no_d2t(kept, tmp_path):
+    """A draft over the whole vocabulary (``kept`` None, as ``tiny``'s zoo draft) is written without ``d2t`` /
+    ``t2d`` and with its head rows in token order; vLLM's forward on the written tensors is ours. A subset
+    keeps its ``d2t``. Negative controls: the old layout (``d2t`` written for a full draft) fails vLLM's load,
+    and a shuffled full head written in draft order moves the logits."""
+    from refimpl import eagle3
+
+    tiny = models.load("tiny", prepack=False)
+    V = tiny.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = {"all tokens (None)": None, "all tokens (shuffled)": torch.randperm(V, generator=g),
+           "a subset": torch.randperm(V, generator=g)[:500].sort().values}[kept]
+    torch.manual_seed(0)
+    d = eagle3.new_draft(tiny, taps=(1, 2, 3), kept=ids).eval()  # (tap 3 < L = 4: vLLM reads the same stream)
+    export.write_eagle3(tiny, d, str(tmp_path))
+    cfg = json.load(open(tmp_path / "config.json"))
+    w = load_file(str(tmp_path / "model.safetensors"))
+    full = ids is None or len(ids) == V
+    assert ("d2t" in w, "t2d" in w) == (not full, not full)
+    assert cfg["vocab_size"] == V and cfg["draft_vocab_size"] == (V if full else 500)
+    assert w["lm_head.weight"].shape == (cfg["draft_vocab_size"], d.hidden_size)
+    vllm_eagle3_load(w, cfg)
+    if full:
+        with pytest.raises(ValueError, match="draft_id_to_target_id"):
+            vllm_eagle3_load({**w, "d2t": torch.zeros(V, dtype=torch.long)}, cfg)
+    ids_ = torch.tensor([tiny.tokenizer.encode("In the beginning God created the heaven and the earth. And the")])
+    with torch.no_grad():
+        _, _, aux = tiny.forward(ids_, output_hidden_states=d.taps)
+        tok, aux = ids_[0, 1:], aux[0, :-1].float()
+        ours = d.logits(eagle3.unroll(d, tok[None], d.fuse(aux[None]), torch.ones_like(tok)[None], 1)[0][0])
+        E = tiny.model.get_input_embeddings().weight.detach().float()
+        theirs = vllm_eagle3(w, cfg, tok, aux, E)
+        cols = d.kept if d.kept is not None else torch.arange(V)
+        assert torch.allclose(theirs[:, cols], ours, atol=2e-3, rtol=1e-4)
+        assert torch.equal(theirs.argmax(-1), d.full(ours.argmax(-1)))
+        if kept == "all tokens (shuffled)":
+            naive = {**w, "lm_head.weight": d.lm_head.detach().float()}
+            assert not torch.allclose(vllm_eagle3(naive, cfg, tok, aux, E)[:, cols], ours, atol=2e-3, rtol=1e-4)

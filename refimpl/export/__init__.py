@@ -10,7 +10,8 @@ that ``make production`` installs); each exporter cites the vLLM file that defin
   ``EagleLlamaForCausalLM`` (``vllm/model_executor/models/llama_eagle.py``);
   ``{"method": "eagle", "model": DIR, "num_speculative_tokens": K}``.
 - ``eagle3-<target>`` (EAGLE-3, chapter 06) -> vLLM's ``Eagle3LlamaForCausalLM``
-  (``vllm/model_executor/models/llama_eagle3.py``), its own kept-vocabulary head through ``d2t``;
+  (``vllm/model_executor/models/llama_eagle3.py``), its own kept-vocabulary head through ``d2t`` (no ``d2t``
+  for a draft over the whole vocabulary, as vLLM 0.32 expects);
   ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}``.
 - ``smollm2-135m-draft`` (the chain draft of chapter 04) -> a standalone Hugging Face Llama folder,
   vLLM's ``draft_model`` method (``vllm/v1/spec_decode/draft_model.py``) or HF ``assistant_model``.
@@ -169,20 +170,33 @@ def export_eagle(name: str, out: str) -> dict:
 
 
 def export_eagle3(name: str, out: str) -> dict:
-    """The EAGLE-3 draft -> vLLM's ``Eagle3LlamaForCausalLM`` (llama_eagle3.py), exactly: HF key names
-    ``fc``, ``midlayer.{input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-    mlp.{gate,up,down}_proj}``, ``norm``, ``lm_head`` (the kept rows: ``draft_vocab_size``) and ``d2t``
-    (draft index -> token id offset: ``token = index + d2t[index]``), ``t2d`` (which token ids are kept).
-    The tapped layers go in ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SmolLM2: vLLM's default
-    (2, 15, 27) anyway). No ``embed_tokens``: vLLM shares the target's, as we do. Our layer is vLLM's
-    with its defaults (``norm_before_residual``, ``norm_before_fc``, ``norm_output`` all false)."""
+    """The zoo's EAGLE-3 draft ``name`` -> vLLM's ``Eagle3LlamaForCausalLM`` folder (:func:`write_eagle3`)."""
     from .. import eagle3, models
 
     target = models.load(target_name(name, "eagle3"), prepack=False)
-    d = eagle3.load_draft(target)
+    return write_eagle3(target, eagle3.load_draft(target), out, name)
+
+
+def write_eagle3(target, d, out: str, name: str = "the draft") -> dict:
+    """An EAGLE-3 draft ``d`` of ``target`` -> vLLM's ``Eagle3LlamaForCausalLM`` (llama_eagle3.py), exactly: HF
+    key names ``fc``, ``midlayer.{input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+    mlp.{gate,up,down}_proj}``, ``norm``, ``lm_head`` (``draft_vocab_size`` rows) and, for a draft that keeps a
+    subset of the vocabulary, ``d2t`` (draft index -> token id offset: ``token = index + d2t[index]``) and ``t2d``
+    (which token ids are kept). A draft over the whole vocabulary (``kept`` None, or every token id) gets neither:
+    vLLM 0.32 then sets ``draft_id_to_target_id = None`` (``draft_vocab_size`` = the target's vocabulary) and has
+    no parameter to load a ``d2t`` into, so its head rows are written in token-id order instead. The tapped
+    layers go in ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SmolLM2: vLLM's default (2, 15, 27) anyway).
+    No ``embed_tokens``: vLLM shares the target's, as we do. Our layer is vLLM's with its defaults
+    (``norm_before_residual``, ``norm_before_fc``, ``norm_output`` all false).
+
+    A tap at layer ``L`` (the number of target layers) is refused: vLLM 0.32 can tap it, but its stream ``L``
+    is the residual stream after the last layer, BEFORE the final norm, while ours (:meth:`refimpl.lm.LM.forward`'s
+    hidden state ``L``, which ``tiny``'s draft reads) is the final *normed* state: a draft trained on one would
+    read the other."""
     if max(d.taps) >= target.num_layers:
-        raise ValueError(f"{name}: the draft taps layer {max(d.taps)} (the final normed state); vLLM taps only the "
-                         f"residual streams entering layers 0..{target.num_layers - 1}")
+        raise ValueError(f"{name}: the draft taps layer {max(d.taps)}, which is the target's final normed state here; "
+                         f"vLLM's tap {target.num_layers} is the residual stream before the final norm, a different "
+                         f"tensor (taps 0..{target.num_layers - 1} are the same in both)")
     src = target_folder(target)
     if src is None:
         raise ValueError(f"{name}: the target has no Hugging Face folder to take its config from")
@@ -193,17 +207,22 @@ def export_eagle3(name: str, out: str) -> dict:
     gate, up = d.gate_up.weight.chunk(2, 0)
     V = target.model.get_output_embeddings().weight.shape[0]
     kept = torch.arange(V, device="cpu") if d.kept is None else d.kept.cpu()  # host tensors: the file's
-    t2d = torch.zeros(V, dtype=torch.bool, device="cpu")
-    t2d[kept] = True
+    head = d.lm_head
+    full = len(kept) == V
+    if full:  # every token kept: row t must be token t's (no d2t to map it)
+        head = head[torch.argsort(kept).to(head.device)]
     m = "midlayer."
     state = {"fc.weight": d.fc.weight, m + "input_layernorm.weight": d.norm_in.weight,
              m + "hidden_norm.weight": d.norm_hid.weight, m + "self_attn.q_proj.weight": q,
              m + "self_attn.k_proj.weight": k, m + "self_attn.v_proj.weight": v, m + "self_attn.o_proj.weight": d.o.weight,
              m + "post_attention_layernorm.weight": d.norm_mid.weight, m + "mlp.gate_proj.weight": gate,
              m + "mlp.up_proj.weight": up, m + "mlp.down_proj.weight": d.down.weight, "norm.weight": d.norm.weight,
-             "lm_head.weight": d.lm_head}
-    state["d2t"] = (kept - torch.arange(len(kept), device="cpu")).long()
-    state["t2d"] = t2d
+             "lm_head.weight": head}
+    if not full:
+        t2d = torch.zeros(V, dtype=torch.bool, device="cpu")
+        t2d[kept] = True
+        state["d2t"] = (kept - torch.arange(len(kept), device="cpu")).long()
+        state["t2d"] = t2d
     cfg.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "num_attention_heads": d.num_heads,
                 "num_key_value_heads": d.num_kv_heads, "head_dim": d.head_dim, "intermediate_size": d.intermediate,
                 "draft_vocab_size": int(len(kept)), "vocab_size": int(V), "target_hidden_size": d.hidden_size,
