@@ -1,0 +1,128 @@
+"""``solutions.check`` turns every error in a learner's answer into one line naming the learner's own
+line, never a traceback through the course's plumbing (notebooks/solutions/__init__.py)."""
+import linecache
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks"))
+
+import solutions  # noqa: E402
+
+# a notebook cell as ipykernel >= 6 compiles it: a pseudo-file in /tmp/ipykernel_<pid>/ whose
+# source IPython registers in linecache, so tracebacks (and check) can quote its lines
+CELL = "/tmp/ipykernel_4242/2718281828.py"
+CELL_SOURCE = """\
+def mean_gap(xs):
+    total = sum(xs)
+    return total / (len(xs) - len(xs))
+
+def last_token(ids):
+    return ids[len(ids)]
+
+def project(h, w):
+    return h @ w
+
+def add_prefix(n):
+    return "tok" + n
+"""
+
+
+@pytest.fixture()
+def cell(monkeypatch):
+    monkeypatch.delenv("COURSE_ANSWERS", raising=False)
+    linecache.cache[CELL] = (len(CELL_SOURCE), None, CELL_SOURCE.splitlines(True), CELL)
+    ns = {}
+    exec(compile(CELL_SOURCE, CELL, "exec"), ns)
+    yield ns
+    linecache.cache.pop(CELL, None)
+
+
+@pytest.mark.parametrize("call, kind, line", [
+    (lambda ns: ns["mean_gap"]([1, 2]), "ZeroDivisionError: division by zero", "line 3 of your cell: "
+     "return total / (len(xs) - len(xs))"),
+    (lambda ns: ns["last_token"]([5, 6, 7]), "IndexError: list index out of range",
+     "line 6 of your cell: return ids[len(ids)]"),
+    (lambda ns: ns["project"](torch.ones(2, 3), torch.ones(4, 5)), "RuntimeError: mat1 and mat2 shapes",
+     "line 9 of your cell: return h @ w"),
+    (lambda ns: ns["add_prefix"](3), "TypeError: can only concatenate str", "line 12 of your cell: "
+     'return "tok" + n'),
+], ids=["zero-division", "index", "shape-mismatch", "type"])
+def test_an_error_in_the_learners_cell_is_a_verdict_naming_its_line(cell, capsys, call, kind, line):
+    status = solutions.check("Exercise 1", lambda: call(cell))
+    assert status.startswith("wrong: your code raised " + kind), status
+    assert status.endswith(f"({line})"), status
+    out = capsys.readouterr()
+    assert out.out == f"Exercise 1: {status}\n" and out.err == ""
+    assert "Traceback" not in out.out and "solutions" not in status
+
+
+def test_the_line_is_the_learners_even_when_the_error_surfaces_in_a_library(cell, capsys):
+    """The innermost frame is inside torch (site-packages); the verdict names the learner's call."""
+    src = "def probs(logits):\n    return torch.softmax(logits, dim=3)\n"
+    linecache.cache[CELL] = (len(src), None, src.splitlines(True), CELL)
+    ns = {"torch": torch}
+    exec(compile(src, CELL, "exec"), ns)
+    status = solutions.check("Exercise 2", lambda: ns["probs"](torch.zeros(2, 4)))
+    assert status.startswith("wrong: your code raised IndexError: Dimension out of range"), status
+    assert status.endswith("(line 2 of your cell: return torch.softmax(logits, dim=3))"), status
+
+
+def test_a_learners_file_outside_a_cell_is_named_by_its_basename(monkeypatch):
+    monkeypatch.delenv("COURSE_ANSWERS", raising=False)
+
+    def broken():
+        return {}["missing"]
+    status = solutions.check("Exercise 3", broken)
+    assert status.startswith("wrong: your code raised KeyError: 'missing' (line "), status
+    assert status.endswith("of test_check.py: return {}[\"missing\"])"), status
+
+
+def test_long_messages_are_cut_and_kept_on_one_line(monkeypatch):
+    monkeypatch.delenv("COURSE_ANSWERS", raising=False)
+
+    def noisy():
+        raise ValueError("first line\n" + "x" * 1000)
+    status = solutions.check("Exercise 4", noisy)
+    assert "\n" not in status and status.startswith("wrong: your code raised ValueError: first line x")
+    assert "x" * (solutions.MAX_MESSAGE - 20) in status and "x" * (solutions.MAX_MESSAGE + 1) not in status
+
+
+def test_asserts_and_stubs_keep_their_verdicts(cell):
+    def wrong():
+        raise AssertionError("the residual must sum to 1")
+    assert solutions.check("a", wrong) == "wrong, because the residual must sum to 1"
+
+    def stub():
+        raise NotImplementedError
+    assert solutions.check("b", stub) == solutions.NOT_ATTEMPTED
+    assert solutions.check("c", lambda: ...) == solutions.NOT_ATTEMPTED
+    assert solutions.check("d", lambda: 1) == solutions.CORRECT
+
+
+def test_in_ci_mode_an_error_still_fails_with_the_original_chained(cell, monkeypatch):
+    """COURSE_ANSWERS=1: a reference answer that raises must fail the build, traceback kept."""
+    monkeypatch.setenv("COURSE_ANSWERS", "1")
+    with pytest.raises(AssertionError, match="reference answer is wrong: your code raised ZeroDivision") as e:
+        solutions.check("Exercise 1", lambda: cell["mean_gap"]([1]))
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+    assert solutions.check("Exercise 2", lambda: 1) == solutions.CORRECT
+
+
+def test_errors_inside_the_course_plumbing_are_not_the_learners_line(monkeypatch):
+    """Frames in notebooks/solutions and the standard library are never quoted as the learner's."""
+    monkeypatch.delenv("COURSE_ANSWERS", raising=False)
+
+    def ask_for_a_missing_answer():
+        return solutions.reference("99", "no_such_answer")
+    status = solutions.check("x", ask_for_a_missing_answer)
+    assert status.startswith("wrong: your code raised ModuleNotFoundError: No module named 'solutions.ch99'")
+    assert status.endswith('of test_check.py: return solutions.reference("99", "no_such_answer"))'), status
+
+
+def test_the_verdict_is_a_str_that_jupyter_does_not_echo_twice(cell):
+    status = solutions.check("Exercise 1", lambda: 1)
+    assert isinstance(status, str) and status == solutions.CORRECT
+    assert status._ipython_display_() is None   # IPython calls this instead of showing Out[n]
