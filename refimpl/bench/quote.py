@@ -1,0 +1,208 @@
+"""Tables quoted in the README and docs/, generated from the committed results in ``bench_results/``.
+
+``python -m refimpl.bench.quote`` rewrites every block between ``<!-- quote:NAME -->`` and
+``<!-- /quote -->`` in README.md and docs/*.md with the table :data:`QUOTES` makes for NAME from its
+JSON file; ``--check`` writes nothing and exits 1 when a block differs (``tests/test_docs.py`` runs
+it). A number quoted in a table therefore cannot drift from the file it comes from: re-run a suite,
+commit its JSON, run this command.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "bench_results")
+BLOCK = re.compile(r"(<!-- quote:([\w-]+) -->\n)(.*?)(<!-- /quote -->)", re.S)
+
+#: method families of the headline table: (label, chapters)
+FAMILIES = [("draft model (ch 02-04)", ("02", "03", "04a", "04b")), ("token tree (ch 05)", ("05",)),
+            ("heads and feature drafts (ch 06)", ("06",)), ("Jacobi / lookahead (ch 07-08)", ("07", "08")),
+            ("retrieval (ch 09)", ("09",))]
+
+
+def load(rel: str) -> dict:
+    with open(os.path.join(RESULTS, rel)) as f:
+        return json.load(f)
+
+
+def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
+    """Markdown for ``rows``; ``cols`` = [(key, header, format)], a missing or None value prints '-'."""
+    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        cells = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            cells.append("-" if v is None else format(v, fmt) if fmt else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+CAPSTONE_COLS = [("chapter", "ch", ""), ("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"),
+                 ("speedup", "speed-up vs AR", ".2f"), ("tau", "tau", ".2f"),
+                 ("target_nfe_per_token", "target NFE/token", ".2f"), ("draft_calls_per_step", "draft calls / step", ".2f"),
+                 ("step_cost", "step cost (AR steps)", ".2f"), ("exact", "exact vs AR greedy", ".0%")]
+DECODE_COLS = [("method", "method", ""), ("speedup", "speed-up vs AR", ".2f"), ("tau", "tau", ".2f"),
+               ("target_nfe_per_token", "target NFE/token", ".2f"), ("exact", "exact vs AR greedy", ".0%")]
+PRODUCTION_COLS = [("method", "method", ""), ("engine", "engine", ""), ("tokens_per_s", "tokens/s", ".1f"),
+                   ("speedup_vs_own_ar", "speed-up vs own AR", ".2f"), ("tau", "tau", ".2f"),
+                   ("step_ms", "ms / step", ".1f"), ("step_cost_ar_steps", "step cost (own AR steps)", ".2f"),
+                   ("exact", "tokens == our AR", ".0%"),
+                   ("mean_acceptance_length", "vLLM mean acceptance length", ".2f")]
+DLLM_COLS = [("task", "task", ""), ("method", "method", ""), ("nfe_per_row", "NFE/row", ".2f"),
+             ("tokens_per_s", "tokens/s", ".0f"), ("accuracy", "accuracy", ".1%"),
+             ("perplexity", "ppl under tiny", ".1f"), ("repetition", "repeated 3-grams", ".1%")]
+LEARNED_COLS = [("task", "task", ""), ("model", "model", ""), ("method", "method", ""),
+                ("tokens_per_call", "tokens / call", ".2f"), ("speedup", "speed-up vs AR", ".2f"),
+                ("exact", "= own AR greedy", ""), ("perplexity", "ppl under tiny", ".2f"),
+                ("repetition", "repeated 3-grams", ".1%")]
+
+
+def lossless_greedy(r: dict) -> bool:
+    """A row of ours that decodes greedily and equals AR greedy on every prompt (no HF row, no lossy one)."""
+    return r.get("exact") == 1.0 and not r.get("lossy") and not r["method"].startswith("hf ")
+
+
+def capstone(rel: str) -> str:
+    return table(load(rel)["rows"], CAPSTONE_COLS)
+
+
+def categories(rel: str) -> str:
+    """Speed-up vs AR / tau per prompt category, every row of the run."""
+    rows = load(rel)["rows"]
+    base = next(r for r in rows if r["method"] == "ar (cache)")["per_category_tokens_per_s"]
+    out = []
+    for r in rows:
+        row = {"method": r["method"]}
+        for c in base:
+            tau = (r.get("per_category_tau") or {}).get(c)
+            sp = r["per_category_tokens_per_s"][c] / base[c]
+            row[c] = f"{sp:.2f}x / " + ("-" if tau is None else f"{tau:.2f}")
+        out.append(row)
+    return table(out, [("method", "method (speed-up / tau)", "")] + [(c, c, "") for c in base])
+
+
+def winners(rel: str) -> str:
+    """The fastest lossless greedy method per prompt category, with the runner-up."""
+    rows = [r for r in load(rel)["rows"] if lossless_greedy(r) and r["method"] != "ar (cache)"]
+    base = next(r for r in load(rel)["rows"] if r["method"] == "ar (cache)")["per_category_tokens_per_s"]
+    out = []
+    for c in base:
+        ranked = sorted(rows, key=lambda r: -r["per_category_tokens_per_s"][c])
+        sp = [r["per_category_tokens_per_s"][c] / base[c] for r in ranked[:2]]
+        out.append({"category": c, "winner": ranked[0]["method"], "speed-up": f"{sp[0]:.2f}x",
+                    "runner-up": f"{ranked[1]['method']} ({sp[1]:.2f}x)"})
+    return table(out, [("category", "category", ""), ("winner", "fastest lossless method", ""),
+                       ("speed-up", "speed-up vs AR", ""), ("runner-up", "runner-up", "")])
+
+
+def headline(rel: str, production_rel: str) -> str:
+    """The best lossless greedy method of each family next to AR and HF ``generate`` (the capstone run), and
+    vLLM's AR and fastest speculative method next to our AR (the ``make production`` run: another run, fewer
+    prompts, so each block compares within its own run)."""
+    rows = load(rel)["rows"]
+    ar = next(r for r in rows if r["method"] == "ar (cache)")
+    out = [{"family": "autoregressive (ch 01)", **ar}, {"family": "Hugging Face", **next(r for r in rows if r["method"] == "hf generate")}]
+    for label, chapters in FAMILIES:
+        best = max((r for r in rows if r["chapter"] in chapters and lossless_greedy(r)), key=lambda r: r["speedup"])
+        out.append({"family": label, **best})
+    n = len(rows[0].get("per_category_tokens_per_s", {})) and rows[0]["prompts"]
+    for r in out:
+        r["run"] = f"capstone, {n} prompts"
+    prod = load(production_rel)
+    ours = next(r for r in prod["rows"] if r["engine"] == "ours" and r["method"] == "ar")
+    vllm = [r for r in prod["rows"] if r["engine"] == "vllm" and "error" not in r]
+    spec = max((r for r in vllm if r["method"] != "ar"), key=lambda r: r["tokens_per_s"])
+    for r, label in ((next(r for r in vllm if r["method"] == "ar"), "vLLM AR"), (spec, "vLLM speculative")):
+        out.append({"family": label, "method": f"vLLM {r['method']}", "tokens_per_s": r["tokens_per_s"],
+                    "speedup": r["tokens_per_s"] / ours["tokens_per_s"], "tau": r["tau"], "exact": r["exact"],
+                    "run": f"production, {len(prod['prompts'])} prompts (our AR {ours['tokens_per_s']:.1f} tok/s)"})
+    return table(out, [("family", "family", ""), ("method", "best lossless method", ""), ("tokens_per_s", "tokens/s", ".1f"),
+                       ("speedup", "speed-up vs our AR", ".2f"), ("tau", "tau", ".2f"),
+                       ("exact", "== AR greedy", ".0%"), ("run", "run", "")])
+
+
+def production(rel: str) -> str:
+    return table(load(rel)["rows"], PRODUCTION_COLS)
+
+
+def production_map(rel: str) -> str:
+    from .production import production_map as render  # the one table of the map
+
+    return render(load(rel))
+
+
+#: NAME -> (what makes the table, its arguments: files under bench_results/)
+QUOTES = {
+    "headline": (headline, ("capstone/capstone_smollm2-135m.json", "production/production.json")),
+    "capstone_smollm2": (capstone, ("capstone/capstone_smollm2-135m.json",)),
+    "capstone_smollm2_categories": (categories, ("capstone/capstone_smollm2-135m.json",)),
+    "capstone_smollm2_winners": (winners, ("capstone/capstone_smollm2-135m.json",)),
+    "capstone_tiny": (capstone, ("capstone/capstone_tiny.json",)),
+    "capstone_tiny_cllm": (capstone, ("capstone_cllm/capstone_tiny.json",)),
+    "production": (production, ("production/production.json",)),
+    "production_map": (production_map, ("production/production.json",)),
+    "retrieval_smollm2": (lambda rel: table(load(rel)["rows"], DECODE_COLS),
+                          ("retrieval_jacobi_lookahead/decode_smollm2-135m.json",)),
+    "retrieval_smollm2_categories": (categories, ("retrieval_jacobi_lookahead/decode_smollm2-135m.json",)),
+    "dllm_tiny": (lambda rel: table(load(rel)["rows"], DLLM_COLS), ("dllm_bdlm/dllm_tiny.json",)),
+    "learned_tiny": (lambda rel: table(load(rel)["rows"], LEARNED_COLS), ("learned/learned_tiny.json",)),
+}
+
+
+def render(name: str) -> str:
+    if name not in QUOTES:
+        raise ValueError(f"name: no quoted table {name!r}; known: {sorted(QUOTES)}")
+    fn, files = QUOTES[name]
+    return fn(*files)
+
+
+def documents(root: str = ROOT) -> list[str]:
+    """The files whose quote blocks this command owns: README.md, docs/*.md, bench_results/README.md."""
+    paths = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+    paths.append(os.path.join(root, "bench_results", "README.md"))
+    return [p for p in paths if os.path.exists(p)]
+
+
+def rewrite(text: str) -> str:
+    """``text`` with every quote block's body replaced by its generated table."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group(2)) + "\n" + m.group(4), text)
+
+
+def stale(paths: list[str]) -> list[str]:
+    """``path: NAME`` for every quote block whose body differs from what :func:`rewrite` would write."""
+    out = []
+    for p in paths:
+        text = open(p).read()
+        for m in BLOCK.finditer(text):
+            if m.group(3) != render(m.group(2)) + "\n":
+                out.append(f"{os.path.relpath(p, ROOT)}: {m.group(2)}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m refimpl.bench.quote", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a quoted table is stale")
+    args = ap.parse_args(argv)
+    paths = documents()
+    if args.check:
+        bad = stale(paths)
+        for b in bad:
+            print("stale:", b)
+        return 1 if bad else 0
+    for p in paths:
+        text = open(p).read()
+        new = rewrite(text)
+        if new != text:
+            with open(p, "w") as f:
+                f.write(new)
+            print("rewrote", os.path.relpath(p, ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
