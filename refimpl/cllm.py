@@ -174,13 +174,58 @@ def ar_loss(model, context: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), text.reshape(-1))
 
 
-def cllm_loss(model, batch, ar_weight: float = 1.0, teacher=None, horizon: int | None = None) -> tuple[torch.Tensor, dict]:
-    """``L = L_consistency + ar_weight * L_AR`` on one :meth:`Trajectories.sample` batch."""
+def unconverged_mask(state: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(B, n) bool: the block positions from the first one where ``state`` differs from ``target`` on
+    (none when they are equal): upstream's consistency mask (``cllm_trainer_global.py`` masks every
+    prediction of a token before the first wrong one: the converged prefix)."""
+    B, n = state.shape
+    wrong = state != target  # (B, n)
+    first = torch.where(wrong.any(1), wrong.int().argmax(1), torch.full((B,), n, device=state.device))  # (B,)
+    return torch.arange(n, device=state.device)[None, :] >= first[:, None]
+
+
+def upstream_consistency_loss(model, context: torch.Tensor, state: torch.Tensor, target: torch.Tensor,
+                              teacher=None) -> torch.Tensor:
+    """hao-ai-lab/Consistency_LLM's global consistency loss: the forward KL of eq. 4 (the same gradient
+    as its soft cross-entropy) on the :func:`unconverged_mask` positions only, averaged over those
+    positions of the whole batch (a per-token mean; 0 when every row has converged)."""
+    check_block(context, state, "state")
+    if target.shape != state.shape:
+        raise ValueError(f"target must have state's shape {tuple(state.shape)}; got {tuple(target.shape)}")
+    keep = unconverged_mask(state, target)  # (B, n)
+    with torch.no_grad():
+        t = F.log_softmax(block_logits(model if teacher is None else teacher, context, target).float(), -1)
+    s = F.log_softmax(block_logits(model, context, state).float(), -1)  # (B, n, V)
+    return ((t.exp() * (t - s)).sum(-1) * keep).sum() / keep.sum().clamp(min=1)
+
+
+def sequence_ar_loss(model, context: torch.Tensor, text: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
+    """Upstream's AR loss: the label-smoothed (``smoothing``, Hugging Face's ``LabelSmoother``, the
+    same as torch's ``label_smoothing``) mean NLL of every token of ``[context ; text]`` after the first."""
+    seq = torch.cat([context, text], 1)  # (B, L + n)
+    logits = model(input_ids=seq).logits[:, :-1].float()  # (B, L + n - 1, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1), label_smoothing=smoothing)
+
+
+def cllm_loss(model, batch, ar_weight: float = 1.0, teacher=None, horizon: int | None = None,
+              recipe: str = "ours") -> tuple[torch.Tensor, dict]:
+    """``L = L_consistency + ar_weight * L_AR`` on one :meth:`Trajectories.sample` batch. ``recipe``
+    ``"ours"``: :func:`consistency_loss` (summed over the block) and :func:`ar_loss` (the block's fixed
+    point); ``"upstream"``: :func:`upstream_consistency_loss` and :func:`sequence_ar_loss` (the module
+    doc: what differs and why)."""
     if ar_weight < 0:
         raise ValueError(f"ar_weight must be >= 0, got {ar_weight}")
+    if recipe not in ("ours", "upstream"):
+        raise ValueError(f"recipe must be 'ours' or 'upstream', got {recipe!r}")
     context, state, target, fixed = batch
-    lc = consistency_loss(model, context, state, target, teacher, horizon)
-    la = ar_loss(model, context, fixed)
+    if recipe == "upstream":
+        if horizon is not None:
+            raise ValueError("horizon applies to recipe='ours' only")
+        lc = upstream_consistency_loss(model, context, state, target, teacher)
+        la = sequence_ar_loss(model, context, fixed)
+    else:
+        lc = consistency_loss(model, context, state, target, teacher, horizon)
+        la = ar_loss(model, context, fixed)
     return lc + ar_weight * la, {"consistency": float(lc.detach()), "ar": float(la.detach())}
 
 

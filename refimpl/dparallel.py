@@ -80,6 +80,24 @@ class Trajectories:
         step = torch.randint(0, b, (B,), generator=generator, device="cpu").to(self.final[k].device)
         return self.contexts[k], self.state(k, step, mask_id), self.final[k]
 
+    def sample_random(self, generator: torch.Generator, mask_id: int, p: float = 0.5):
+        """Upstream's states: a random block, each of its tokens masked with probability ``p`` (the
+        commit order unused), and the complementary state -> (context, state, complement, final)."""
+        k = int(torch.randint(0, len(self.final), (1,), generator=generator, device="cpu"))
+        state, comp = random_states(self.final[k], mask_id, generator, p)
+        return self.contexts[k], state, comp, self.final[k]
+
+
+def random_states(final: torch.Tensor, mask_id: int, generator: torch.Generator, p: float = 0.5):
+    """(B, b) final tokens -> ``(state, complement)``: each position MASK with probability ``p`` in
+    ``state`` (drawn on the host) and MASK exactly where ``state`` shows it in ``complement``
+    (dParallel's release, ``forward_process_semi_ar``: ``p`` = 0.5 and the complementary pass)."""
+    if not 0 < p < 1:
+        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    hide = (torch.rand(final.shape, generator=generator, device="cpu") < p).to(final.device)  # (B, b)
+    fill = torch.full_like(final, mask_id)
+    return torch.where(hide, fill, final), torch.where(hide, final, fill)
+
 
 @torch.no_grad()
 def record(model, contexts: torch.Tensor, mask_id: int, block_length: int, blocks: int) -> Trajectories:
@@ -129,3 +147,14 @@ def certainty_forcing_loss(model, context: torch.Tensor, state: torch.Tensor, fi
     ent = -(logp.exp() * logp).sum(-1).mean() if bool(right.any()) else logits.new_zeros(())
     return ce + beta * ent, {"ce": float(ce.detach()), "entropy": float(ent.detach()),
                              "correct": float(right.sum()) / float(masked.sum())}
+
+
+def complementary_loss(model, context: torch.Tensor, state: torch.Tensor, complement: torch.Tensor,
+                       final: torch.Tensor, mask_id: int, beta: float = 1.0,
+                       temperature: float = 0.5) -> tuple[torch.Tensor, dict]:
+    """Upstream's loss on a :func:`random_states` pair: :func:`certainty_forcing_loss` on ``state`` plus
+    the same on ``complement`` (``ce + ce_rev + beta * (H + H_rev)``, each a mean over its own masked
+    positions, as dParallel's ``DLMTrainer.compute_loss``)."""
+    a, ia = certainty_forcing_loss(model, context, state, final, mask_id, beta, temperature)
+    b, ib = certainty_forcing_loss(model, context, complement, final, mask_id, beta, temperature)
+    return a + b, {k: (ia[k] + ib[k]) / 2 for k in ia}

@@ -92,6 +92,56 @@ def test_the_frontier_loss_keeps_the_positions_near_the_first_wrong_token(tiny, 
         assert float(cllm.consistency_loss(tiny.model, ctx, state, fixed, horizon=0)) < full
 
 
+def test_the_upstream_recipe_equals_brute_force(tiny, ctx):
+    """Consistency_LLM's recipe: the KL only from the first wrong token on, averaged per token over the
+    batch; the AR loss label-smoothed (0.1) over every token of [context ; fixed point]."""
+    gen = torch.Generator(device="cpu").manual_seed(4)
+    n = 6
+    states = cllm.jacobi_trajectory(tiny.model, ctx, cllm.context_guesses(ctx, n, gen))
+    fixed = states[-1]
+    state = states[0].clone()
+    state[0, :2] = fixed[0, :2]
+    state[0, 2] = (fixed[0, 2] + 1) % 4096  # row 0: the first wrong token at 2
+    state[1] = fixed[1]  # row 1: converged, nothing to learn
+    assert cllm.unconverged_mask(state, fixed)[0].tolist() == [False, False, True, True, True, True]
+    assert not cllm.unconverged_mask(state, fixed)[1].any()
+    other = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)  # a teacher that differs from the student: the prefix would count
+    total, count = 0.0, 0
+    for b in range(3):
+        wrong = [i for i in range(n) if state[b, i] != fixed[b, i]]
+        for i in range(wrong[0] if wrong else n, n):
+            t = torch.tensor([ctx[b].tolist() + fixed[b, :i].tolist()])
+            s = torch.tensor([ctx[b].tolist() + state[b, :i].tolist()])
+            p = torch.softmax(other(input_ids=t).logits[0, -1].detach().double(), -1)
+            q = torch.softmax(tiny.model(input_ids=s).logits[0, -1].detach().double(), -1)
+            total += float((p * (p.log() - q.log())).sum())
+            count += 1
+    with torch.no_grad():
+        got = float(cllm.upstream_consistency_loss(tiny.model, ctx, state, fixed, teacher=other))
+        ours = float(cllm.consistency_loss(tiny.model, ctx, state, fixed, teacher=other))
+    assert got == pytest.approx(total / count, rel=1e-4)
+    assert ours != pytest.approx(got, rel=1e-2)  # the sum over the block, prefix included, differs
+    with torch.no_grad():
+        assert float(cllm.upstream_consistency_loss(tiny.model, ctx, fixed, fixed)) == 0.0
+    V, eps, nll, m = tiny.config.vocab_size, 0.1, 0.0, 0
+    for b in range(3):
+        seq = ctx[b].tolist() + fixed[b].tolist()
+        logp = torch.log_softmax(tiny.logits(torch.tensor([seq]))[0].double(), -1)
+        for i in range(1, len(seq)):
+            nll -= (1 - eps) * float(logp[i - 1, seq[i]]) + eps * float(logp[i - 1].mean())
+            m += 1
+    with torch.no_grad():
+        assert float(cllm.sequence_ar_loss(tiny.model, ctx, fixed)) == pytest.approx(nll / m, rel=1e-4)
+        loss, parts = cllm.cllm_loss(tiny.model, (ctx, state, fixed, fixed), 10.0, other, recipe="upstream")
+    assert float(loss) == pytest.approx(total / count + 10 * nll / m, rel=1e-4)
+    with pytest.raises(ValueError, match="recipe"):
+        cllm.cllm_loss(tiny.model, (ctx, state, fixed, fixed), recipe="paper")
+    with pytest.raises(ValueError, match="horizon"):
+        cllm.cllm_loss(tiny.model, (ctx, state, fixed, fixed), horizon=1, recipe="upstream")
+
+
 def test_a_frozen_teacher_and_the_local_target(tiny, ctx):
     import copy
 

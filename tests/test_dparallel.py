@@ -78,6 +78,27 @@ def test_certainty_forcing_loss_equals_brute_force(bdlm, ctx):
     assert parts["entropy"] > 0
 
 
+def test_the_upstream_states_and_complementary_loss_equal_brute_force(bdlm, ctx):
+    """The release's states: each block token masked with p = 0.5, and the complement; the loss is the
+    certainty-forcing loss of each (every mean over its own masked positions), summed."""
+    mask_id = bdlm.mask_token_id
+    traj = dparallel.record(bdlm.model, ctx, mask_id, 6, 2)
+    c, state, comp, final = traj.sample_random(torch.Generator(device="cpu").manual_seed(3), mask_id)
+    assert any(torch.equal(c, x) and torch.equal(final, f) for x, f in zip(traj.contexts, traj.final))
+    hidden = state == mask_id
+    assert torch.equal(comp == mask_id, ~hidden), "the complement masks exactly the shown tokens"
+    assert torch.equal(torch.where(hidden, final, state), final) and torch.equal(torch.where(hidden, comp, final), final)
+    with torch.no_grad():
+        got, _ = dparallel.complementary_loss(bdlm.model, c, state, comp, final, mask_id, beta=0.7, temperature=0.5)
+    want = brute(bdlm, c, state, final, 0.7, 0.5)[0] + brute(bdlm, c, comp, final, 0.7, 0.5)[0]
+    assert float(got) == pytest.approx(want, rel=1e-4)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    frac = float((dparallel.random_states(torch.zeros(64, 64, dtype=torch.long), 7, gen)[0] == 7).float().mean())
+    assert 0.45 < frac < 0.55  # p = 0.5
+    with pytest.raises(ValueError, match="p must"):
+        dparallel.random_states(final, mask_id, gen, p=1.0)
+
+
 def test_one_step_lowers_the_loss(bdlm, ctx):
     model = copy.deepcopy(bdlm.model).train()
     traj = dparallel.record(model, ctx, bdlm.mask_token_id, 4, 2)

@@ -336,6 +336,52 @@ def test_step_losses_equal_a_brute_force_loop(tiny, random_draft, prompt_loss):
             assert float(res[j][0]) == pytest.approx(ce, rel=1e-4)
 
 
+def test_the_upstream_position_mask_and_slot_average_equal_a_brute_force_loop(tiny):
+    """SafeAILab/EAGLE's traineagle3: a label position whose target argmax (over the whole vocabulary)
+    is outside the kept one is dropped, and each step's loss is averaged over all B x T slots."""
+    prompt = tiny.encode("And God said")
+    ar = autoregressive.generate(tiny, [prompt], max_new_tokens=12, eos_token_id=[]).tokens[0]
+    W = tiny.model.get_output_embeddings().weight.detach()
+    kept = torch.tensor(sorted(set(range(0, 4096, 3)) | set(ar[::2])))  # some of the answer's tokens, not all
+    torch.manual_seed(0)
+    d = eagle3.new_draft(tiny, kept=kept).eval()
+    rows = [(prompt + ar, len(prompt), None, "a"), (prompt + ar[:7], len(prompt), None, "b")]
+    seqs = train3.target_features(tiny, rows, d.taps, progress=False)
+    steps = 3
+    b = train3.batch_of(seqs, steps)
+    in_kept = train3.kept_argmax(b[2], W, kept)
+    with torch.no_grad():
+        res = train3.step_losses(d, *b, steps, W[kept], in_kept)
+        plain = train3.step_losses(d, *b, steps, W[kept])
+        dropped = 0
+        for j in range(steps):
+            ce, n = 0.0, 0
+            for ids, f, fin, n_prompt in seqs:
+                tok = ids[1:][None]
+                outs = eagle3.unroll(d, tok, d.fuse(f[:-1].float())[None], torch.ones_like(tok), steps)
+                for t in range(len(ids) - 1):
+                    i = t + 1 + j
+                    if i <= len(ids) - 2 and i + 1 >= n_prompt:
+                        if int((fin[i].float() @ W.T).argmax()) not in kept.tolist():
+                            dropped += 1
+                            continue
+                        p = torch.softmax(fin[i].float() @ W[kept].T, -1)
+                        ce -= float((p * torch.log_softmax(d.logits(outs[j][0, t]), -1)).sum())
+                        n += 1
+            assert res[j][1] == n and float(res[j][0]) == pytest.approx(ce, rel=1e-4)
+        assert dropped > 0 and all(r[1] < q[1] for r, q in zip(res, plain))  # the mask drops some positions
+        slots = b[0].numel()
+        want = sum(0.8 ** j * float(ce) / slots for j, (ce, _, _) in enumerate(res))
+        assert float(train3.ttt_loss(res, 0.8, slots)) == pytest.approx(want, rel=1e-6)
+        assert float(train3.ttt_loss(res, 0.8)) == pytest.approx(sum(0.8 ** j * float(ce) / n for j, (ce, n, _)
+                                                                     in enumerate(res)), rel=1e-6)
+    assert train3.kept_argmax(b[2], W, None).all()
+    with pytest.raises(ValueError, match="full_head"):
+        train3.train_draft(d, seqs, W[kept], steps=1, recipe="upstream", progress=False)
+    with pytest.raises(ValueError, match="recipe"):
+        train3.train_draft(d, seqs, W[kept], steps=1, recipe="paper", progress=False)
+
+
 def test_lossless_sampling_passes_and_a_wrong_walk_fails(tiny, draft):
     good, tau, bad = sampling_pvalues(tiny, draft)  # EAGLE's proposer, fed by the EAGLE-3 draft
     assert tau > 1.0

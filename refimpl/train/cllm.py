@@ -20,7 +20,7 @@ import torch
 
 from .. import block_diffusion, data, jacobi
 from ..cllm import agreement, cllm_loss, collect
-from ..dparallel import certainty_forcing_loss, record
+from ..dparallel import certainty_forcing_loss, complementary_loss, record
 from ..generation import check_positive_int
 from ..learn2pd import Filter, FilterData, FilterRule, collect as collect_filter_data, filter_loss, save_filter
 from ..models import load_folder, zoo_folder
@@ -37,9 +37,9 @@ def jacobi_tau(lm, prompts, window: int, new: int = 64):
 
 
 def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int = 1024, context_length: int = 48,
-                    blocks: int = 4, batch: int = 16, lr: float = 3e-4, ar_weight: float = 8.0,
-                    frozen_teacher: bool = True, horizon: int | None = None, seed: int = 0, base: str = "tiny",
-                    init: str | None = None, on_policy: bool = False):
+                    blocks: int = 4, batch: int = 16, lr: float = 3e-4, ar_weight: float | None = None,
+                    frozen_teacher: bool | None = None, horizon: int | None = None, seed: int = 0, base: str = "tiny",
+                    init: str | None = None, on_policy: bool = False, recipe: str = "ours"):
     """CLLM fine-tune of ``tiny``: collect ``contexts`` greedy Jacobi trajectories (``blocks``
     consecutive ``n``-token blocks after ``context_length`` King James tokens, guesses drawn from the
     context), then ``steps`` steps of global consistency + ``ar_weight`` * AR loss. The teacher of the
@@ -47,11 +47,17 @@ def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int =
     paper's theta^-); ``horizon`` limits the consistency loss to the frontier (:func:`refimpl.cllm.frontier_mask`).
     ``init``: the zoo model the fine-tune starts from (default ``base``); ``on_policy``: the later blocks'
     contexts are the starting model's own greedy text, the trajectories and targets stay ``base``'s
-    (:func:`refimpl.cllm.collect`'s ``student``).
+    (:func:`refimpl.cllm.collect`'s ``student``). ``recipe``: :func:`refimpl.cllm.cllm_loss`'s; ``"ours"``
+    defaults to ``ar_weight`` 8 and the frozen teacher, ``"upstream"`` to Consistency_LLM's 10 and the
+    model itself, stop-grad.
 
     The defaults put the trajectories where the benchmark decodes: 48-token prompts, then 4 blocks of
     16 = the 64 new tokens, so the model trains on contexts that hold up to 48 tokens of its own greedy
     text (with 2 blocks after 64 tokens, the zoo's earlier recipe, its text moved 4x further)."""
+    if recipe not in ("ours", "upstream"):
+        raise ValueError(f"recipe must be 'ours' or 'upstream', got {recipe!r}")
+    ar_weight = (8.0 if recipe == "ours" else 10.0) if ar_weight is None else ar_weight
+    frozen_teacher = (recipe == "ours") if frozen_teacher is None else frozen_teacher
     torch.manual_seed(seed)
     orig = load_base(base)
     start = orig if init is None else load_base(init)
@@ -75,7 +81,7 @@ def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int =
         t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
         ctx, state, target, fixed = t.sample(gen)
         idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
-        return cllm_loss(model, (ctx[idx], state[idx], target[idx], fixed[idx]), ar_weight, teacher, horizon)[0]
+        return cllm_loss(model, (ctx[idx], state[idx], target[idx], fixed[idx]), ar_weight, teacher, horizon, recipe)[0]
 
     train_loop(model, step_loss, steps, lr, f"fine-tune {init or base} -> {os.path.basename(out_dir)}", warmup=20)
     minutes = (time.time() - t0) / 60
@@ -84,7 +90,7 @@ def train_tiny_cllm(out_dir: str, steps: int = 800, n: int = 16, contexts: int =
     tok.save_pretrained(out_dir)
     lm = load_folder(out_dir, device="cpu")  # report on the fp16 round trip
     tau_after, text_after = jacobi_tau(lm, prompts, n)
-    report = {"base": base, "init": init or base, "on_policy": on_policy, "steps": steps, "block": n,
+    report = {"base": base, "init": init or base, "on_policy": on_policy, "recipe": recipe, "steps": steps, "block": n,
               "trajectories": len(trajs) * 64 * blocks,
               "context_length": context_length, "batch": batch, "lr": lr, "ar_weight": ar_weight,
               "teacher": "frozen original" if frozen_teacher else "self, stop-grad", "horizon": horizon, "blocks": blocks,
@@ -116,7 +122,8 @@ def threshold_calls(lm, prompts, threshold: float | None, gen_length: int = 32, 
 
 def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 1024, context_length: int = 48,
                               block_length: int = 8, blocks: int = 8, batch: int = 32, lr: float = 2e-4,
-                              beta: float = 1.0, rounds: int = 3, seed: int = 0, base: str = "tiny-bdlm"):
+                              beta: float = 1.0, rounds: int = 3, seed: int = 0, base: str = "tiny-bdlm",
+                              states: str = "ours"):
     """dParallel distillation of ``tiny-bdlm``: record ``contexts`` one-token-per-step trajectories
     (``blocks`` blocks of ``block_length`` after ``context_length`` King James tokens), then ``steps``
     steps of certainty forcing (cross-entropy to the trajectory's tokens on every masked position +
@@ -129,8 +136,14 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 10
     ``rounds`` > 1 (ours, measured in the README): each further round records the same
     contexts again, decoded one token per step by the previous round's student (its fp16 weights, as
     the zoo stores them), and distils on those, so the student learns to be sure of *its own* final
-    text, which is what its parallel decoding is judged against (the oracle's "final")."""
+    text, which is what its parallel decoding is judged against (the oracle's "final").
+
+    ``states``: ``"ours"``, prefixes of the teacher's commit order (:meth:`refimpl.dparallel.Trajectories.sample`);
+    ``"upstream"``, the release's random p = 0.5 masks of a block plus the complementary mask
+    (:meth:`refimpl.dparallel.Trajectories.sample_random`, :func:`refimpl.dparallel.complementary_loss`)."""
     check_positive_int("rounds", rounds)
+    if states not in ("ours", "upstream"):
+        raise ValueError(f"states must be 'ours' or 'upstream', got {states!r}")
     torch.manual_seed(seed)
     orig = load_base(base)
     tok, mask_id = orig.tokenizer, orig.mask_token_id
@@ -149,6 +162,10 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 10
 
         def step_loss(s):
             t = trajs[int(torch.randint(0, len(trajs), (1,), generator=gen, device="cpu"))]
+            if states == "upstream":
+                ctx, state, comp, final = t.sample_random(gen, mask_id)
+                idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
+                return complementary_loss(model, ctx[idx], state[idx], comp[idx], final[idx], mask_id, beta=beta)[0]
             ctx, state, final = t.sample(gen, mask_id)
             idx = torch.randperm(ctx.shape[0], generator=gen, device="cpu")[:batch].to(ctx.device)
             return certainty_forcing_loss(model, ctx[idx], state[idx], final[idx], mask_id, beta=beta)[0]
@@ -168,7 +185,7 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 10
     calls_after, text_after = threshold_calls(lm, prompts, 0.9)
     one = [block_diffusion.generate(orig, [p], gen_length=32, block_length=8, eos_token_id=[]).tokens[0]
            for p in prompts]
-    report = {"base": base, "steps": steps, "rounds": rounds, "trajectories": len(trajs) * 64 * blocks,
+    report = {"base": base, "states": states, "steps": steps, "rounds": rounds, "trajectories": len(trajs) * 64 * blocks,
               "block_length": block_length, "context_length": context_length, "batch": batch, "lr": lr, "beta": beta,
               "threshold_0.9_calls_per_32_tokens_before": round(calls_before, 2),
               "threshold_0.9_calls_per_32_tokens_after": round(calls_after, 2),

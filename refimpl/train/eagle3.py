@@ -80,12 +80,29 @@ def batch_of(seqs, steps: int, device="cpu", prompt_loss: bool = False):
     return tok, feats, final, mask, answer
 
 
-def step_losses(draft: Eagle3Draft, tok, feats, final, mask, answer, steps: int, target_head: torch.Tensor):
+@torch.no_grad()
+def kept_argmax(final: torch.Tensor, full_head: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """(B, T', H) the target's final states, (V, H) its whole LM head, the draft's ``kept`` token ids ->
+    (B, T') bool: the target's greedy token after that position is in the kept vocabulary (EAGLE-3's
+    ``t2d[argmax]``; every position when ``kept`` is None)."""
+    if kept is None:
+        return torch.ones(final.shape[:2], dtype=torch.bool, device=final.device)
+    t2d = torch.zeros(full_head.shape[0], dtype=torch.bool, device=final.device)
+    t2d[kept.to(final.device)] = True
+    return t2d[(final @ full_head.to(final.device, final.dtype).T).argmax(-1)]
+
+
+def step_losses(draft: Eagle3Draft, tok, feats, final, mask, answer, steps: int, target_head: torch.Tensor,
+                in_kept: torch.Tensor | None = None):
     """-> per step j: (cross-entropy summed over its loss positions, count, top-1 agreements). The
     label at (j, t) is the target's distribution after token t + 1 + j; a loss position is one whose
-    token exists (``t + 1 + j`` inside the row) and whose predicted token is an answer token."""
+    token exists (``t + 1 + j`` inside the row) and whose predicted token is an answer token.
+    ``in_kept`` (B, T + 1 + steps) bool, upstream's position mask (:func:`kept_argmax`): a label
+    position whose target argmax is outside the kept vocabulary is no loss position either."""
     T = tok.shape[1]
     outs = unroll(draft, tok, draft.fuse(feats), mask, steps)
+    if in_kept is not None:
+        answer = answer & in_kept
     label = answer.clone()
     label[:, 0] = False  # (B, T + 1 + steps) positions some step reads its label from
     probs = torch.zeros((*label.shape, target_head.shape[0]), device=final.device)  # (B, T + 1 + steps, V')
@@ -103,9 +120,11 @@ def step_losses(draft: Eagle3Draft, tok, feats, final, mask, answer, steps: int,
 
 @torch.no_grad()
 def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int = 6, batch: int = 8,
-                 device="cpu") -> dict:
+                 device="cpu", full_head: torch.Tensor | None = None) -> dict:
     """Held-out: ``chain[d]`` = P(the draft's first d + 1 greedy tokens all equal the target's) from
-    every answer position; ``top1[j]`` = P(step j's argmax = the target's) given a true prefix."""
+    every answer position; ``top1[j]`` = P(step j's argmax = the target's) given a true prefix. The
+    target's token is its argmax over ``target_head`` (the kept rows), or over ``full_head`` (its
+    whole LM head: a target token outside the kept vocabulary is then a miss, as in decoding)."""
     hits, count, agree, seen = [0] * depth, 0, [0] * depth, [0] * depth
     for i in range(0, len(seqs), batch):
         tok, feats, final, mask, answer = batch_of(seqs[i:i + batch], depth, device)
@@ -115,7 +134,10 @@ def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int
         count += int(alive.sum())
         for j, o in enumerate(outs):
             inside = torch.cat([mask[:, j:], torch.zeros_like(mask[:, :j])], 1).bool() & answer[:, 1 + j:1 + j + T]
-            ok = draft.logits(o).argmax(-1) == (final[:, 1 + j:1 + j + T] @ target_head.T).argmax(-1)  # (B, T)
+            if full_head is None:
+                ok = draft.logits(o).argmax(-1) == (final[:, 1 + j:1 + j + T] @ target_head.T).argmax(-1)  # (B, T)
+            else:
+                ok = draft.full(draft.logits(o).argmax(-1)) == (final[:, 1 + j:1 + j + T] @ full_head.T).argmax(-1)
             agree[j] += int((ok & inside).sum())
             seen[j] += int(inside.sum())
             alive = alive & ok & inside
@@ -124,20 +146,39 @@ def accept_rates(draft: Eagle3Draft, seqs, target_head: torch.Tensor, depth: int
             "top1": [round(a / max(s, 1), 4) for a, s in zip(agree, seen)]}
 
 
+def ttt_loss(res, decay: float, slots: int | None = None) -> torch.Tensor:
+    """The training-time-test loss from :func:`step_losses`' ``res``: ``sum_j decay ** j * CE_j / n_j``,
+    each step's mean over its own loss positions (ours); with ``slots`` (the batch's B x T inputs),
+    ``sum_j decay ** j * CE_j / slots`` (upstream's ``.mean()`` over every slot, masked ones included)."""
+    return sum(decay ** j * ce / max(n if slots is None else slots, 1) for j, (ce, n, _) in enumerate(res))
+
+
 def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int = 1000, ttt: int = 7,
                 decay: float = 0.8, batch: int = 4, lr: float = 1e-3, seconds: float = 1e9, holdout: int = 20,
                 seed: int = 0, progress: bool = True, texts=None, max_len: int = 512, prompt_loss: bool = False,
-                train_head: bool = True, device="cpu"):
+                train_head: bool = True, device="cpu", recipe: str = "ours", full_head: torch.Tensor | None = None):
     """Train ``draft`` with training-time test (``ttt`` steps, weights ``decay ** j``) on ``seqs``
     (:func:`target_features`, rows longer than ``max_len`` tokens cut; ``prompt_loss``: prompt
     positions are loss positions too, :func:`batch_of`); every ``holdout``-th row (by a hash of its
     ``texts`` entry) held out for :func:`accept_rates` (answer positions only). ``train_head`` False:
     the LM head stays the target's kept rows (a third less work per step, and the target's prior
     is kept while the layer is still poor). ``device``: where the draft trains (``seqs`` may live
-    there already). -> (draft, report)."""
+    there already). ``recipe="upstream"``: SafeAILab/EAGLE's ``traineagle3`` in three points, each
+    named in the module doc: the position mask (needs ``full_head``, the target's whole LM head, when
+    the draft keeps a subset), every step's loss averaged over all B x T slots (:func:`ttt_loss`),
+    and a randomly initialised head (``nn.Linear``'s default). -> (draft, report)."""
+    import math
+
     from tqdm.auto import tqdm
 
+    if recipe not in ("ours", "upstream"):
+        raise ValueError(f"recipe must be 'ours' or 'upstream', got {recipe!r}")
+    if recipe == "upstream" and draft.kept is not None and full_head is None:
+        raise ValueError("full_head (the target's whole LM head) is needed for recipe='upstream' with a kept vocabulary")
     torch.manual_seed(seed)
+    if recipe == "upstream":
+        with torch.no_grad():
+            torch.nn.init.kaiming_uniform_(draft.lm_head, a=math.sqrt(5))  # nn.Linear's own initialisation
     seqs = [(s[0][:max_len], s[1][:max_len], s[2][:max_len], s[3]) for s in seqs]
     keys = texts if texts is not None else [str(i) for i in range(len(seqs))]
     held = [s for s, k in zip(seqs, keys) if zlib.crc32(str(k).encode()) % holdout == 0]
@@ -154,9 +195,10 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
         at = max(step, int(steps * (time.time() - t0) / seconds))  # (a time budget ends the cosine too)
         for g in opt.param_groups:
             g["lr"] = cosine_lr(min(at, steps - 1), steps, lr, warmup=min(30, steps // 10))
-        res = step_losses(draft, *batch_of(rng.sample(train, min(batch, len(train))), ttt, device, prompt_loss), ttt,
-                          head)
-        loss = sum(decay ** j * ce / max(n, 1) for j, (ce, n, _) in enumerate(res))
+        b = batch_of(rng.sample(train, min(batch, len(train))), ttt, device, prompt_loss)
+        in_kept = kept_argmax(b[2], full_head, draft.kept) if recipe == "upstream" and draft.kept is not None else None
+        res = step_losses(draft, *b, ttt, head, in_kept)
+        loss = ttt_loss(res, decay, b[0].numel() if recipe == "upstream" else None)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -170,10 +212,11 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
     draft.eval()
     train_s = time.time() - t0
     # (decoding grows deeper than training unrolls)
-    rates = accept_rates(draft, held, head, depth=max(ttt, 6), device=device)
+    rates = accept_rates(draft, held, head, depth=max(ttt, 6), device=device,
+                         full_head=None if full_head is None else full_head.float().to(device))
     tail = hist[-50:]
     report = {"steps": len(hist), "seconds": round(train_s, 1), "train_rows": len(train), "heldout_rows": len(held),
-              "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps),
+              "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps), "recipe": recipe,
               "head": "trained" if train_head else "frozen (the target's kept rows)",
               "loss_positions": "prompt and answer" if prompt_loss else "answer",
               "final_ce_per_step": [round(sum(h[j] for h in tail) / len(tail), 4) for j in range(ttt)],
