@@ -19,9 +19,10 @@ Papers:
   EAGLE-2's defaults (total 60, depth 7, top-k 10) suit a GPU; on this CPU the target's time grows
   with the tree: total 16, depth 5, top-k 4 here (Medusa's chapter-06 tree budget).
 
-Our choices. ``LM.forward``'s hidden states are AFTER the target's final norm (EAGLE's are the
-second-to-top layer's, before it), so the draft predicts *normed* features and applies the LM
-head directly (no norm of its own). The decoder layer is a minimal Llama layer in plain torch
+Our choices. ``LM.forward``'s hidden states are the target's state AFTER its final norm, the
+feature EAGLE's own code uses (SafeAILab/EAGLE ``ea_model.py`` feeds ``base_model.model(...)[0]``, the
+normed output its LM head reads) and vLLM's EAGLE-1 too, so the draft predicts *normed* features and
+applies the LM head directly (no norm of its own). The decoder layer is a minimal Llama layer in plain torch
 (RMSNorm, rotary causal attention, SiLU-gated MLP, residuals) with an explicit boolean mask and
 extra keys / values. The draft's KV cache keeps the keys / values of every row's committed inputs;
 each step runs the layer only on the new ones, then each level's expanded nodes attend to the
