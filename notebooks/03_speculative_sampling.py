@@ -472,6 +472,7 @@ def acceptance(p, q):
     raise NotImplementedError
 
 
+# %%
 def check_acceptance():
     gg = torch.Generator(device=DEVICE).manual_seed(1)                     # on the device of p6 and q6
     xs_ = torch.multinomial(q6.float(), 20000, replacement=True, generator=gg)
@@ -500,6 +501,7 @@ def tau_formula(alpha, gamma):
 MY_GAMMA = None                                       # your prediction (an int)
 
 
+# %%
 def check_tau():
     assert abs(tau_formula(0.8, 4) - speculative.expected_tau(0.8, 4)) < 1e-12, "tau_formula(0.8, 4) is off"
     assert tau_formula(0.5, 0) == 1, "with no drafts each call emits exactly one token"

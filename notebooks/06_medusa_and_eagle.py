@@ -127,6 +127,7 @@ def head_logits(weight, bias, lm_head, h):
     raise NotImplementedError
 
 
+# %%
 def check_head():
     gen = torch.Generator(device=DEVICE).manual_seed(SEED)
     rnd = medusa.MedusaHeads(W, K).to(DEVICE)                  # random heads, next to the target's states
@@ -349,6 +350,7 @@ def next_hidden(hidden, path):
     raise NotImplementedError
 
 
+# %%
 def check_next_hidden():
     seen = set()
     for choices in (CHOICES, [(0,) * d for d in range(1, K + 1)], [(9,)]):
@@ -486,6 +488,7 @@ def typical_accept(p, x, eps=0.09, delta=0.3):
     raise NotImplementedError
 
 
+# %%
 def library_accepts(p, x, eps, delta):                         # the check's referee (not for you to edit)
     dev = p.device                                             # the verifier's inputs sit next to p
     t = medusa.TypicalTree(torch.tensor([[-1]], device=dev))  # the root and one child, token x
@@ -800,6 +803,7 @@ def rerank(tokens, parents, values, depth, cap, total):
     raise NotImplementedError
 
 
+# %%
 def check_rerank():
     grown = (gt[0].tolist(), gp[0].tolist(), gv[0].tolist(), gd[0].tolist())
     tie = ([5, 6, 7, 8], [-1, 0, -1, 1], [-1.0, -1.0, -0.5, -2.0], [1, 2, 1, 3])       # node 1 as sure as node 0
@@ -889,6 +893,7 @@ def ttt_mask(T, j):
     raise NotImplementedError
 
 
+# %%
 def library_masks(T, steps):
     seen, step = [], draft3.step
     def spy(tok, feat, pos, allow, past=None):

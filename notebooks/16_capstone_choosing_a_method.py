@@ -129,6 +129,7 @@ def predict_speedup(tau, step_cost):
     raise NotImplementedError
 
 
+# %%
 def check_predict():
     if not rows or predict_speedup(pooled_tau(rows[0]), rows[0]["step_cost"]) is None:
         return ...
@@ -228,6 +229,7 @@ def pick_method(rows, category):
     raise NotImplementedError
 
 
+# %%
 def check_pick():
     if main is None:
         return ...
@@ -297,6 +299,7 @@ def gpu_step_cost(draft_calls_per_step, c_draft):
     raise NotImplementedError
 
 
+# %%
 def check_gpu():
     if main is None:
         return ...

@@ -118,3 +118,65 @@ def test_the_shape_check_tells_a_stub_from_an_inline_answer():
     assert [(c, n) for c, n, _ in decorated_exercises(stub)] == [("01", "f")]
     assert is_stub(decorated_exercises(stub)[0][2])
     assert not is_stub(decorated_exercises(inline)[0][2])
+
+
+# ---------------------------------------------------------------------------------------
+# every exercise: the stub alone in its cell, its check in a later cell (before the next stub), so
+# a learner re-runs the check without re-running (and resetting) the stub, and a stub that raises
+# while being defined does not hide the check
+# ---------------------------------------------------------------------------------------
+def code_cells(src: str) -> list:
+    """The code cells of a py:percent notebook, in order (markdown cells dropped)."""
+    cells, cur = [], None
+    for line in src.splitlines():
+        if line.startswith("# %%"):
+            if cur is not None:
+                cells.append("\n".join(cur))
+            cur = None if "[markdown]" in line or "[md]" in line else []
+        elif cur is not None:
+            cur.append(line)
+    if cur is not None:
+        cells.append("\n".join(cur))
+    return cells
+
+
+def calls_check(cell: str) -> bool:
+    """A ``check(...)`` call in the cell (``@exercise`` stubs and ``def check_x`` do not count)."""
+    return any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "check"
+               for n in ast.walk(ast.parse(cell)))
+
+
+def stub_layout_problems(src: str) -> list:
+    """One line per exercise whose stub shares a cell with a check, or that no later cell checks
+    before the next stub (cells in between may prepare the check)."""
+    cells, problems = code_cells(src), []
+    stubs = [[name for _, name, _ in decorated_exercises(ast.parse(c))] for c in cells]
+    for i, cell in enumerate(cells):
+        for name in stubs[i]:
+            if calls_check(cell):
+                problems.append(f"{name}: the stub and a check(...) call share a cell")
+                continue
+            later = []
+            for j in range(i + 1, len(cells)):
+                if stubs[j]:
+                    break
+                later.append(calls_check(cells[j]))
+            if not any(later):
+                problems.append(f"{name}: no check(...) call follows before the next stub")
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_PYS, ids=os.path.basename)
+def test_every_stub_has_its_own_cell_and_a_check_in_a_later_one(path):
+    assert stub_layout_problems(open(path).read()) == [], path
+
+
+def test_the_layout_check_can_fail():
+    stub = '@exercise("01", "f")\ndef f(x):\n    raise NotImplementedError\n'
+    together = "# %%\n" + stub + "\n\ncheck('Exercise 1', lambda: f(1))\n"
+    apart = "# %%\n" + stub + "\n# %% [markdown]\n# The check:\n\n# %%\ncheck('Exercise 1', lambda: f(1))\n"
+    helper = "# %%\n" + stub + "\n# %%\nx = 1\n\n# %%\ncheck('Exercise 1', lambda: f(1))\n"
+    unchecked = "# %%\n" + stub + "\n# %%\nx = 1\n\n# %%\n" + stub.replace('"f")\ndef f', '"g")\ndef g') + "\n# %%\ncheck('', g)\n"
+    assert stub_layout_problems(together) == ["f: the stub and a check(...) call share a cell"]
+    assert stub_layout_problems(apart) == [] and stub_layout_problems(helper) == []
+    assert stub_layout_problems(unchecked) == ["f: no check(...) call follows before the next stub"]
