@@ -12,7 +12,13 @@ input t = (x_{t+1}, f_t) the draft predicts f_{t+1}:
 ``L = SmoothL1(f_hat_{t+1}, f_{t+1}) + 0.1 * CE(p_{t+2}, softmax(LM(f_hat_{t+1})))`` with the
 target's own distribution ``p_{t+2} = softmax(LM(f_{t+1}))`` as the soft label (its argmax is the
 target's greedy token on these answers). EAGLE also perturbs the input features with uniform
-noise U(-0.1, 0.1) for robustness to its own feature errors at depth > 1 (``noise``).
+noise for robustness to its own feature errors at depth > 1. Upstream (SafeAILab/EAGLE
+``eagle/train/main.py``, ``AddUniformNoise`` with ``std`` 0.2) scales it by the row's length T:
+``(U(0, 1) - 0.5) * 0.2 * 512 / T``, i.e. U(-0.1, 0.1) at T = 512 and U(-0.8, 0.8) at T = 64; ours
+is a fixed U(-``noise``, ``noise``) (0.1: upstream's width on its 512-token rows). Why: our rows are
+short (tiny's ~110 tokens), where the length rule gives about U(-0.47, 0.47), 40% of the features'
+own spread (std ~1.1 on ``tiny``), a regime upstream's long rows never see; the two are not measured
+against each other here.
 Report: held-out acceptance per depth of the chain the draft would propose on its own features:
 ``accept_rate[d]`` = P(the draft's first d greedy tokens all equal the target's), started at
 answer positions with the true features before them.
