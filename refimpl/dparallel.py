@@ -19,6 +19,17 @@ once, while following the same trajectory (so its text stays the teacher's):
   ``tau``) on the masked positions it already predicts correctly (argmax == ``y*``): certainty is
   forced only where it would be right, so a confident wrong token is never encouraged.
 
+**Where the release differs** (czg1225/dParallel ``LLaDA/llada_train.py``, ``Dream/dream_train.py``;
+measured in ``bench_results/learned/upstream_variants/``). Upstream trains on the teacher's final
+responses, one random block per sequence (LLaDA: 32 tokens; Dream: the whole response) with each token
+masked independently at p = 0.5, plus a second pass on the complementary mask (every masked token shown
+and every shown token masked), ``CE + CE_rev + w * (H + H_rev)`` with ``w`` 2 (LLaDA) or 1 (Dream)
+(:func:`random_states`, :func:`complementary_loss`, the trainer's ``states="upstream"``). Our states are
+the *prefixes of the teacher's commit order* (:meth:`Trajectories.sample`): the positions the teacher
+committed first are the ones shown, so every state is one the teacher's own sampler passes through, which
+is the path threshold decoding of the student follows too; the final tokens are the same teacher output.
+``rounds`` > 1 (re-recording with the student) is ours as well.
+
 The row layout is the block-diffusion model's (shifted predictions, exact block cache): a context
 of ``L`` committed tokens attends causally; the block's ``b`` slots see the whole context and the
 whole block. Output ``L - 1`` predicts the block's first token, block slot ``i`` predicts token

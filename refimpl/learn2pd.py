@@ -23,6 +23,16 @@ already knows:
   commit the masked positions with ``sigmoid(f) > tau`` plus the most confident one (every step
   commits at least one token, as the threshold rule does). The exact block cache is unchanged.
 
+What follows the paper's text and what is ours (its code is not public to compare with). From the
+text: the oracle (commit a masked position as soon as its prediction equals the final output), the
+filter as a small MLP trained post hoc to predict that per position with binary cross-entropy while the
+dLLM stays frozen, confidences as its input, a committed token never remasked, and End-of-Text
+Prediction (stop once the end-of-text token is decoded). Ours: the two extra features below, the rule's
+"plus the most confident one" (so a step never commits nothing), labels only on masked positions, the
+training states (replays of :func:`refimpl.dparallel.record`'s one-token-per-step trajectories, whose
+final tokens are the labels' "final output"), the width (``hidden`` 32) and ``tau`` 0.5, and EoTP as the
+sampler's ``eos_token_id`` stop.
+
 Features per position (the paper feeds the confidences; we add two cheap signals measured to help
 on ``tiny-bdlm-dparallel``): confidence ``p_top1``, the gap ``p_top1 - p_top2`` (Prophet's), and
 whether the argmax equals the previous step's argmax at the same position (0 at a block's first
