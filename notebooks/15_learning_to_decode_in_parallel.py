@@ -140,7 +140,11 @@ plt.tight_layout(); plt.show()
 #
 # (the paper's teacher is the model itself with the gradient stopped, `theta^-`; our zoo model uses
 # the frozen original, which keeps the text closer). The **AR loss** `-mean_i log q_theta(y*_i | x, y*_<i)`
-# keeps the model writing its text. We compute the KL with one forward per position, explicitly:
+# keeps the model writing its text. The authors' trainer differs from this sum: it counts only the
+# positions from the first wrong token on, averages them per token and weighs a label-smoothed AR loss
+# over the whole sequence by 10; we keep the sum over the block and the block's AR loss (`refimpl.cllm`'s
+# docstring says why; `cllm_loss(..., recipe="upstream")` is theirs, measured in
+# `bench_results/learned/upstream_variants/`). We compute the KL with one forward per position, explicitly:
 
 # %%
 st = traj["tiny"]
@@ -421,7 +425,11 @@ for key, (tpc, each) in on_policy.items():
 #
 # The loss on a state: cross-entropy of `y*` on **every** masked position (not just the next one to
 # be committed) plus `beta` x the mean entropy of the student (at temperature 0.5) on the masked
-# positions whose argmax is already `y*`. We build it by hand:
+# positions whose argmax is already `y*`. The states are ours: the dParallel release masks each token of
+# a random block of the teacher's final response at p = 0.5 and adds a pass on the complementary mask,
+# where we show the prefixes of the teacher's commit order, the states its own sampler passes through
+# (`refimpl.dparallel`'s docstring; `states="upstream"` in the trainer, measured in
+# `bench_results/learned/upstream_variants/`). We build it by hand:
 
 # %%
 c1 = torch.tensor([prompts[0][:32]], device=DEVICE)
@@ -525,8 +533,10 @@ plt.show()
 # filter trained on the model's own one-token-per-step trajectories: at each state, the label of a
 # masked position is `argmax == final token`. The filter reads three numbers per position of the
 # block (confidence, the gap to the second choice, and whether the argmax is the same as at the
-# previous step) and outputs one logit per position; the dLLM stays frozen. The features by hand on
-# one state, against `learn2pd.features`:
+# previous step) and outputs one logit per position; the dLLM stays frozen. The paper's code is not
+# public: the oracle, the filter on confidences, its loss and EoTP follow its text; the two extra
+# features, the "+ the most confident one" rule and the sizes are ours (`refimpl.learn2pd`'s docstring).
+# The features by hand on one state, against `learn2pd.features`:
 
 # %%
 from refimpl import learn2pd
