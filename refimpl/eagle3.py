@@ -14,7 +14,9 @@ via Training-Time Test", arXiv 2503.01840.
   concatenation (2H wide) and its output is added to ``g_t`` (the residual); then a SiLU-gated MLP.
   The output ``o_t`` (before the final norm) is the draft's own feature: the next step's input in
   place of ``g``. Its own final norm and LM head give the draft distribution over a kept ("draft")
-  vocabulary (``kept``; vLLM's ``d2t``), the head initialised from the target's rows.
+  vocabulary (``kept``; vLLM's ``d2t``), the head initialised from the target's rows (SafeAILab/EAGLE's
+  ``traineagle3`` starts it at random; the target's rows are the best head there is before training, and
+  a frozen head at those rows is the CPU recipe: :mod:`refimpl.train.eagle3`).
 - **No feature regression; training-time test (§3.1, Fig. 5).** The loss is only the cross-entropy
   against the target's next-token distribution. Training unrolls the draft ``steps`` times on its
   own outputs (:func:`unroll`): step 0 reads the target's fused features; step j reads step j-1's
@@ -22,7 +24,10 @@ via Training-Time Test", arXiv 2503.01840.
   keys causally plus the keys its own chain made at steps 1..j-1 (the diagonal of each later
   block: Fig. 5's mask). That is exactly what a tree node at depth j + 1 sees while decoding (the
   context, its ancestors, itself), so training sees what decoding sees; a test checks the unroll
-  against the decoder's own draft steps.
+  against the decoder's own draft steps. Upstream's trainer (``traineagle3/cnets.py``) also drops every
+  position whose target argmax is outside the kept vocabulary and averages each step over all slots of
+  the batch; ours keeps those positions and averages per step over its loss positions
+  (:mod:`refimpl.train.eagle3` says why; ``recipe="upstream"`` there is theirs).
 
 Decoding is :class:`refimpl.eagle.EagleProposer` unchanged (the draft's ``step`` / ``logits`` /
 ``fuse`` / ``taps`` are the interface): EAGLE-2's dynamic tree, the draft KV cache, the exact early
@@ -44,8 +49,9 @@ from .speculative import decode
 def default_taps(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's low / middle / high layer ids: vLLM's ``(2, L // 2, L - 3)`` (SmolLM2-135M's 30
     layers: 2, 15, 27). A target under 8 layers (``tiny``: 4) takes ``(1, L // 2, L)``: its last
-    layer does too much of the work to leave out, so "high" is the final normed state (vLLM cannot
-    tap that one: :func:`refimpl.export.export_eagle3` refuses it)."""
+    layer does too much of the work to leave out, so "high" is the final normed state (vLLM's tap L is
+    the residual stream before the final norm, another tensor: :func:`refimpl.export.write_eagle3`
+    refuses such a draft)."""
     if num_layers >= 8:
         return 2, num_layers // 2, num_layers - 3
     return 1, num_layers // 2, num_layers
