@@ -666,7 +666,8 @@ print(f"after t = {lm.decode(ar[0][:1])!r} the draft guesses {lm.decode([guess])
 # `(x_{t+1}, f_t)` it predicts `f_{t+1}`, with the loss `SmoothL1(f̂_{t+1}, f_{t+1}) + 0.1 · CE`
 # (the LM head on `f̂_{t+1}` against the target's own distribution there), and uniform noise
 # U(-0.1, 0.1) on the input features so that the draft tolerates its own errors when it reads
-# `f̂` at depth > 1. `refimpl.train.eagle.train_draft` is that loop (`python -m refimpl.train
+# `f̂` at depth > 1 (EAGLE's own trainer widens it by 512 / T on a row of T tokens; ours stays 0.1 on
+# our short rows: `refimpl.train.eagle`'s docstring says why). `refimpl.train.eagle.train_draft` is that loop (`python -m refimpl.train
 # eagle-tiny` ran it for 600 steps on 1,576 answers, about 4 minutes); `features` recomputes every
 # position's feature with one target forward per row (our answer rows store only the answers').
 # Here `EAGLE_STEPS` steps on the answers the Medusa heads trained on (on the CPU, where the
@@ -828,7 +829,8 @@ if SHOW_SOLUTIONS:
 # - **Multi-layer features (§3.2).** The top feature is shaped for the *next* token only. EAGLE-3
 #   reads the residual streams entering three of the target's layers, low, middle and high
 #   (`eagle3.default_taps`: vLLM's `(2, L//2, L-3)`; tiny has only 4 layers and its last one does
-#   much of the work, so tiny's "high" is the final state: 1, 2, 4), and fuses
+#   much of the work, so tiny's "high" is the final normed state: 1, 2, 4; vLLM's tap 4 would be the
+#   state before that norm, so `refimpl.export` refuses to export tiny's draft), and fuses
 #   them with one linear map `g_t = fc([l_t; m_t; h_t])` (3H -> H). The verification call returns
 #   them: `lm.forward(ids, output_hidden_states=taps)`, no extra pass.
 # - **One layer on (token, feature), its own head.** Attention reads
@@ -940,7 +942,11 @@ ax.set_ylabel("query t of step 3"); ax.set_title("green: may attend", fontsize=9
 # `train3.target_features` recomputes the three streams and the target's final state over each
 # whole answer row (one forward per row: prompt *and* answer positions, as decoding reads them);
 # `train3.train_draft` unrolls `DEPTH` steps and weights step j's cross-entropy by 0.8^j (the
-# paper's recipe uses 7 steps). Then acceptance per depth on the held-out answers: P(the first d
+# paper's recipe uses 7 steps). The authors' trainer differs in three places: it drops positions whose
+# target token is outside the draft's kept vocabulary, averages each step over all slots and starts
+# the head at random; ours keeps those positions, averages per loss position and starts from the
+# target's rows (`refimpl.train.eagle3`'s docstring says why; `recipe="upstream"` is theirs, measured
+# in `bench_results/learned/upstream_variants/`). Then acceptance per depth on the held-out answers: P(the first d
 # guesses are all the target's), EAGLE-1 from above (the draft reading its own predicted
 # features) against EAGLE-3 (read off one unroll, which equals decoding's chain: tested).
 
