@@ -459,8 +459,7 @@ for name, d in heads.items():
 # %% [markdown]
 # ## Play: exit depth and gamma
 # The rounds of self-speculation for one prompt. Deeper exits get more green (and cost more per
-# draft, exercise 3); longer rounds waste more red where the draft is weak. The last lines move
-# the slider from code and check that the picture's numbers changed.
+# draft, exercise 3); longer rounds waste more red where the draft is weak.
 
 # %%
 import ipywidgets as widgets
@@ -484,9 +483,15 @@ def play(k=1, gamma=4, prompt_index=0):
 ui = widgets.interact(play, k=widgets.IntSlider(value=1, min=1, max=target.num_layers - 1),
                       gamma=widgets.IntSlider(value=4, min=1, max=8),
                       prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1)).widget
+
+# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
+# check that the output changed, then put the control back to its teaching default
+default = ui.children[0].value
 before = shown
 ui.children[0].value = target.num_layers - 1           # move the exit slider, as a person would
 assert shown != before, "moving a slider must change the output"
+ui.children[0].value = default
 
 # %% [markdown]
 # ## Summary

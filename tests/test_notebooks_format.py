@@ -36,6 +36,54 @@ def is_check_after_stub(prev, cell) -> bool:
             and "check(" in cell.source and "@exercise(" not in cell.source)
 
 
+def is_ci_only(cell) -> bool:
+    """A code cell only CI needs: tagged ``ci-only`` and collapsed in the lab (source hidden)."""
+    return (cell.cell_type == "code" and "ci-only" in cell.metadata.get("tags", [])
+            and cell.metadata.get("jupyter", {}).get("source_hidden") is True)
+
+
+def widget_self_test_problems(nb) -> list:
+    """A cell that moves a widget's control from code (``ui.children[i].value = ...``) must be a
+    CI-only cell, collapsed in the lab, that puts every control it moved back to the value it found
+    (so a learner meets the widget at its teaching defaults), and prints nothing."""
+    import re
+
+    problems = []
+    for cell in nb.cells:
+        moved = re.findall(r"^(ui\.children\[\d+\])\.value = ", cell.source, re.M) if cell.cell_type == "code" else []
+        if not moved:
+            continue
+        head = cell.source.splitlines()[0][:60]
+        if not is_ci_only(cell):
+            problems.append(f"a widget self-test in the learner's view (tag it ci-only, source hidden): {head}")
+        last = cell.source.rstrip().splitlines()[-1]
+        if not (re.match(rf"^{re.escape(moved[0])}\.value = default$", last)
+                and f"default = {moved[0]}.value" in cell.source and len(set(moved)) == 1):
+            problems.append(f"a widget self-test that does not restore its control at the end: {head}")
+        if "print(" in cell.source:
+            problems.append(f"a widget self-test that prints (its output shows under a collapsed cell): {head}")
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_widget_self_tests_are_hidden_and_leave_the_teaching_defaults(path):
+    assert widget_self_test_problems(jupytext.read(path)) == []
+
+
+def test_the_widget_self_test_rule_can_fail():
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    good = new_code_cell("default = ui.children[1].value\nbefore = shown\nui.children[1].value = 0.0\n"
+                         "assert shown != before\nui.children[1].value = default",
+                         metadata={"tags": ["ci-only"], "jupyter": {"source_hidden": True}})
+    visible = new_code_cell(good.source)
+    unrestored = new_code_cell("before = shown\nui.children[1].value = 0.0\nassert shown != before",
+                               metadata=good.metadata)
+    assert widget_self_test_problems(new_notebook(cells=[good])) == []
+    assert len(widget_self_test_problems(new_notebook(cells=[visible]))) == 1
+    assert "restore" in widget_self_test_problems(new_notebook(cells=[unrestored]))[0]
+
+
 def test_a_check_cell_needs_no_markdown_only_after_its_stub():
     from nbformat.v4 import new_code_cell, new_markdown_cell
 
@@ -53,12 +101,13 @@ def test_course_shape(path):
     cells = nb.cells
     # an exercise's check sits in its own cell right after the stub (tests/test_exercises.py): the
     # markdown before the stub states both, and the split adds no content to the chapter's length
-    checks = sum(is_check_after_stub(prev, cell) for prev, cell in zip(cells, cells[1:]))
-    assert 20 <= len(cells) - checks <= 60, f"{len(cells)} cells ({checks} exercise checks after their stubs)"
+    # CI-only cells (a widget's self-test, collapsed in the lab) are not part of the lesson either
+    checks = sum(is_check_after_stub(prev, cell) or is_ci_only(cell) for prev, cell in zip(cells, cells[1:]))
+    assert 20 <= len(cells) - checks <= 60, f"{len(cells)} cells ({checks} exercise checks and CI-only cells)"
     src = "\n".join(c.source for c in cells)
     assert "FAST" in src, "a parameter cell with a FAST default"
     assert "!pip" not in src and "%pip" not in src
     for prev, cell in zip(cells, cells[1:]):
-        if cell.cell_type == "code" and not is_check_after_stub(prev, cell):
+        if cell.cell_type == "code" and not is_check_after_stub(prev, cell) and not is_ci_only(cell):
             assert prev.cell_type == "markdown", f"code cell without a markdown cell before it:\n{cell.source[:200]}"
     assert "import refimpl" in src or "from refimpl" in src
