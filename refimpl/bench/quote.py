@@ -48,6 +48,9 @@ CAPSTONE_COLS = [("chapter", "ch", ""), ("method", "method", ""), ("tokens_per_s
                  ("step_cost", "step cost (AR steps)", ".2f"), ("exact", "exact vs AR greedy", ".0%")]
 DECODE_COLS = [("method", "method", ""), ("speedup", "speed-up vs AR", ".2f"), ("tau", "tau", ".2f"),
                ("target_nfe_per_token", "target NFE/token", ".2f"), ("exact", "exact vs AR greedy", ".0%")]
+TREE_COLS = [("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"), ("speedup", "speed-up vs AR", ".2f"),
+             ("tau", "tau", ".2f"), ("draft_calls_per_step", "draft calls / step", ".2f"),
+             ("step_cost", "step cost (AR steps)", ".2f"), ("exact", "exact vs AR greedy", ".0%")]
 PRODUCTION_COLS = [("method", "method", ""), ("engine", "engine", ""), ("tokens_per_s", "tokens/s", ".1f"),
                    ("speedup_vs_own_ar", "speed-up vs own AR", ".2f"), ("tau", "tau", ".2f"),
                    ("step_ms", "ms / step", ".1f"), ("step_cost_ar_steps", "step cost (own AR steps)", ".2f"),
@@ -146,6 +149,8 @@ QUOTES = {
     "capstone_tiny_cllm": (capstone, ("capstone_cllm/capstone_tiny.json",)),
     "production": (production, ("production/production.json",)),
     "production_map": (production_map, ("production/production.json",)),
+    "eagle3_smollm2": (lambda rel: table(load(rel)["rows"], TREE_COLS), ("eagle3_smollm2-135m/decode_smollm2-135m.json",)),
+    "eagle3_smollm2_categories": (categories, ("eagle3_smollm2-135m/decode_smollm2-135m.json",)),
     "retrieval_smollm2": (lambda rel: table(load(rel)["rows"], DECODE_COLS),
                           ("retrieval_jacobi_lookahead/decode_smollm2-135m.json",)),
     "retrieval_smollm2_categories": (categories, ("retrieval_jacobi_lookahead/decode_smollm2-135m.json",)),
