@@ -236,7 +236,7 @@ plot_timeline(target, log)
 # drafts; it is not the `alpha` of the tau formula (see below).
 
 # %%
-g = speculative.generate(target, draft, prompt, gamma=4, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+g = speculative.generate(target, prompt, draft=draft, gamma=4, max_new_tokens=NEW_TOKENS, eos_token_id=[])
 assert g.tokens[0] == mine == ref_tokens
 assert g.stats.target_calls == calls
 assert [a[0] for a in g.stats.accepted] == [n for _, _, n, _ in log]
@@ -264,7 +264,7 @@ def alpha_tested(stats):
 
 rows = []
 for gm in GAMMAS:
-    r = speculative.generate(target, draft, prompt, gamma=gm, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    r = speculative.generate(target, prompt, draft=draft, gamma=gm, max_new_tokens=NEW_TOKENS, eos_token_id=[])
     assert r.tokens[0] == ref_tokens
     rows.append((gm, r.stats.tau, alpha_tested(r.stats), r.stats.alpha, r.stats.target_calls))
     print("gamma %2d  tau %.2f  alpha (accepted/tested) %.2f  acceptance rate (accepted/proposed) %.2f  target calls %3d" % rows[-1])
@@ -313,7 +313,7 @@ def seconds(fn, reps=3):
 
 
 t_ar = seconds(lambda: autoregressive.generate(target, prompt, max_new_tokens=NEW_TOKENS, eos_token_id=[]))
-t_sd = seconds(lambda: speculative.generate(target, draft, prompt, gamma=4, max_new_tokens=NEW_TOKENS, eos_token_id=[]))
+t_sd = seconds(lambda: speculative.generate(target, prompt, draft=draft, gamma=4, max_new_tokens=NEW_TOKENS, eos_token_id=[]))
 print(f"AR {NEW_TOKENS / t_ar:.0f} tok/s, speculative (gamma=4) {NEW_TOKENS / t_sd:.0f} tok/s, ratio {t_ar / t_sd:.2f}x")
 
 # %% [markdown]
@@ -328,7 +328,7 @@ print(f"AR {NEW_TOKENS / t_ar:.0f} tok/s, speculative (gamma=4) {NEW_TOKENS / t_
 # %%
 texts = [PROMPT, "Blessed are the meek", "In the beginning God", "And Jesus answered"]
 batch = [encode_prompt(target, t) for t in texts]
-gb = speculative.generate(target, draft, batch, gamma=4, max_new_tokens=16, eos_token_id=[])
+gb = speculative.generate(target, batch, draft=draft, gamma=4, max_new_tokens=16, eos_token_id=[])
 for p, toks in zip(batch, gb.tokens):
     assert toks == autoregressive.generate(target, p, max_new_tokens=16, eos_token_id=[]).tokens[0]
 print("accepted per step (one entry per row):", gb.stats.accepted[:4], "...")
@@ -365,7 +365,7 @@ LEGEND = " ".join(f'<span style="background:{c}">{t}</span>' for c, t in
 
 def play(gamma=4):
     global shown
-    r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    r = speculative.generate(target, prompt, draft=draft, gamma=gamma, max_new_tokens=NEW_TOKENS, eos_token_id=[])
     spans, i, toks = [], 0, r.tokens[0]
     for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):
         for k in range(min(n + 1, len(toks) - i)):
@@ -463,7 +463,7 @@ def self_draft_calls(new_tokens, gamma):
 # %%
 def check_self_draft():
     for N, gm in [(NEW_TOKENS, 4), (10, 3), (7, 6), (5, 1), (1, 4)]:
-        r = speculative.generate(target, target, prompt, gamma=gm, max_new_tokens=N, eos_token_id=[])
+        r = speculative.generate(target, prompt, draft=target, gamma=gm, max_new_tokens=N, eos_token_id=[])
         got, truth = tuple(self_draft_calls(N, gm)), (r.stats.target_calls, r.stats.draft_calls)
         assert got == truth, f"{N} tokens at gamma={gm}: you predict (target, draft) calls = {got}, the run made {truth}"
 

@@ -316,7 +316,7 @@ def speculative_sampling(target, draft, prompt, gamma, max_new, gen):
 
 # %%
 mine, steps, betas = speculative_sampling(target, draft, prompt, GAMMA, NEW_TOKENS, torch.Generator(device=DEVICE).manual_seed(SEED))
-ref = speculative.generate(target, draft, prompt, gamma=GAMMA, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE,
+ref = speculative.generate(target, prompt, draft=draft, gamma=GAMMA, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE,
                            top_k=TOP_K, top_p=TOP_P, generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[])
 assert mine == ref.tokens[0], "hand-built and refimpl must agree draw for draw"
 assert [n for n, _ in steps] == [a[0] for a in ref.stats.accepted]
@@ -434,7 +434,7 @@ LEGEND = " ".join(f'<span style="background:{c}">{k}</span>' for k, c in COLOURS
 
 def play(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
     global shown
-    r = speculative.generate(target, draft, prompt, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
+    r = speculative.generate(target, prompt, draft=draft, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
                              generator=torch.Generator(device=DEVICE).manual_seed(seed), eos_token_id=[])
     spans, i, toks = [], 0, r.tokens[0]
     for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):

@@ -199,7 +199,7 @@ alpha_draft = drafts.greedy_agreement(target, draft, prompts, NEW_TOKENS)
 alpha_student = drafts.greedy_agreement(target, student_lm, prompts, NEW_TOKENS)
 print(f"{DRAFT}: {draft.num_layers} layer(s), alpha ~ {alpha_draft:.3f} | student after {LIVE_STEPS} steps: {alpha_student:.3f}")
 for gamma in (2, 4, 6):
-    g = speculative.generate(target, draft, prompts, gamma=gamma, max_new_tokens=NEW_TOKENS)
+    g = speculative.generate(target, prompts, draft=draft, gamma=gamma, max_new_tokens=NEW_TOKENS)
     assert g.tokens == ref.tokens
     print(f"gamma={gamma}: acceptance rate {acceptance_rate(g.stats):.2f}, tau measured {g.stats.tau:.2f}, "
           f"formula at alpha={alpha_draft:.2f}: {drafts.expected_tau(alpha_draft, gamma):.2f}")
@@ -232,7 +232,7 @@ def check_rate():
     for a, gm in [(0.5, 4), (0.8, 1), (0.8, 6), (0.95, 8)]:
         sim = simulated_rate(a, gm)
         assert abs(rate_from_alpha(a, gm) - sim) < 0.005, f"alpha={a}, gamma={gm}: you say {rate_from_alpha(a, gm):.3f}, simulated {sim:.3f}"
-    g4 = speculative.generate(target, draft, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+    g4 = speculative.generate(target, prompts, draft=draft, gamma=4, max_new_tokens=NEW_TOKENS)
     print(f"{DRAFT}, gamma=4: alpha ~ {alpha_draft:.2f}, predicted rate {rate_from_alpha(alpha_draft, 4):.2f}, measured {acceptance_rate(g4.stats):.2f}")
 
 
@@ -293,7 +293,7 @@ def rounds_of(stats):
 
 runs = {}
 for k in range(1, target.num_layers):
-    g = speculative.generate(target, drafts.early_exit(target, k), prompts[:1], gamma=4, max_new_tokens=NEW_TOKENS)
+    g = speculative.generate(target, prompts[:1], draft=drafts.early_exit(target, k), gamma=4, max_new_tokens=NEW_TOKENS)
     assert g.tokens == ref.tokens[:1]
     runs[k] = g.stats
     print(f"exit k={k}: acceptance rate {acceptance_rate(g.stats):.2f}, tau {g.stats.tau:.2f}, "
@@ -411,7 +411,7 @@ def timed(fn):
 
 gb = best[DRAFT]
 ar_out, t_ar = timed(lambda: autoregressive.generate(target, prompts[:1], max_new_tokens=NEW_TOKENS))
-sp_out, t_sp = timed(lambda: speculative.generate(target, draft, prompts[:1], gamma=gb, max_new_tokens=NEW_TOKENS))
+sp_out, t_sp = timed(lambda: speculative.generate(target, prompts[:1], draft=draft, gamma=gb, max_new_tokens=NEW_TOKENS))
 assert sp_out.tokens == ar_out.tokens
 note = " (Triton interpreter: ignore)" if os.environ.get("TRITON_INTERPRET") == "1" else ""
 print(f"gamma={gb}: predicted {drafts.expected_speedup(alpha_draft, gb, costs[DRAFT]):.2f}x, measured {t_ar / t_sp:.2f}x{note}")
@@ -452,7 +452,7 @@ for k_ in (256, 64):
     heads[f"{k_} kept"] = drafts.trim_vocab(base, few)
 heads["64 kept + context"] = drafts.trim_vocab(base, few, context_vocab=True)
 for name, d in heads.items():
-    g = speculative.generate(target, d, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+    g = speculative.generate(target, prompts, draft=d, gamma=4, max_new_tokens=NEW_TOKENS)
     assert g.tokens == ref.tokens
     print(f"{name:18s} head MACs {d.model.lm_head.weight.numel():>9,}  acceptance rate {acceptance_rate(g.stats):.3f}")
 
@@ -467,7 +467,7 @@ import ipywidgets as widgets
 
 def play(k=1, gamma=4, prompt_index=0):
     global shown
-    g = speculative.generate(target, drafts.early_exit(target, k), prompts[prompt_index:prompt_index + 1],
+    g = speculative.generate(target, prompts[prompt_index:prompt_index + 1], draft=drafts.early_exit(target, k),
                              gamma=gamma, max_new_tokens=NEW_TOKENS)
     fig, ax = plt.subplots(figsize=(7, 2.6))
     draw_rounds(ax, rounds_of(g.stats), title=f"exit k={k}, gamma={gamma}", ymax=9)

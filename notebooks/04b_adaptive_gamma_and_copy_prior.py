@@ -112,10 +112,10 @@ for th in (0.05, 0.3, 0.6):
 
 # %%
 for th in (0.05, 0.3, 0.6):
-    g = adaptive.generate(target, draft, prompts, max_gamma=8, threshold=th, max_new_tokens=NEW_TOKENS)
+    g = adaptive.generate(target, prompts, draft=draft, max_gamma=8, threshold=th, max_new_tokens=NEW_TOKENS)
     assert g.tokens == ref.tokens
     for p in prompts:
-        one = adaptive.generate(target, draft, [p], max_gamma=8, threshold=th, max_new_tokens=9)   # one round
+        one = adaptive.generate(target, [p], draft=draft, max_gamma=8, threshold=th, max_new_tokens=9)   # one round
         assert one.stats.extra["gammas"][0] == len(draft_round_by_hand(draft, p, th, 8)[0])
     print(f"threshold {th}: mean gamma {g.stats.extra['mean_gamma']:.2f}, "
           f"acceptance rate {g.stats.alpha:.2f}, tau {g.stats.tau:.2f}")
@@ -141,7 +141,7 @@ def cumulative_round(draft, context, threshold, max_gamma):
 def check_cumulative():
     cases, differs = [(p, th) for p in prompts for th in (0.05, 0.2, 0.5)], False
     for p, th in cases:
-        lib = adaptive.generate(target, draft, [p], max_gamma=8, threshold=th, policy="cumulative",
+        lib = adaptive.generate(target, [p], draft=draft, max_gamma=8, threshold=th, policy="cumulative",
                                 max_new_tokens=9).stats.extra["gammas"][0]   # 9: room for one round of 8
         mine = cumulative_round(draft, p, th, 8)
         assert len(mine) == lib, f"threshold {th}: you drafted {len(mine)} tokens, policy='cumulative' drafts {lib}"
@@ -166,9 +166,9 @@ def counts(fn):
     return [sum(s.target_calls for s in gs), sum(s.draft_calls for s in gs), sum(s.new_tokens for s in gs)]
 
 
-fixed = {gm: counts(lambda p: speculative.generate(target, draft, [p], gamma=gm, max_new_tokens=NEW_TOKENS))
+fixed = {gm: counts(lambda p: speculative.generate(target, [p], draft=draft, gamma=gm, max_new_tokens=NEW_TOKENS))
          for gm in (1, 2, 3, 4, 6, 8)}
-adapt = {(pol, th): counts(lambda p: adaptive.generate(target, draft, [p], max_gamma=8, threshold=th, policy=pol,
+adapt = {(pol, th): counts(lambda p: adaptive.generate(target, [p], draft=draft, max_gamma=8, threshold=th, policy=pol,
                                                        max_new_tokens=NEW_TOKENS))
          for pol, th in [("cumulative", 0.02), ("cumulative", 0.05), ("cumulative", 0.1), ("cumulative", 0.2),
                          ("threshold", 0.3)]}
@@ -205,8 +205,8 @@ def rounds_of(stats):
 
 c_show = cs[max(range(len(cs)), key=ratio.__getitem__)]                 # where adaptive gains most
 bf, (pol, th) = min(fixed, key=lambda k: cost(fixed[k], c_show)), min(adapt, key=lambda k: cost(adapt[k], c_show))
-g_fix = speculative.generate(target, draft, prompts[:1], gamma=bf, max_new_tokens=NEW_TOKENS)
-g_ad = adaptive.generate(target, draft, prompts[:1], max_gamma=8, threshold=th, policy=pol, max_new_tokens=NEW_TOKENS)
+g_fix = speculative.generate(target, prompts[:1], draft=draft, gamma=bf, max_new_tokens=NEW_TOKENS)
+g_ad = adaptive.generate(target, prompts[:1], draft=draft, max_gamma=8, threshold=th, policy=pol, max_new_tokens=NEW_TOKENS)
 fig, axes = plt.subplots(1, 2, figsize=(11, 2.8), sharey=True)
 for ax, g_, name in ((axes[0], g_fix, f"fixed gamma = {bf}"), (axes[1], g_ad, f"{pol}, threshold {th}")):
     n_ = [g_.stats.target_calls, g_.stats.draft_calls, g_.stats.new_tokens]
@@ -299,8 +299,8 @@ def check_ucb():
     mine = simulate(HandUCB(cost_ratio=0.3))
     first = next((i for i, (a, b) in enumerate(zip(mine, lib)) if a != b), None)
     assert first is None, f"step {first}: you chose gamma={mine[first]}, UCB1 chooses {lib[first]}"
-    g_mine = adaptive.generate(target, draft, prompts, policy="ucb", bandit=HandUCB(cost_ratio=c), max_new_tokens=NEW_TOKENS)
-    g_lib = adaptive.generate(target, draft, prompts, policy="ucb", bandit=adaptive.UCB(cost_ratio=c), max_new_tokens=NEW_TOKENS)
+    g_mine = adaptive.generate(target, prompts, draft=draft, policy="ucb", bandit=HandUCB(cost_ratio=c), max_new_tokens=NEW_TOKENS)
+    g_lib = adaptive.generate(target, prompts, draft=draft, policy="ucb", bandit=adaptive.UCB(cost_ratio=c), max_new_tokens=NEW_TOKENS)
     assert g_mine.tokens == ref.tokens and g_mine.stats.extra["gammas"] == g_lib.stats.extra["gammas"], "decoding: other gammas"
 
 
@@ -317,7 +317,7 @@ if SHOW_SOLUTIONS:
 bandit = adaptive.UCB(gammas=(1, 2, 4, 6, 8), cost_ratio=c)
 played = []
 for rep in range(2 if FAST else 6):
-    g = adaptive.generate(target, draft, prompts, max_new_tokens=NEW_TOKENS, policy="ucb", bandit=bandit)
+    g = adaptive.generate(target, prompts, draft=draft, max_new_tokens=NEW_TOKENS, policy="ucb", bandit=bandit)
     assert g.tokens == ref.tokens
     played += g.stats.extra["gammas"]
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 2.8), gridspec_kw={"width_ratios": [3, 1]})
@@ -340,7 +340,7 @@ counts_of = lambda s: [s.target_calls, s.draft_calls, s.new_tokens]
 
 def play(threshold=0.1, policy="cumulative", prompt_index=0):
     global shown
-    g = adaptive.generate(target, draft, prompts[prompt_index:prompt_index + 1], max_gamma=8, threshold=threshold,
+    g = adaptive.generate(target, prompts[prompt_index:prompt_index + 1], draft=draft, max_gamma=8, threshold=threshold,
                           policy=policy, max_new_tokens=NEW_TOKENS)
     fig, ax = plt.subplots(figsize=(7, 2.6))
     draw_rounds(ax, rounds_of(g.stats), f"{policy}, threshold {threshold}", ymax=9)
@@ -506,8 +506,8 @@ for cat, text in prompt_set(per_category=1 if FAST else 2):
     if cat not in cats:
         continue
     p = encode_prompt(big, text)
-    a = speculative.generate(big, small_plain, [p], gamma=4, max_new_tokens=COPY_TOKENS)
-    b = speculative.generate(big, ContextCopyLM(small_plain), [p], gamma=4, max_new_tokens=COPY_TOKENS)
+    a = speculative.generate(big, [p], draft=small_plain, gamma=4, max_new_tokens=COPY_TOKENS)
+    b = speculative.generate(big, [p], draft=ContextCopyLM(small_plain), gamma=4, max_new_tokens=COPY_TOKENS)
     assert a.tokens == b.tokens
     tau["draft alone"].setdefault(cat, []).append(a.stats.tau)
     tau["draft + copy prior"].setdefault(cat, []).append(b.stats.tau)

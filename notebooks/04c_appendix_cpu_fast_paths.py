@@ -347,8 +347,8 @@ if SHOW_SOLUTIONS:
 # %%
 trim = drafts.trim_vocab(draft, torch.arange(draft.vocab_size, device=draft.device))
 lean = lean_llama.LeanTrimmedLM.of(trim)
-g_hf = speculative.generate(target, trim, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
-g_lean = speculative.generate(target, lean, prompts, gamma=4, max_new_tokens=NEW_TOKENS)
+g_hf = speculative.generate(target, prompts, draft=trim, gamma=4, max_new_tokens=NEW_TOKENS)
+g_lean = speculative.generate(target, prompts, draft=lean, gamma=4, max_new_tokens=NEW_TOKENS)
 assert g_lean.tokens == g_hf.tokens == ref.tokens and g_lean.stats.accepted == g_hf.stats.accepted
 t_hf, t_lean, t_target = (1e3 * drafts.step_seconds(d, repeats=REPEATS) for d in (trim, lean, target))
 print(f"draft step on {DEVICE}: Hugging Face {t_hf:.2f} ms, lean {t_lean:.2f} ms "

@@ -347,7 +347,7 @@ class TopKTree:
 # %%
 mine = speculative.decode(lm, TopKTree(dr), prompts, max_new_tokens=NEW_TOKENS, eos_token_id=[])
 assert mine.tokens == ar, "a greedy tree walk must reproduce greedy decoding"
-lib = tree.generate(lm, dr, prompts, max_new_tokens=NEW_TOKENS, eos_token_id=[], widths=WIDTHS)  # refimpl's DraftTree
+lib = tree.generate(lm, prompts, draft=dr, max_new_tokens=NEW_TOKENS, eos_token_id=[], widths=WIDTHS)  # refimpl's DraftTree
 assert lib.tokens == mine.tokens and lib.stats.accepted == mine.stats.accepted
 print(f"tree {WIDTHS}: tau {mine.stats.tau:.2f} | target calls {mine.stats.target_calls} | accepted per step (row 0):",
       [a[0] for a in mine.stats.accepted][:12])
@@ -362,7 +362,7 @@ print(f"tree {WIDTHS}: tau {mine.stats.tau:.2f} | target calls {mine.stats.targe
 # %%
 taus = {}
 for g in (2, 3):
-    r = speculative.generate(lm, dr, prompts, gamma=g, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    r = speculative.generate(lm, prompts, draft=dr, gamma=g, max_new_tokens=NEW_TOKENS, eos_token_id=[])
     assert r.tokens == ar
     taus[f"chain gamma={g}"] = r.stats.tau
 for w in [(2, 2), (3, 2), (3, 2, 1)]:
@@ -531,8 +531,8 @@ STATIC_OF = {2: (2,), 4: (2, 1), 6: (2, 2), 10: (2, 2, 1), 14: (2, 2, 2)}   # no
 kw = dict(max_new_tokens=NEW_TOKENS, eos_token_id=[])
 curves = {"chain, gamma = nodes": [], "static top-k tree": [], "dynamic tree (EAGLE-2)": []}   # (tau, draft calls / step)
 for n in SIZES:
-    runs = (speculative.generate(lm, dr, prompts, gamma=n, **kw), tree.generate(lm, dr, prompts, widths=STATIC_OF[n], **kw),
-            dynamic_tree.generate(lm, dr, prompts, total=n, depth=DEPTH, topk=TOPK, floor=0.0, **kw))
+    runs = (speculative.generate(lm, prompts, draft=dr, gamma=n, **kw), tree.generate(lm, prompts, draft=dr, widths=STATIC_OF[n], **kw),
+            dynamic_tree.generate(lm, prompts, draft=dr, total=n, depth=DEPTH, topk=TOPK, floor=0.0, **kw))
     for curve, r in zip(curves.values(), runs):
         assert r.tokens == ar, "every greedy method must be greedy decoding"
         curve.append((r.stats.tau, r.stats.draft_calls / r.stats.target_calls))

@@ -1014,7 +1014,7 @@ print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zo
 
 # %%
 configs = {"AR": lambda kw: autoregressive.generate(lm, prompts, **kw),
-           "chain (gamma 4)": lambda kw: speculative.generate(lm, dr, prompts, gamma=4, **kw),
+           "chain (gamma 4)": lambda kw: speculative.generate(lm, prompts, draft=dr, gamma=4, **kw),
            f"Medusa ({TREE_SIZE} nodes)": lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, **kw),
            "Medusa typical": lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, acceptance="typical", **kw),
            f"EAGLE ({TOTAL} nodes)": lambda kw: eagle.generate(lm, prompts, draft=draft, total=TOTAL, depth=DEPTH, topk=TOPK, **kw),

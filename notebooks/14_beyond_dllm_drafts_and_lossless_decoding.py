@@ -331,7 +331,7 @@ plt.show()
 
 # %%
 ar_out = autoregressive.generate(ar, prompts, max_new_tokens=GEN, eos_token_id=[]).tokens
-spec = dllm_draft.generate(ar, bdlm, prompts, gamma=4, max_new_tokens=GEN, eos_token_id=[])
+spec = dllm_draft.generate(ar, prompts, dlm=bdlm, gamma=4, max_new_tokens=GEN, eos_token_id=[])
 assert spec.tokens == ar_out
 print(f"dLLM drafter, gamma 4: == AR greedy | tau {spec.stats.tau:.2f} | target calls {spec.stats.target_calls}"
       f" | drafter calls {spec.stats.draft_calls}")
@@ -374,10 +374,10 @@ display(HTML(coloured(spec)))
 draft = models.load("tiny-draft", device=DEVICE)
 rows = []
 for gamma in (2, 4, 8):
-    r = dllm_draft.generate(ar, bdlm, prompts, gamma=gamma, max_new_tokens=GEN, eos_token_id=[])
+    r = dllm_draft.generate(ar, prompts, dlm=bdlm, gamma=gamma, max_new_tokens=GEN, eos_token_id=[])
     rows.append((f"dLLM gamma {gamma}", r.stats.tau, r.stats.draft_calls / r.stats.target_calls))
     assert r.tokens == ar_out
-r = speculative.generate(ar, draft, prompts, gamma=4, max_new_tokens=GEN, eos_token_id=[])
+r = speculative.generate(ar, prompts, draft=draft, gamma=4, max_new_tokens=GEN, eos_token_id=[])
 rows.append(("tiny-draft gamma 4", r.stats.tau, r.stats.draft_calls / r.stats.target_calls))
 r = retrieval.generate(ar, prompts, max_new_tokens=GEN, method="prompt_lookup", eos_token_id=[])
 rows.append(("prompt lookup", r.stats.tau, 0.0))
@@ -429,7 +429,7 @@ def check_acceptance():
     assert abs(got - 0.5) < 1e-6, f"p = (.5, .5, 0), q = (0, .5, .5): got {got}, expected 0.5"
     pred = first_draft_acceptance(p_real, q_real)
     with kernels.references():                          # (torch references on a CPU: see chapter 06)
-        g = dllm_draft.generate(ar, bdlm, [prompt] * SAMPLES, gamma=1, max_new_tokens=2, temperature=1.0,
+        g = dllm_draft.generate(ar, [prompt] * SAMPLES, dlm=bdlm, gamma=1, max_new_tokens=2, temperature=1.0,
                                 generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[])
     rate = sum(g.stats.accepted[0]) / SAMPLES            # drafts accepted at the first step, over the rows
     sd = (pred * (1 - pred) / SAMPLES) ** 0.5

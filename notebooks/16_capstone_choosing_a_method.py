@@ -153,14 +153,13 @@ from refimpl.bench.decode import Context, markdown_table
 
 tiny = models.load("tiny", device=DEVICE)
 ctx = Context(target=tiny, draft=models.load("tiny-draft", device=DEVICE), model_name="tiny")
-want = ("ar (cache)", "speculative greedy (gamma=4)", "prompt lookup (10 tokens, ngram 3..1)", "jacobi (window 8)",
-        "medusa (lossless, 16-node tree)")
+want = ("ar (cache)", "speculative [cpu]", "prompt_lookup [cpu]", "jacobi [cpu]", "medusa [cpu]")
 live_methods = [m for m, _ in capstone.capstone_rows("tiny") if m.name in want]
 live_prompts = [(c, P.encode_prompt(tiny, t)) for c, t in P.prompt_set(1)[:LIVE_PROMPTS]]
 live = capstone.run(ctx, live_methods, live_prompts, NEW, repeats=1)
 print(markdown_table(live, capstone.COLS))
 
-g = speculative.generate(tiny, ctx.draft, [live_prompts[0][1]], gamma=4, max_new_tokens=NEW)
+g = speculative.generate(tiny, [live_prompts[0][1]], draft=ctx.draft, gamma=4, max_new_tokens=NEW)
 by_hand = len(g.tokens[0]) / g.stats.target_calls
 print(f"tau by hand {by_hand:.3f}   stats.tau {g.stats.tau:.3f}")
 assert abs(by_hand - g.stats.tau) < 1e-9
@@ -173,16 +172,16 @@ assert all(r["exact"] == 1.0 for r in live if r["exact"] is not None), "every gr
 
 # %%
 #: short labels for the figures: (substring of the row name, label), first match wins
-SHORT = [("on tiny-cllm", "CLLM Jacobi (ch 15)"), ("speculative sampling T=0.7", "chain draft T=0.7"),
-         ("without copy prior", "chain draft, no copy prior"), ("speculative greedy", "chain draft"),
-         ("self-spec", "self-spec (early exit)"), ("adaptive gamma", "adaptive gamma"),
-         ("top-k tree", "static tree 2x2"), ("dynamic tree 10", "dynamic tree"),
-         ("medusa typical", "Medusa typical (LOSSY)"), ("medusa", "Medusa"),
-         ("eagle-3", "EAGLE-3 + copy prior"), ("eagle", "EAGLE"),
-         ("hf prompt lookup", "HF prompt lookup"), ("prompt lookup sampling", "prompt lookup T=0.7"),
-         ("prompt lookup", "prompt lookup"), ("sam + token", "SAM + recycling"), ("sam (", "SAM"),
-         ("token recycling", "token recycling"), ("jacobi", "Jacobi"), ("lookahead", "lookahead"),
-         ("dLLM drafter", "dLLM drafter"), ("hf assisted", "HF assisted"), ("hf generate", "HF generate"),
+SHORT = [("on tiny-cllm", "CLLM Jacobi (ch 15)"), ("speculative [cpu] T=", "chain draft T=0.7"),
+         ("without copy prior", "chain draft, no copy prior"), ("speculative [", "chain draft"),
+         ("self-spec", "self-spec (early exit)"), ("adaptive [", "adaptive gamma"),
+         ("dynamic_tree [", "dynamic tree"), ("tree [", "static tree"),
+         ("acceptance=typical", "Medusa typical (LOSSY)"), ("medusa [", "Medusa"),
+         ("eagle3 [", "EAGLE-3 + copy prior"), ("eagle [", "EAGLE"),
+         ("hf prompt lookup", "HF prompt lookup"), ("prompt_lookup [cpu] T=", "prompt lookup T=0.7"),
+         ("prompt_lookup [", "prompt lookup"), ("sam+recycling [", "SAM + recycling"), ("sam [", "SAM"),
+         ("recycling [", "token recycling"), ("jacobi [", "Jacobi"), ("lookahead [", "lookahead"),
+         ("dllm_draft [", "dLLM drafter"), ("hf assisted", "HF assisted"), ("hf generate", "HF generate"),
          ("ar (cache)", "AR")]
 
 

@@ -12,10 +12,22 @@ chapters), never above, and nothing imports ``train`` or ``bench``::
                refimpl/sampling.py, data.py (the corpus), prompts.py (the benchmark prompts)
 
 The core files stay at the top of the package, where the public API has always had them
-(``refimpl.sampling``, ``refimpl.generation``); ``import refimpl`` loads the core only. Start
+(``refimpl.sampling``, ``refimpl.generation``); ``import refimpl`` loads the core only.
+``refimpl.generate(target, prompts, method=...)`` is the front door to every method
+(:mod:`refimpl.methods`, layer 3, imported at its first call). Start
 with :mod:`refimpl.models` (``load``), :mod:`refimpl.autoregressive` (the baseline) and
 :mod:`refimpl.speculative` (the verification core every drafting method plugs into).
 """
 from .generation import Generation, Stats  # noqa: F401
 
 __version__ = "0.1.0"
+
+
+def generate(target, prompts, method: str = "fastest", **options) -> Generation:
+    """Decode ``prompts`` with any method of the course by name (``"fastest"``, ``"ar"``,
+    ``"speculative"``, ``"dynamic_tree"``, ``"medusa"``, ``"eagle3"``, ``"prompt_lookup"``, ...), at
+    its preset for ``target``: :func:`refimpl.methods.generate`, imported at the first call so that
+    ``import refimpl`` stays the core alone."""
+    from .methods import generate as front_door
+
+    return front_door(target, prompts, method, **options)

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from .generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
 from .speculative import DraftModel, decode
 
 POLICIES = ("threshold", "cumulative", "ucb")
@@ -105,10 +105,19 @@ class Confidence:
         pass
 
 
-def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6, max_new_tokens: int = 64,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, eos_token_id=None, policy: str = "threshold",
-             gammas=(1, 2, 4, 6, 8), cost_ratio: float = 0.2, bandit: UCB | None = None) -> Generation:
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, the policy measured
+#: fastest with the zoo's SmolLM2 draft (``bench_results/capstone/``): stop once the estimated chance
+#: that every draft so far is accepted falls below 5%; ``"confidence"``, the per-token rule of
+#: chapter 04b (stop at a draft token whose top-1 probability is below 0.6)
+PRESETS = {"cpu": {"policy": "cumulative", "threshold": 0.05, "max_gamma": 8},
+           "confidence": {"policy": "threshold", "threshold": 0.6, "max_gamma": 8}}
+
+
+def generate(target, prompts, draft=None, max_gamma: int | None = None, threshold: float | None = None,
+             max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
+             policy: str | None = None, gammas=(1, 2, 4, 6, 8), cost_ratio: float = 0.2, bandit: UCB | None = None,
+             preset: str | None = None) -> Generation:
     """Speculative decoding of a ragged batch with an adaptive number of drafts per step.
 
     ``policy="threshold"``: draft until the draft's top-1 probability falls below ``threshold``
@@ -118,8 +127,14 @@ def generate(target, draft, prompts, max_gamma: int = 8, threshold: float = 0.6,
     ``policy="ucb"``: a :class:`UCB` bandit over ``gammas`` picks each step's length (pass
     ``bandit`` to keep its statistics across calls). Other arguments as
     :func:`refimpl.speculative.generate`. ``stats.extra["gammas"]`` lists each step's draft calls,
-    ``stats.extra["mean_gamma"]`` the mean draft length per row and step.
+    ``stats.extra["mean_gamma"]`` the mean draft length per row and step. ``policy``, ``threshold``
+    and ``max_gamma`` left None come from ``preset`` (:data:`PRESETS`). The old order
+    ``(target, draft, prompts)`` still works.
     """
+    prompts, draft = draft_as_keyword(prompts, draft)
+    required(draft, "draft", "adaptive")
+    o = preset_options(PRESETS, preset, target, policy=policy, threshold=threshold, max_gamma=max_gamma)
+    policy, threshold, max_gamma = o["policy"], o["threshold"], o["max_gamma"]
     check_positive_int("max_gamma", max_gamma)
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")

@@ -32,7 +32,7 @@ import kernels
 from . import sampling
 from .block_diffusion import block_predictions, block_step
 from .diffusion_steps import num_transfer_tokens
-from .generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
 from .lm import left_pad
 from .speculative import Proposal, Sampling, SlotCache, Verdict, check_same_tokenizer, decode
 
@@ -102,11 +102,22 @@ class DiffusionDraft:
         self.pmask = None if self.pmask is None else self.pmask[rows]
 
 
-def generate(target, dlm, prompts, gamma: int = 4, max_new_tokens: int = 64, temperature: float = 0.0,
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, one denoising step
+#: for 4 drafts (the faster row on ``tiny`` in ``bench_results/capstone/``); ``"two_steps"``, 8 drafts
+#: in 2 steps (more tokens a call, more draft work)
+PRESETS = {"cpu": {"gamma": 4, "draft_steps": 1}, "two_steps": {"gamma": 8, "draft_steps": 2}}
+
+
+def generate(target, prompts, dlm=None, gamma: int | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             eos_token_id=None, draft_steps: int = 1) -> Generation:
+             eos_token_id=None, draft_steps: int | None = None, preset: str | None = None) -> Generation:
     """Speculative decoding of ``target`` with the block-diffusion ``dlm`` drafting ``gamma`` tokens
-    per step in ``draft_steps`` forwards. Greedy: exactly ``autoregressive.generate``'s tokens;
-    sampling: distributed exactly as sampling from ``target`` (see the module doc)."""
+    per step in ``draft_steps`` forwards (each None: ``preset``'s, :data:`PRESETS`). Greedy: exactly
+    ``autoregressive.generate``'s tokens; sampling: distributed exactly as sampling from ``target``
+    (see the module doc). The old order ``(target, dlm, prompts)`` still works."""
+    prompts, dlm = draft_as_keyword(prompts, dlm, "dlm")
+    required(dlm, "dlm", "dllm_draft")
+    o = preset_options(PRESETS, preset, target, gamma=gamma, draft_steps=draft_steps)
+    gamma, draft_steps = o["gamma"], o["draft_steps"]
     return decode(target, DiffusionDraft(dlm, gamma, draft_steps, target), prompts, max_new_tokens, temperature,
                   top_k, top_p, generator, eos_token_id)

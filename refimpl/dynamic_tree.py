@@ -40,7 +40,7 @@ import math
 import torch
 
 from .copy_prior import ContextCopyLM, boost_nodes
-from .generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
 from .lm import left_pad
 from .slot_cache import SlotCache
 from .speculative import check_same_tokenizer, decode
@@ -54,7 +54,7 @@ class Growth:
     through the draft, in the order they were). Starts from the root's children: ``score`` and
     ``toks`` (B, k). A step's tree has a handful of nodes, so they live in plain lists, one per row
     (``scores``, ``tokens``, ``parents``; with :func:`refimpl.tree.keep_best` on lists, ~60 torch calls a
-    step fewer than tensors: 0.07-0.38 ms less a SmolLM2 EAGLE-3 step in in-process A/Bs, stop 52); the
+    step fewer than tensors, which matters where a step's fixed CPU work is a visible share); the
     draft's inputs come out as tensors."""
 
     def __init__(self, score: torch.Tensor, toks: torch.Tensor):
@@ -240,12 +240,25 @@ class DynamicDraftTree:
         self.pending = [self.pending[i] for i in keep]
 
 
-def generate(target, draft, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1) -> Generation:
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, the zoo draft's
+#: fastest tree on SmolLM2-135M with the lean forward (``bench_results/capstone/``: a small tree, since
+#: each extra node costs a CPU target a little); ``"paper"``, EAGLE-2's released defaults (Li et al.,
+#: arXiv 2406.16858; SafeAILab/EAGLE's ``EaModel.from_pretrained``: 60 nodes, depth 5, top-10, no floor)
+PRESETS = {"cpu": {"total": 10, "depth": 6, "topk": 3, "floor": 0.1},
+           "paper": {"total": 60, "depth": 5, "topk": 10, "floor": 0.0}}
+
+
+def generate(target, prompts, draft=None, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             eos_token_id=None, total: int | None = None, depth: int | None = None, topk: int | None = None,
+             floor: float | None = None, preset: str | None = None) -> Generation:
     """Tree speculative decoding with ``draft``'s dynamic tree (:class:`DynamicDraftTree`: ``total``
     nodes, ``depth`` levels, ``topk`` children, no level grown below cumulative confidence
-    ``floor``; 0 = EAGLE-2's rule exactly). Greedy: exactly ``autoregressive.generate``'s tokens;
-    sampling: distributed exactly as sampling from ``target`` (SpecInfer's walk)."""
-    return decode(target, DynamicDraftTree(draft, total, depth, topk, floor, target), prompts, max_new_tokens, temperature,
+    ``floor``; 0 = EAGLE-2's rule exactly; each None: ``preset``'s, :data:`PRESETS`). Greedy: exactly
+    ``autoregressive.generate``'s tokens; sampling: distributed exactly as sampling from ``target``
+    (SpecInfer's walk). The old order ``(target, draft, prompts)`` still works."""
+    prompts, draft = draft_as_keyword(prompts, draft)
+    required(draft, "draft", "dynamic_tree")
+    o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor)
+    return decode(target, DynamicDraftTree(draft, o["total"], o["depth"], o["topk"], o["floor"], target), prompts, max_new_tokens, temperature,
                   top_k, top_p, generator, eos_token_id)

@@ -16,8 +16,7 @@ Papers:
   ``topk`` nodes of each level with the highest cumulative confidence (each gets its top-``topk``
   children), to depth ``depth``, then re-rank every grown node and keep the ``total`` best.
   A child's value is at most its parent's, so the kept set is a tree (ties: the parent first).
-  EAGLE-2's defaults (total 60, depth 7, top-k 10) suit a GPU; on this CPU the target's time grows
-  with the tree: total 16, depth 5, top-k 4 here (Medusa's chapter-06 tree budget).
+  Named tree settings, measured and the release's: :data:`PRESETS`.
 
 Our choices. ``LM.forward``'s hidden states are the target's state AFTER its final norm, the
 feature EAGLE's own code uses (SafeAILab/EAGLE ``ea_model.py`` feeds ``base_model.model(...)[0]``, the
@@ -45,9 +44,9 @@ from torch import nn
 
 from .copy_prior import boost_columns
 from .dynamic_tree import Growth, check_floor, settled
-from .generation import Generation, check_positive_int
-from .lm import causal_after, positions_from_mask
-from .medusa import read_folder, write_folder
+from .generation import Generation, check_positive_int, preset_options
+from .lm import causal_after, check_width, positions_from_mask
+from .medusa import read_folder, write_folder, zoo_draft
 from .speculative import decode
 from .tree import Tree, pack
 
@@ -180,9 +179,7 @@ def load_draft(target, folder: str | None = None) -> EagleDraft:
     return draft.to(target.device).eval()
 
 
-# ---------------------------------------------------------------------------------------
-# the proposer
-# ---------------------------------------------------------------------------------------
+# -- the proposer -------------------------------------------------------------------------
 class EagleProposer:
     """Proposer: the draft reads every row's committed (token, feature) pairs, then grows EAGLE-2's
     dynamic tree below the next token (the root). The first call (the prefill) proposes nothing:
@@ -380,17 +377,24 @@ class EagleProposer:
             self.compact()
 
 
+#: ``"cpu"``: fastest on SmolLM2-135M's lean forward (bench_results/capstone/); ``"paper"``: SafeAILab/EAGLE's
+PRESETS = {"cpu": {"total": 8, "depth": 4, "topk": 2, "floor": 0.0, "copy": 0.0, "int8": True},
+           "paper": {"total": 60, "depth": 5, "topk": 10, "floor": 0.0, "copy": 0.0, "int8": False}}
+
+
 def generate(target, prompts, draft: EagleDraft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             eos_token_id=None, total: int = 16, depth: int = 5, topk: int = 4, copy: float = 0.0) -> Generation:
-    """EAGLE decoding: ``draft`` (None: the zoo's, :func:`load_draft`) grows EAGLE-2's dynamic tree
-    (``total`` nodes, ``depth`` levels, ``topk`` children per expanded node, ``topk`` nodes expanded
-    per level; ``copy`` > 0: the copy prior per node). Greedy: exactly ``autoregressive.generate``'s
-    tokens; sampling: distributed exactly as sampling from ``target`` (SpecInfer's walk)."""
-    proposer = EagleProposer(draft, total, depth, topk, copy=copy)  # validates the tree options first
-    draft = load_draft(target) if draft is None else draft
-    if draft.hidden_size != target.config.hidden_size:
-        raise ValueError(f"draft was trained for hidden size {draft.hidden_size}, the target has "
-                         f"{target.config.hidden_size}")
+             eos_token_id=None, total: int | None = None, depth: int | None = None, topk: int | None = None,
+             floor: float | None = None, copy: float | None = None, int8: bool | None = None,
+             preset: str | None = None) -> Generation:
+    """EAGLE decoding: ``draft`` grows EAGLE-2's dynamic tree (``total`` nodes, ``depth`` levels, ``topk``
+    children and expanded nodes per level, none below cumulative confidence ``floor``; ``copy``: the copy
+    prior); options left None: ``preset``'s (:data:`PRESETS`); ``draft=None``: the zoo's in its fast form
+    (:func:`refimpl.medusa.zoo_draft`). Greedy: exactly AR's tokens; sampling: exactly the target's."""
+    o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor, copy=copy,
+                       int8=int8)
+    proposer = EagleProposer(draft, o["total"], o["depth"], o["topk"], floor=o["floor"], copy=o["copy"])
+    draft = zoo_draft(target, load_draft, o["int8"]) if draft is None else draft
+    check_width("draft", draft.hidden_size, target)
     proposer.use(draft.to(target.device).eval())
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

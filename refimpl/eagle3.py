@@ -40,9 +40,9 @@ import torch
 from torch import nn
 
 from .eagle import EagleProposer, causal, positions, rotate
-from .generation import Generation
-from .lm import causal_after, check_taps
-from .medusa import read_folder, write_folder
+from .generation import Generation, preset_options
+from .lm import causal_after, check_taps, check_width
+from .medusa import read_folder, write_folder, zoo_draft
 from .speculative import decode
 
 
@@ -178,22 +178,35 @@ def load_draft(target, folder: str | None = None) -> Eagle3Draft:
     return draft.to(target.device).eval()
 
 
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, the fastest lossless
+#: configuration measured on SmolLM2-135M with the lean forward (``bench_results/capstone/``: a 5-node
+#: tree of depth 5 from the top-2 nodes, floor 0.1, a strong copy prior, the draft on int8 kernel
+#: panels); ``"paper"``, the EAGLE repository's defaults for EAGLE-3 (SafeAILab/EAGLE
+#: ``EaModel.from_pretrained``: 60 nodes, depth 7, top-10, no floor, no copy prior), fp32 draft
+PRESETS = {"cpu": {"total": 5, "depth": 5, "topk": 2, "floor": 0.1, "copy": 12.0, "int8": True},
+           "paper": {"total": 60, "depth": 7, "topk": 10, "floor": 0.0, "copy": 0.0, "int8": False}}
+
+
 def generate(target, prompts, draft: Eagle3Draft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             eos_token_id=None, total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1,
-             copy: float = 0.0) -> Generation:
-    """EAGLE-3 decoding: ``draft`` (None: the zoo's, :func:`load_draft`) grows EAGLE-2's dynamic tree
-    (``total`` nodes, ``depth`` levels, ``topk`` children and expanded nodes per level, no level grown
-    below cumulative confidence ``floor``: the chain draft's tree settings; ``copy`` > 0: the copy
-    prior per node, :class:`refimpl.eagle.EagleProposer`). Greedy: exactly ``autoregressive.generate``'s
-    tokens; sampling: distributed exactly as sampling from ``target``."""
-    proposer = EagleProposer(None, total, depth, topk, floor=floor, copy=copy)  # validates the options first
-    draft = load_draft(target) if draft is None else draft
+             eos_token_id=None, total: int | None = None, depth: int | None = None, topk: int | None = None,
+             floor: float | None = None, copy: float | None = None, int8: bool | None = None,
+             preset: str | None = None) -> Generation:
+    """EAGLE-3 decoding: ``draft`` grows EAGLE-2's dynamic tree (``total`` nodes, ``depth`` levels,
+    ``topk`` children and expanded nodes per level, no level grown below cumulative confidence
+    ``floor``; ``copy`` > 0: the copy prior per node, :class:`refimpl.eagle.EagleProposer`). Options
+    left None come from ``preset`` (:data:`PRESETS`; None: the target's device's). ``draft=None``:
+    the zoo's (:func:`load_draft`), loaded once per target in its fast form (``int8``: int8 panels
+    where the target runs on the lean CPU forward, :meth:`refimpl.lm.LM.fast_draft`); a draft passed
+    in runs as given. Greedy: exactly ``autoregressive.generate``'s tokens; sampling: distributed
+    exactly as sampling from ``target``."""
+    o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor, copy=copy,
+                       int8=int8)
+    proposer = EagleProposer(None, o["total"], o["depth"], o["topk"], floor=o["floor"], copy=o["copy"])
+    draft = zoo_draft(target, load_draft, o["int8"]) if draft is None else draft
     if not isinstance(draft, Eagle3Draft):
         raise ValueError(f"draft must be an Eagle3Draft, got {type(draft).__name__}")
-    if draft.hidden_size != target.config.hidden_size:
-        raise ValueError(f"draft was trained for hidden size {draft.hidden_size}, the target has "
-                         f"{target.config.hidden_size}")
+    check_width("draft", draft.hidden_size, target)
     check_taps(draft.taps, target.num_layers)
     proposer.use(draft.to(target.device).eval())
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

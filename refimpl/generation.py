@@ -192,3 +192,52 @@ def int_tensor(values, device) -> torch.Tensor:
     of a list takes ~6-20, which a small model's ~1 ms decode step notices."""
     out = torch.from_numpy(np.array(values, dtype=np.int64))
     return out if torch.device(device).type == "cpu" else out.to(device)
+
+
+# -- presets: each method's named configurations ------------------------------------------------
+
+def default_preset(target, presets: dict) -> str:
+    """The preset ``generate`` uses when none is named: ``"cpu"`` (the configuration measured
+    fastest on a CPU target: ``bench_results/capstone/``) for a target on the CPU; on any other
+    device ``"paper"`` where the method has one (the paper's reference settings, tuned by its
+    authors on GPUs, where scoring many tree nodes costs about as much as one), else ``"cpu"``."""
+    device = getattr(target, "device", None)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    return "paper" if not on_cpu and "paper" in presets else "cpu"
+
+
+def preset_options(presets: dict, preset: str | None, target, **given) -> dict:
+    """The options ``generate`` runs with: those of ``presets[preset]`` (None: :func:`default_preset`)
+    with every option the caller gave (not None) on top. A method's ``generate`` declares its
+    tunable options with default None and resolves them here, so one table per module
+    (``PRESETS``) is the only place a default lives, and the benchmark reads the same table."""
+    name = default_preset(target, presets) if preset is None else preset
+    if name not in presets:
+        raise ValueError(f"preset must be one of {sorted(presets)}, got {preset!r}")
+    out = dict(presets[name])
+    unknown = sorted(set(given) - set(out))
+    if unknown:  # a preset names every option its method tunes
+        raise ValueError(f"preset {name!r} does not set {unknown}")
+    out.update({k: v for k, v in given.items() if v is not None})
+    return out
+
+
+def required(model, role: str, method: str):
+    """``model`` itself, or a ``ValueError`` saying how to get one (``refimpl.generate`` loads the zoo's)."""
+    if model is None:
+        raise ValueError(f"{role} is required: pass {role}=... (refimpl.generate(target, prompts, "
+                         f"method={method!r}) loads the zoo's {role} for the target)")
+    return model
+
+
+def draft_as_keyword(prompts, draft, role: str = "draft"):
+    """``(prompts, draft)`` for a ``generate(target, prompts, draft=...)`` called the old way,
+    ``generate(target, draft, prompts)``: then ``prompts`` holds a model and ``draft`` the prompts,
+    and they are swapped with a ``DeprecationWarning`` (the old order works for one release)."""
+    if prompts is not None and not isinstance(prompts, (list, tuple, torch.Tensor, str)):  # a model
+        import warnings
+
+        warnings.warn(f"generate(target, {role}, prompts) is deprecated: call generate(target, prompts, "
+                      f"{role}=...)", DeprecationWarning, stacklevel=3)
+        return draft, prompts
+    return prompts, draft

@@ -40,7 +40,7 @@ import torch
 import kernels
 
 from .copy_prior import NgramIndex
-from .generation import Generation, check_positive_int, int_tensor
+from .generation import Generation, check_positive_int, int_tensor, preset_options
 from .speculative import Proposal, Sampling, Verdict, decode
 
 #: where a new slot's first guess comes from (:class:`Jacobi`)
@@ -137,15 +137,24 @@ class Jacobi:
         self.p_old = [self.p_old[i] for i in keep]
 
 
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, an 8-token window
+#: (``bench_results/capstone/``; a plain AR model fixes ~1 token a call whatever the window, so a
+#: small window keeps each call cheap)
+PRESETS = {"cpu": {"window": 8}}
+
+
 def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             window: int = 8, seed: int = 0, init: str = "random", min_window: int | None = None) -> Generation:
+             window: int | None = None, seed: int = 0, init: str = "random", min_window: int | None = None,
+             preset: str | None = None) -> Generation:
     """Jacobi decoding (greedy) or speculative Jacobi decoding (sampling) of a ragged batch.
 
     Greedy output equals ``autoregressive.generate``'s token for token; sampling is distributed
     exactly as sampling from ``target`` with the same temperature / top-k / top-p.
     ``stats.tau`` = tokens per target call = 1 / (Jacobi iterations per token). ``init``: where new
     slots' first guesses come from and ``min_window`` how far random ones fill the window (:class:`Jacobi`).
+    ``window=None``: ``preset``'s (:data:`PRESETS`).
     """
+    window = preset_options(PRESETS, preset, target, window=window)["window"]
     return decode(target, Jacobi(window, seed, init, min_window), prompts, max_new_tokens, temperature, top_k, top_p,
                   generator, eos_token_id)

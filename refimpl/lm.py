@@ -62,6 +62,7 @@ class LM:
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
         self.mask_token_id = getattr(self.tokenizer, "mask_token_id", None)
+        self.built = {}  # what :meth:`once` built for this target (the zoo's drafts and heads)
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -75,6 +76,20 @@ class LM:
     @property
     def num_layers(self) -> int:
         return self.config.num_hidden_layers
+
+    def once(self, key, build):
+        """``build()``, called at the first use of ``key`` and kept with this target: the zoo's
+        draft or heads for it, in their fast form, which every ``generate`` call would otherwise load
+        and pack again (milliseconds to tens of ms, a large share of a short generation)."""
+        if key not in self.built:
+            self.built[key] = build()
+        return self.built[key]
+
+    def fast_draft(self, draft, int8: bool = False):
+        """``draft`` (an EAGLE draft) in the form that runs fastest beside this target: here, as it
+        is. A target on the lean CPU forward (:class:`refimpl.models.lean_llama.LeanLM`) moves the
+        draft's products onto the same kernel (``int8``: on int8 panels)."""
+        return draft
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -183,6 +198,12 @@ def check_taps(taps, num_layers: int) -> tuple[int, ...]:
     if not taps or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= num_layers for i in taps):
         raise ValueError(f"output_hidden_states: layer ids must be ints in [0, {num_layers}], got {taps!r}")
     return taps
+
+
+def check_width(role: str, width: int, target) -> None:
+    """A drafter trained on a target's hidden states (Medusa heads, an EAGLE draft) must match its width."""
+    if width != target.config.hidden_size:
+        raise ValueError(f"{role} was trained for hidden size {width}, the target has {target.config.hidden_size}")
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

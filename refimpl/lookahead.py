@@ -30,7 +30,7 @@ import torch
 
 import kernels
 
-from .generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int, preset_options
 from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, SIDE, Tree, ancestors, trie
 
@@ -141,15 +141,27 @@ class Lookahead:
         self.levels = [self.levels[i] for i in keep]
 
 
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, the best point of the
+#: (W, N, G) sweep on SmolLM2-135M (``bench_results/lookahead_sweep/``: on a CPU every scored token
+#: costs, so one lookahead level and 3 guesses, the pool seeded with the prompt's n-grams);
+#: ``"paper"``, the repository's README settings (hao-ai-lab/LookaheadDecoding: W=7, N=5, G=7)
+PRESETS = {"cpu": {"window": 1, "ngram": 4, "guesses": 3, "pool_from_prompt": True},
+           "paper": {"window": 7, "ngram": 5, "guesses": 7, "pool_from_prompt": False}}
+
+
 def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             window: int = 7, ngram: int = 5, guesses: int = 7, pool_from_prompt: bool = False,
-             seed: int = 0) -> Generation:
+             window: int | None = None, ngram: int | None = None, guesses: int | None = None,
+             pool_from_prompt: bool | None = None, seed: int = 0, preset: str | None = None) -> Generation:
     """Lookahead decoding of a ragged batch (W = ``window``, N = ``ngram``, G = ``guesses``).
 
     Greedy output equals ``autoregressive.generate``'s token for token; sampling is distributed
     exactly as sampling from ``target`` (guesses are deterministic drafts). ``pool_from_prompt``
     also seeds each row's pool with its prompt's n-grams. ``stats.tau``: tokens per target call.
+    Options left None come from ``preset`` (:data:`PRESETS`; None: the target's device's).
     """
+    o = preset_options(PRESETS, preset, target, window=window, ngram=ngram, guesses=guesses,
+                       pool_from_prompt=pool_from_prompt)
+    window, ngram, guesses, pool_from_prompt = o["window"], o["ngram"], o["guesses"], o["pool_from_prompt"]
     return decode(target, Lookahead(window, ngram, guesses, pool_from_prompt, seed), prompts, max_new_tokens,
                   temperature, top_k, top_p, generator, eos_token_id)

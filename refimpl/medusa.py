@@ -46,7 +46,8 @@ import torch
 from torch import nn
 
 from . import sampling
-from .generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int, preset_options
+from .lm import check_width
 from .speculative import decode
 from .tree import ROOT, Tree, pack
 
@@ -116,6 +117,12 @@ def write_folder(folder: str, kind: str, state: dict, kept: torch.Tensor | None,
     save_file(state, weights_file(folder, kind), metadata={"format": "pt"})
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
+
+
+def zoo_draft(target, load, int8: bool = False):
+    """The zoo's EAGLE draft for ``target`` (``load(target)``) in its fast form
+    (:meth:`refimpl.lm.LM.fast_draft`), loaded once per target and kept (:meth:`refimpl.lm.LM.once`)."""
+    return target.once((load.__module__, "draft", int8), lambda: target.fast_draft(load(target), int8=int8))
 
 
 def read_folder(target, kind: str, what: str, folder: str | None = None):
@@ -289,19 +296,29 @@ class MedusaDraft:
         self.h = None if self.h is None else self.h[rows.to(self.h.device)]
 
 
-def generate(target, prompts, heads: MedusaHeads | None = None, acceptance: str = "lossless", choices=None,
-             tree_size: int = 16, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None) -> Generation:
-    """Medusa decoding: ``heads`` (None: the zoo's, :func:`load_heads`) propose the ``choices`` tree
-    (None: :func:`choose_tree` of ``tree_size`` nodes from the heads' measured accuracies).
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, the tree size
+#: measured fastest with the zoo's heads on SmolLM2-135M (``bench_results/capstone/``); ``"paper"``,
+#: Medusa's 63-node default tree size (FasterDecoding/Medusa ``mc_sim_7b_63``; ours is chosen by
+#: the same accuracy-greedy rule from our heads' accuracies). Both verify losslessly.
+PRESETS = {"cpu": {"tree_size": 16, "acceptance": "lossless"},
+           "paper": {"tree_size": 63, "acceptance": "lossless"}}
+
+
+def generate(target, prompts, heads: MedusaHeads | None = None, acceptance: str | None = None, choices=None,
+             tree_size: int | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             eos_token_id=None, preset: str | None = None) -> Generation:
+    """Medusa decoding: ``heads`` (None: the zoo's, :func:`load_heads`, loaded once per target)
+    propose the ``choices`` tree (None: :func:`choose_tree` of ``tree_size`` nodes from the heads'
+    measured accuracies; ``tree_size`` and ``acceptance`` left None come from ``preset``, :data:`PRESETS`).
 
     ``acceptance="lossless"``: greedy output identical to ``autoregressive.generate``; sampling
     distributed exactly as the target's (SpecInfer's rule). ``"typical"``: Medusa's typical
     acceptance, LOSSY under sampling (identical to greedy at temperature 0)."""
-    heads = load_heads(target) if heads is None else heads
-    if heads.lm_head.shape[1] != target.config.hidden_size:
-        raise ValueError(f"heads were trained for hidden size {heads.lm_head.shape[1]}, the target has "
-                         f"{target.config.hidden_size}")
+    o = preset_options(PRESETS, preset, target, tree_size=tree_size, acceptance=acceptance)
+    tree_size, acceptance = o["tree_size"], o["acceptance"]
+    heads = target.once(("medusa",), lambda: load_heads(target)) if heads is None else heads
+    check_width("heads", heads.lm_head.shape[1], target)
     return decode(target, MedusaDraft(heads, choices, tree_size, acceptance), prompts, max_new_tokens, temperature,
                   top_k, top_p, generator, eos_token_id)
 

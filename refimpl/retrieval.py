@@ -32,7 +32,7 @@ import heapq
 import torch
 
 from .copy_prior import NgramIndex, check_ngrams
-from .generation import Generation, check_positive_int
+from .generation import Generation, check_positive_int, preset_options
 from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, pack
 
@@ -234,11 +234,26 @@ class SuffixAndRecycling:
         self.tables = [self.tables[i] for i in keep] if self.recycling else None
 
 
+def retrieval_preset(method: str, num_tokens: int, min_match: int | None = None) -> dict:
+    return {"method": method, "num_tokens": num_tokens, "max_ngram": 3, "min_ngram": 1, "min_match": min_match,
+            "recycle_k": 8, "tree_nodes": 80}
+
+
+#: named configurations (:func:`refimpl.generation.preset_options`), one per drafting rule, plus
+#: ``"cpu"``: prompt lookup, the fastest retrieval rule measured on SmolLM2-135M
+#: (``bench_results/capstone/``), which is also ``"paper"``: the original prompt-lookup script's
+#: settings (n-grams of 3 down to 1, 10 tokens); SAM decoding's 16 tokens; Token Recycling's
+#: 80-node tree of each token's 8 latest successors
+PRESETS = {"cpu": retrieval_preset("prompt_lookup", 10), "paper": retrieval_preset("prompt_lookup", 10),
+           "prompt_lookup": retrieval_preset("prompt_lookup", 10), "sam": retrieval_preset("sam", 16, 1),
+           "recycling": retrieval_preset("recycling", 16), "sam+recycling": retrieval_preset("sam+recycling", 16, 5)}
+
+
 def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             method: str = "prompt_lookup", num_tokens: int | None = None, max_ngram: int = 3,
-             min_ngram: int = 1, min_match: int | None = None, recycle_k: int = 8,
-             tree_nodes: int = 80) -> Generation:
+             method: str | None = None, num_tokens: int | None = None, max_ngram: int | None = None,
+             min_ngram: int | None = None, min_match: int | None = None, recycle_k: int | None = None,
+             tree_nodes: int | None = None, preset: str | None = None) -> Generation:
     """Speculative decoding of a ragged batch with drafts retrieved from each row's own context.
 
     - ``"prompt_lookup"``: :class:`PromptLookup` (``num_tokens`` default 10, ``max_ngram``, ``min_ngram``);
@@ -249,8 +264,16 @@ def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0
     - ``"sam+recycling"``: SAM when its match has ``min_match`` (default 5) tokens, else recycling.
 
     Greedy output equals ``autoregressive.generate``'s; sampling is lossless (deterministic
-    drafts: one-hot ``q``).
+    drafts: one-hot ``q``). Options left None come from ``preset`` (:data:`PRESETS`; None: the
+    preset named by ``method`` when given, else the target's device's).
     """
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    o = preset_options(PRESETS, method if preset is None else preset, target, method=method, num_tokens=num_tokens,
+                       max_ngram=max_ngram, min_ngram=min_ngram, min_match=min_match, recycle_k=recycle_k,
+                       tree_nodes=tree_nodes)
+    method, num_tokens, max_ngram, min_ngram = o["method"], o["num_tokens"], o["max_ngram"], o["min_ngram"]
+    min_match, recycle_k, tree_nodes = o["min_match"], o["recycle_k"], o["tree_nodes"]
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     check_positive_int("recycle_k", recycle_k)
@@ -258,8 +281,8 @@ def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0
     if recycle_k > target.vocab_size:
         raise ValueError(f"recycle_k must be at most the vocabulary size {target.vocab_size}, got {recycle_k}")
     if method == "prompt_lookup":
-        proposer = PromptLookup(10 if num_tokens is None else num_tokens, max_ngram, min_ngram)
+        proposer = PromptLookup(num_tokens, max_ngram, min_ngram)
     else:
-        proposer = SuffixAndRecycling("sam" in method, "recycling" in method, 16 if num_tokens is None else num_tokens,
-                                      min_match, recycle_k, tree_nodes)
+        proposer = SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens, min_match, recycle_k,
+                                      tree_nodes)
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

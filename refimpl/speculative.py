@@ -67,8 +67,8 @@ import torch
 import kernels
 
 from . import sampling
-from .generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, eos_set,
-                              normalize_prompts, truncate_at_eos)
+from .generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, draft_as_keyword,
+                         eos_set, normalize_prompts, preset_options, required, truncate_at_eos)
 from .lm import left_pad
 from .slot_cache import SlotCache  # noqa: F401  (re-exported: ``speculative.SlotCache`` is public)
 
@@ -351,15 +351,27 @@ class DraftModel:
         self.fmask = None if self.fmask is None else self.fmask[rows]
 
 
-def generate(target, draft, prompts, gamma: int = 4, max_new_tokens: int = 64, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             eos_token_id=None) -> Generation:
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"`` is the zoo draft's
+#: best fixed length on SmolLM2-135M with the lean forward (``bench_results/capstone/``); ``"paper"``
+#: is Chen et al.'s K = 4 (arXiv 2302.01318, §4), the same length
+PRESETS = {"cpu": {"gamma": 4}, "paper": {"gamma": 4}}
+
+
+def generate(target, prompts, draft=None, gamma: int | None = None, max_new_tokens: int = 64,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None, eos_token_id=None, preset: str | None = None) -> Generation:
     """Speculative decoding of a ragged batch with ``draft`` proposing ``gamma`` tokens per step.
 
     ``temperature=0`` is greedy and returns exactly ``autoregressive.generate``'s tokens; otherwise
     the tokens are distributed exactly as sampling from ``target`` with the same temperature /
     top_k / top_p (seeded by ``generator``). ``eos_token_id=None`` uses the target's EOS.
+    ``gamma=None`` takes it from ``preset`` (:data:`PRESETS`; None: the target's device's).
+    ``draft`` is required (``refimpl.generate(target, prompts, method="speculative")`` loads the
+    zoo's draft for the target); the old order ``generate(target, draft, prompts)`` still works.
     """
+    prompts, draft = draft_as_keyword(prompts, draft)
+    required(draft, "draft", "speculative")
+    gamma = preset_options(PRESETS, preset, target, gamma=gamma)["gamma"]
     return decode(target, DraftModel(draft, FixedGamma(gamma), target), prompts, max_new_tokens, temperature,
                   top_k, top_p, generator, eos_token_id)
 

@@ -43,7 +43,7 @@ import torch
 import kernels
 
 from . import sampling
-from .generation import Generation
+from .generation import Generation, draft_as_keyword, preset_options, required
 from .speculative import Proposal, check_same_tokenizer, decode
 
 ROOT, SIDE = -1, -2
@@ -336,11 +336,21 @@ class DraftTree:
         self.ctx = [self.ctx[i] for i in rows.tolist()]
 
 
-def generate(target, draft, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
-             widths=(2, 2)) -> Generation:
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"`` is the narrowest
+#: tree, the fastest static shape measured on SmolLM2-135M (every static tree costs its draft one
+#: uncached call a node level: ``bench_results/capstone/``); ``"wide"`` is chapter 05's three-level tree
+PRESETS = {"cpu": {"widths": (2, 2)}, "wide": {"widths": (3, 2, 1)}}
+
+
+def generate(target, prompts, draft=None, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             eos_token_id=None, widths=None, preset: str | None = None) -> Generation:
     """Tree speculative decoding with ``draft``'s top-k tree (:class:`DraftTree`, ``widths`` per
-    level). Greedy: exactly ``autoregressive.generate``'s tokens; sampling: distributed exactly as
-    sampling from ``target`` with the same settings (SpecInfer, arXiv 2305.09781, Algorithm 2)."""
+    level; None: ``preset``'s, :data:`PRESETS`). Greedy: exactly ``autoregressive.generate``'s
+    tokens; sampling: distributed exactly as sampling from ``target`` with the same settings
+    (SpecInfer, arXiv 2305.09781, Algorithm 2). The old order ``(target, draft, prompts)`` still works."""
+    prompts, draft = draft_as_keyword(prompts, draft)
+    required(draft, "draft", "tree")
+    widths = preset_options(PRESETS, preset, target, widths=widths)["widths"]
     return decode(target, DraftTree(draft, widths, target), prompts, max_new_tokens, temperature, top_k, top_p,
                   generator, eos_token_id)

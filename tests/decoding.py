@@ -41,12 +41,12 @@ def entry_points(m):
         "ar": lambda: autoregressive.generate(lm, p, max_new_tokens=N),
         "ar sampled": lambda: autoregressive.generate(lm, p, max_new_tokens=N, **T),
         "ar no cache": lambda: autoregressive.generate(lm, p, max_new_tokens=N, use_cache=False),
-        "speculative": lambda: speculative.generate(lm, dr, p, gamma=3, max_new_tokens=N),
-        "speculative sampled": lambda: speculative.generate(lm, dr, p, gamma=3, max_new_tokens=N, **T),
-        "adaptive": lambda: adaptive.generate(lm, dr, p, max_new_tokens=N),
-        "tree": lambda: tree.generate(lm, dr, p, max_new_tokens=N, widths=(2, 2)),
-        "tree sampled": lambda: tree.generate(lm, dr, p, max_new_tokens=N, widths=(2, 2), **T),
-        "dynamic tree": lambda: dynamic_tree.generate(lm, dr, p, max_new_tokens=N),
+        "speculative": lambda: speculative.generate(lm, p, draft=dr, gamma=3, max_new_tokens=N),
+        "speculative sampled": lambda: speculative.generate(lm, p, draft=dr, gamma=3, max_new_tokens=N, **T),
+        "adaptive": lambda: adaptive.generate(lm, p, draft=dr, max_new_tokens=N),
+        "tree": lambda: tree.generate(lm, p, draft=dr, max_new_tokens=N, widths=(2, 2)),
+        "tree sampled": lambda: tree.generate(lm, p, draft=dr, max_new_tokens=N, widths=(2, 2), **T),
+        "dynamic tree": lambda: dynamic_tree.generate(lm, p, draft=dr, max_new_tokens=N),
         "medusa": lambda: medusa.generate(lm, p, heads=m["medusa"], max_new_tokens=N),
         "medusa typical": lambda: medusa.generate(lm, p, heads=m["medusa"], max_new_tokens=N, acceptance="typical", **T),
         "eagle": lambda: eagle.generate(lm, p, draft=m["eagle"], max_new_tokens=N),
@@ -63,7 +63,7 @@ def entry_points(m):
                                                            threshold=0.5, cache="dual"),
         "freedave": lambda: diffusion.generate(m["dllm"], p[:2], gen_length=8, steps=8, block_length=4, draft_steps=2),
         "block diffusion": lambda: block_diffusion.generate(m["bdlm"], p, gen_length=8, block_length=4, threshold=0.5),
-        "dllm draft": lambda: dllm_draft.generate(lm, m["bdlm"], p, gamma=3, max_new_tokens=N),
+        "dllm draft": lambda: dllm_draft.generate(lm, p, dlm=m["bdlm"], gamma=3, max_new_tokens=N),
     }
 
 

@@ -40,18 +40,18 @@ def test_greedy_equals_autoregressive(tiny, tiny_drafts, draft_name, policy, thr
     comma = tiny.encode(",")[0]
     for n, eos in ((1, None), (6, comma), (21, comma)):
         ref = autoregressive.generate(tiny, prompts, max_new_tokens=n, eos_token_id=eos).tokens
-        got = adaptive.generate(tiny, draft, prompts, max_gamma=max_gamma, threshold=threshold,
+        got = adaptive.generate(tiny, prompts, draft=draft, max_gamma=max_gamma, threshold=threshold,
                                 max_new_tokens=n, eos_token_id=eos, policy=policy)
         assert got.tokens == ref, (n, eos)
-        one = adaptive.generate(tiny, draft, prompts[1], max_gamma=max_gamma, threshold=threshold,
+        one = adaptive.generate(tiny, prompts[1], draft=draft, max_gamma=max_gamma, threshold=threshold,
                                 max_new_tokens=n, eos_token_id=eos, policy=policy)
         assert one.tokens[0] == ref[1]
 
 
 def test_threshold_changes_draft_length(tiny, tiny_drafts):
     p = tiny.encode(PROMPTS[0])
-    low = adaptive.generate(tiny, tiny_drafts["tiny-draft"], p, max_gamma=8, threshold=0.0, max_new_tokens=24)
-    high = adaptive.generate(tiny, tiny_drafts["tiny-draft"], p, max_gamma=8, threshold=1.0, max_new_tokens=24)
+    low = adaptive.generate(tiny, p, draft=tiny_drafts["tiny-draft"], max_gamma=8, threshold=0.0, max_new_tokens=24)
+    high = adaptive.generate(tiny, p, draft=tiny_drafts["tiny-draft"], max_gamma=8, threshold=1.0, max_new_tokens=24)
     assert max(high.stats.extra["gammas"]) == 1  # every token is "unsure": one draft per step
     assert low.stats.extra["gammas"][0] == 8  # never unsure: max_gamma unless the budget ends
     assert low.tokens == high.tokens
@@ -65,9 +65,9 @@ def test_bad_arguments(tiny, tiny_drafts):
                      (dict(policy="oracle"), "policy"), (dict(temperature=-1.0), "temperature"),
                      (dict(top_p=0.0), "top_p")):
         with pytest.raises(ValueError, match=name):
-            adaptive.generate(tiny, d, p, **kw)
+            adaptive.generate(tiny, p, draft=d, **kw)
     with pytest.raises(ValueError, match="prompts"):
-        adaptive.generate(tiny, d, [[]])
+        adaptive.generate(tiny, [[]], draft=d)
     with pytest.raises(ValueError, match="gammas"):
         adaptive.UCB(gammas=(0, 2))
 
@@ -144,7 +144,7 @@ def test_sampling_matches_target_distribution(toy, policy, monkeypatch):
     target, draft = toy
     prompt = [3, 4, 5]
     joint = exact_joint(target, prompt)
-    g = adaptive.generate(target, draft, [prompt] * ROWS, max_gamma=3, threshold=0.7, max_new_tokens=N_NEW,
+    g = adaptive.generate(target, [prompt] * ROWS, draft=draft, max_gamma=3, threshold=0.7, max_new_tokens=N_NEW,
                           temperature=1.0, generator=torch.Generator().manual_seed(0), eos_token_id=[],
                           policy=policy)
     assert all(len(t) == N_NEW for t in g.tokens)  # (the Triton kernel is checked against the reference in
@@ -159,6 +159,6 @@ def test_negative_control_fails(toy, monkeypatch):
     target, draft = toy
     prompt = [3, 4, 5]
     joint = exact_joint(target, prompt)
-    g = adaptive.generate(target, draft, [prompt] * ROWS, max_gamma=3, threshold=0.7, max_new_tokens=N_NEW,
+    g = adaptive.generate(target, [prompt] * ROWS, draft=draft, max_gamma=3, threshold=0.7, max_new_tokens=N_NEW,
                           temperature=1.0, generator=torch.Generator().manual_seed(0), eos_token_id=[])
     assert min(pair_pvalues(g.tokens, joint)) < 1e-6

@@ -54,11 +54,14 @@ def test_run_decode_interleaves_and_takes_medians(tiny, monkeypatch):
 def test_command_line_writes_json_and_markdown(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the bench refuses to time the interpreter
     out = tmp_path / "res"
-    result = bench.main(["--model", "tiny", "--fast", "--methods", "speculative greedy,prompt lookup", "--threads",
+    result = bench.main(["--model", "tiny", "--fast", "--methods", "speculative [cpu];prompt", "--threads",
                          "1", "--max-new-tokens", "8", "--out", str(out)])
     names = [r["method"] for r in result["rows"]]
-    assert names[0] == "ar (cache)" and any("speculative greedy" in n for n in names)
-    assert {"hf prompt lookup (10 tokens, ngram <= 2)", "prompt lookup (10 tokens, ngram 3..1)"} <= set(names)
+    assert names[0] == "ar (cache)" and "speculative [cpu]" in names
+    assert {"hf prompt lookup (10 tokens, ngram <= 2)", "prompt_lookup [cpu]"} <= set(names)
+    by = {r["method"]: r for r in result["rows"]}
+    assert by["speculative [cpu]"]["key"] == {"method": "speculative", "preset": "cpu", "options": {}}
+    assert by["speculative [cpu]"]["configuration"] == "gamma 4"
     assert all(r["exact"] == 1.0 for r in result["rows"] if r["exact"] is not None)
     saved = json.load(open(os.path.join(out, "decode_tiny.json")))
     assert saved["rows"] == json.loads(json.dumps(result["rows"], default=str))
@@ -96,10 +99,10 @@ def test_capstone_takes_every_chapters_default_row():
 def test_capstone_command_line(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     out = tmp_path / "cap"
-    result = bench.main(["--suite", "capstone", "--model", "tiny", "--fast", "--methods", "speculative greedy,jacobi",
+    result = bench.main(["--suite", "capstone", "--model", "tiny", "--fast", "--methods", "speculative [cpu];jacobi",
                          "--threads", "1", "--max-new-tokens", "8", "--out", str(out)])
     by = {r["method"]: r for r in result["rows"]}
-    assert by["ar (cache)"]["chapter"] == "01" and by["speculative greedy (gamma=4)"]["chapter"] == "02"
+    assert by["ar (cache)"]["chapter"] == "01" and by["speculative [cpu]"]["chapter"] == "02"
     cllm = next(r for r in result["rows"] if "tiny-cllm" in r["method"])
     assert cllm["chapter"] == "15" and cllm["exact"] == 1.0  # == tiny-cllm's own AR greedy
     assert all(r["step_cost"] > 0 for r in result["rows"])

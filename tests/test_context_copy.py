@@ -173,11 +173,11 @@ def test_left_padded_batch_and_batch_select(target, copier, prompts):
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 def test_greedy_equals_ar_and_the_prior_acts(target, draft, copier, prompts, gamma):
     ref = [ar.generate(target, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts]
-    g = sp.generate(target, copier, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[])
+    g = sp.generate(target, prompts, draft=copier, gamma=gamma, max_new_tokens=20, eos_token_id=[])
     assert g.tokens == ref
-    rows = [sp.generate(target, copier, [p], gamma=gamma, max_new_tokens=20, eos_token_id=[]) for p in prompts]
+    rows = [sp.generate(target, [p], draft=copier, gamma=gamma, max_new_tokens=20, eos_token_id=[]) for p in prompts]
     assert [r.tokens[0] for r in rows] == ref  # ragged batch == one row at a time
-    plain = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[])
+    plain = sp.generate(target, prompts, draft=draft, gamma=gamma, max_new_tokens=20, eos_token_id=[])
     assert plain.tokens == ref
     assert g.stats.accepted != plain.stats.accepted  # the copy prior changed the proposals
 
@@ -248,10 +248,10 @@ def test_bench_row_without_the_prior_unwraps_the_draft(target, copier, prompts):
     from refimpl import bench
     from refimpl.bench.rows import decode_rows
 
-    row = {m.name: m for m in decode_rows()}["speculative greedy, draft without copy prior (gamma=4)"]
+    row = {m.name: m for m in decode_rows()}["speculative, draft without copy prior (gamma 4)"]
     ctx = bench.Context(target=target, model_name="tiny", draft=copier)
     g = row.run(ctx, prompts[0], 12)
-    plain = sp.generate(target, copier.lm, [prompts[0]], gamma=4, max_new_tokens=12)
+    plain = sp.generate(target, [prompts[0]], draft=copier.lm, gamma=4, max_new_tokens=12)
     assert g.tokens == plain.tokens and g.stats.accepted == plain.stats.accepted
 
 
@@ -268,8 +268,8 @@ def test_on_a_lean_trimmed_draft_like_the_smollm2_one(target, gamma):
     texts = ["And the king Nebuchadnezzar came to Babylon, and the king", "And", TEXTS[0]]
     prompts = [target.encode(t) for t in texts]
     ref = [ar.generate(target, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts]
-    assert sp.generate(target, copier, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[]).tokens == ref
-    g = adaptive.generate(target, copier, prompts, max_gamma=gamma + 2, threshold=0.2, max_new_tokens=20,
+    assert sp.generate(target, prompts, draft=copier, gamma=gamma, max_new_tokens=20, eos_token_id=[]).tokens == ref
+    g = adaptive.generate(target, prompts, draft=copier, max_gamma=gamma + 2, threshold=0.2, max_new_tokens=20,
                           policy="cumulative", eos_token_id=[])
     assert g.tokens == ref
     # the copy is a token outside the kept head: scored (context vocab) and raised by the prior

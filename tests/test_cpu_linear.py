@@ -88,7 +88,7 @@ def test_greedy_speculative_with_prepacked_models_equals_ar():
         p = target.encode(text)
         ref = ar.generate(target, p, max_new_tokens=20, eos_token_id=[]).tokens[0]
         for gamma in (2, 4):
-            got = sp.generate(target, draft, p, gamma=gamma, max_new_tokens=20, eos_token_id=[]).tokens[0]
+            got = sp.generate(target, p, draft=draft, gamma=gamma, max_new_tokens=20, eos_token_id=[]).tokens[0]
             assert got == ref
 
 

@@ -23,26 +23,26 @@ def bdlm():
 
 @pytest.mark.parametrize("gamma,steps", [(1, 1), (4, 1), (6, 1), (6, 3), (8, 2)])
 def test_greedy_equals_ar(tiny, bdlm, spec_prompts, spec_ar_free, gamma, steps):
-    g = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=gamma, draft_steps=steps, max_new_tokens=N, eos_token_id=[])
+    g = dllm_draft.generate(tiny, spec_prompts, dlm=bdlm, gamma=gamma, draft_steps=steps, max_new_tokens=N, eos_token_id=[])
     assert g.tokens == spec_ar_free
     assert g.stats.draft_calls > 0 and g.stats.tau > 1.0
     for p, want in zip(spec_prompts[:2], spec_ar_free):  # rows alone
-        one = dllm_draft.generate(tiny, bdlm, [p], gamma=gamma, draft_steps=steps, max_new_tokens=N, eos_token_id=[])
+        one = dllm_draft.generate(tiny, [p], dlm=bdlm, gamma=gamma, draft_steps=steps, max_new_tokens=N, eos_token_id=[])
         assert one.tokens[0] == want
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 7])
 def test_max_new_tokens_inside_a_draft(tiny, bdlm, spec_prompts, spec_ar_free, n):
-    g = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=6, max_new_tokens=n, eos_token_id=[])
+    g = dllm_draft.generate(tiny, spec_prompts, dlm=bdlm, gamma=6, max_new_tokens=n, eos_token_id=[])
     assert g.tokens == [t[:n] for t in spec_ar_free]
 
 
 def test_eos_inside_an_accepted_draft(tiny, bdlm, spec_prompts, spec_ar_free):
-    free = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=6, max_new_tokens=N, eos_token_id=[])
+    free = dllm_draft.generate(tiny, spec_prompts, dlm=bdlm, gamma=6, max_new_tokens=N, eos_token_id=[])
     found = first_accepted_draft(free, N - 2)
     assert found is not None, "the test needs an accepted draft token to turn into EOS"
     row, eos, pos = found
-    g = dllm_draft.generate(tiny, bdlm, spec_prompts, gamma=6, max_new_tokens=N, eos_token_id=eos)
+    g = dllm_draft.generate(tiny, spec_prompts, dlm=bdlm, gamma=6, max_new_tokens=N, eos_token_id=eos)
     assert g.tokens[row] == spec_ar_free[row][: pos + 1]
     assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in spec_ar_free]
 
@@ -51,7 +51,7 @@ def test_eos_inside_an_accepted_draft(tiny, bdlm, spec_prompts, spec_ar_free):
                                      (dict(draft_steps=0), "draft_steps"), (dict(gamma=2, draft_steps=3), "draft_steps")])
 def test_bad_arguments(tiny, bdlm, spec_prompts, kw, name):
     with pytest.raises(ValueError, match=name):
-        dllm_draft.generate(tiny, bdlm, spec_prompts, **kw)
+        dllm_draft.generate(tiny, spec_prompts, dlm=bdlm, **kw)
 
 
 def test_a_drafter_without_mask_is_refused(tiny, spec_prompts):
@@ -60,7 +60,7 @@ def test_a_drafter_without_mask_is_refused(tiny, spec_prompts):
     no_mask = copy.copy(tiny)
     no_mask.mask_token_id = None
     with pytest.raises(ValueError, match="dlm"):
-        dllm_draft.generate(tiny, no_mask, spec_prompts)
+        dllm_draft.generate(tiny, spec_prompts, dlm=no_mask)
 
 
 def accept_all(draft, p, q, u, valid):

@@ -106,7 +106,7 @@ def test_speculative_greedy_equals_autoregressive(tiny, tiny_draft, kept, which)
     comma = tiny.encode(",")[0]
     for n, eos, gamma in ((3, None, 4), (17, comma, 3), (30, comma, 6)):
         ref = autoregressive.generate(tiny, prompts, max_new_tokens=n, eos_token_id=eos).tokens
-        got = speculative.generate(tiny, draft, prompts, gamma=gamma, max_new_tokens=n, eos_token_id=eos)
+        got = speculative.generate(tiny, prompts, draft=draft, gamma=gamma, max_new_tokens=n, eos_token_id=eos)
         assert got.tokens == ref, (which, n, eos, gamma)
 
 
@@ -161,7 +161,7 @@ def test_smollm2_speculative_and_hf_assisted(smol):
     target, draft = smol
     prompts = [encode_prompt(target, t) for t in ("What is 2 + 2?", "Write a haiku about rain.")]
     ref = autoregressive.generate(target, prompts, max_new_tokens=24).tokens
-    assert speculative.generate(target, draft, prompts, gamma=3, max_new_tokens=24).tokens == ref
+    assert speculative.generate(target, prompts, draft=draft, gamma=3, max_new_tokens=24).tokens == ref
     x = torch.tensor([prompts[0]])
     hf = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
                                assistant_model=draft.hf_model, pad_token_id=target.pad_token_id)
@@ -178,8 +178,8 @@ def test_smollm2_copy_prior_raises_acceptance_on_a_copy_prompt(smol):
             "every weekday; on Sundays it leaves at 9:40 from Pier 2 instead.")
     p = [encode_prompt(target, text)]
     ref = autoregressive.generate(target, p, max_new_tokens=40).tokens
-    with_prior = speculative.generate(target, draft, p, gamma=4, max_new_tokens=40)
-    without = speculative.generate(target, draft.lm, p, gamma=4, max_new_tokens=40)
+    with_prior = speculative.generate(target, p, draft=draft, gamma=4, max_new_tokens=40)
+    without = speculative.generate(target, p, draft=draft.lm, gamma=4, max_new_tokens=40)
     assert with_prior.tokens == without.tokens == ref
     assert with_prior.stats.tau > without.stats.tau
 

@@ -36,25 +36,25 @@ def copy_draft(draft):
                                   dict(total=8, depth=8, topk=2)])
 def test_greedy_equals_ar(tiny, draft, copy_draft, spec_prompts, spec_ar_free, opts):
     for d in (draft, copy_draft):
-        g = dynamic_tree.generate(tiny, d, spec_prompts, max_new_tokens=N, eos_token_id=[], **opts)
+        g = dynamic_tree.generate(tiny, spec_prompts, draft=d, max_new_tokens=N, eos_token_id=[], **opts)
         assert g.tokens == spec_ar_free
         assert g.stats.tau > 1.0
-    one = dynamic_tree.generate(tiny, draft, [spec_prompts[2]], max_new_tokens=N, eos_token_id=[], **opts)
+    one = dynamic_tree.generate(tiny, [spec_prompts[2]], draft=draft, max_new_tokens=N, eos_token_id=[], **opts)
     assert one.tokens[0] == spec_ar_free[2]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_max_new_tokens_inside_a_path(tiny, copy_draft, spec_prompts, spec_ar_free, n):
-    g = dynamic_tree.generate(tiny, copy_draft, spec_prompts, max_new_tokens=n, eos_token_id=[])
+    g = dynamic_tree.generate(tiny, spec_prompts, draft=copy_draft, max_new_tokens=n, eos_token_id=[])
     assert g.tokens == [t[:n] for t in spec_ar_free]
 
 
 def test_eos_inside_an_accepted_path(tiny, draft, spec_prompts, spec_ar_free):
-    free = dynamic_tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=[])
+    free = dynamic_tree.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=[])
     found = first_accepted_draft(free, None)
     assert found is not None
     row, eos, pos = found
-    g = dynamic_tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=eos)
+    g = dynamic_tree.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=eos)
     assert g.tokens[row] == spec_ar_free[row][: pos + 1]
     assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in spec_ar_free]
 
@@ -148,7 +148,7 @@ def test_a_wrong_tree_draft_is_caught(tiny, copy_draft, spec_prompts, wrong):
                                      (dict(floor=1.0), "floor"), (dict(floor=-0.1), "floor"), (dict(floor="0.1"), "floor")])
 def test_bad_arguments(tiny, draft, spec_prompts, kw, name):
     with pytest.raises(ValueError, match=name):
-        dynamic_tree.generate(tiny, draft, spec_prompts, **kw)
+        dynamic_tree.generate(tiny, spec_prompts, draft=draft, **kw)
 
 
 WrongWalk = keeping_rejected_tokens(dynamic_tree.DynamicDraftTree)
@@ -196,7 +196,7 @@ def test_a_floor_grows_fewer_levels(tiny, copy_draft, spec_prompts, spec_ar_free
     """A level whose best node is below ``floor`` is not grown: fewer draft calls, the same tokens."""
     calls = []
     for floor in (0.0, 0.3, 0.9):
-        g = dynamic_tree.generate(tiny, copy_draft, spec_prompts, max_new_tokens=N, eos_token_id=[], floor=floor)
+        g = dynamic_tree.generate(tiny, spec_prompts, draft=copy_draft, max_new_tokens=N, eos_token_id=[], floor=floor)
         assert g.tokens == spec_ar_free
         calls.append(g.stats.draft_calls)
     assert calls[0] > calls[1] > calls[2]

@@ -102,11 +102,11 @@ def test_greedy_methods_equal_ar_on_the_gpu(gpu_models):
     lm, dr, bd = gpu_models["tiny"], gpu_models["tiny-draft"], gpu_models["tiny-bdlm"]
     prompts = [lm.encode(t) for t in ("And God said, Let there be light: and there was", "In the beginning", "And")]
     want = autoregressive.generate(lm, prompts, max_new_tokens=24, eos_token_id=[]).tokens
-    assert speculative.generate(lm, dr, prompts, gamma=4, max_new_tokens=24, eos_token_id=[]).tokens == want
-    assert tree.generate(lm, dr, prompts, max_new_tokens=24, eos_token_id=[], widths=(2, 2)).tokens == want
-    assert dllm_draft.generate(lm, bd, prompts, gamma=4, max_new_tokens=24, eos_token_id=[]).tokens == want
+    assert speculative.generate(lm, prompts, draft=dr, gamma=4, max_new_tokens=24, eos_token_id=[]).tokens == want
+    assert tree.generate(lm, prompts, draft=dr, max_new_tokens=24, eos_token_id=[], widths=(2, 2)).tokens == want
+    assert dllm_draft.generate(lm, prompts, dlm=bd, gamma=4, max_new_tokens=24, eos_token_id=[]).tokens == want
     tri = models.load("tiny", device=DEV, attn="triton")
-    assert tree.generate(tri, dr, prompts, max_new_tokens=24, eos_token_id=[], widths=(2, 2)).tokens == want
+    assert tree.generate(tri, prompts, draft=dr, max_new_tokens=24, eos_token_id=[], widths=(2, 2)).tokens == want
 
 
 @pytest.fixture(scope="module")

@@ -140,9 +140,9 @@ def test_lean_trimmed_draft_keeps_speculative_equal_to_ar(tiny, gamma):
     assert isinstance(lean.new_cache(), lean_llama.KVCache)
     prompts = [tiny.encode(t) for t in ["And God said", "The LORD is my shepherd; I shall not want.", "And"]]
     ref = [autoregressive.generate(tiny, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts]
-    got = speculative.generate(tiny, lean, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[])
+    got = speculative.generate(tiny, prompts, draft=lean, gamma=gamma, max_new_tokens=20, eos_token_id=[])
     assert got.tokens == ref  # ragged batch of three
-    slow = speculative.generate(tiny, plain, prompts, gamma=gamma, max_new_tokens=20, eos_token_id=[])
+    slow = speculative.generate(tiny, prompts, draft=plain, gamma=gamma, max_new_tokens=20, eos_token_id=[])
     assert got.stats.accepted == slow.stats.accepted  # same draft logits, same acceptances
 
 
@@ -174,7 +174,7 @@ def test_context_vocab_scores_tokens_of_the_context(tiny, lean):
     assert torch.isneginf(got[0, -1, unseen]).all()  # tokens never seen stay out
     ref = autoregressive.generate(tiny, prompt, max_new_tokens=16, eos_token_id=[]).tokens[0]
     for gamma in (2, 4):
-        assert speculative.generate(tiny, ctx, prompt, gamma=gamma, max_new_tokens=16,
+        assert speculative.generate(tiny, prompt, draft=ctx, gamma=gamma, max_new_tokens=16,
                                     eos_token_id=[]).tokens[0] == ref
 
 

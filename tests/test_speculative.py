@@ -70,12 +70,12 @@ def ar_free(target, prompts):
 @pytest.mark.parametrize("gamma", [1, 4, 8])
 def test_greedy_rows_equal_ar(target, draft, prompts, ar_free, gamma):
     for p, ref in zip(prompts, ar_free):
-        assert sp.generate(target, draft, p, gamma=gamma, max_new_tokens=N, eos_token_id=[]).tokens[0] == ref
+        assert sp.generate(target, p, draft=draft, gamma=gamma, max_new_tokens=N, eos_token_id=[]).tokens[0] == ref
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_ragged_batch_equals_rows(target, draft, prompts, ar_free, gamma):
-    g = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, eos_token_id=[])
+    g = sp.generate(target, prompts, draft=draft, gamma=gamma, max_new_tokens=N, eos_token_id=[])
     assert g.tokens == ar_free
     acc = [tuple(a) for a in g.stats.accepted]
     assert any(len(set(a)) > 1 for a in acc), "rows should accept different counts (ragged)"
@@ -84,7 +84,7 @@ def test_ragged_batch_equals_rows(target, draft, prompts, ar_free, gamma):
 def test_self_draft_accepts_everything(target, prompts):
     """Draft == target: every draft is accepted, so each target call emits gamma + 1 tokens
     (exercises the all-accepted path, where the draft must catch up on its last draft)."""
-    g = sp.generate(target, target, prompts[:2], gamma=4, max_new_tokens=20, eos_token_id=[])
+    g = sp.generate(target, prompts[:2], draft=target, gamma=4, max_new_tokens=20, eos_token_id=[])
     assert g.stats.target_calls == 4 and g.stats.alpha == 1.0
     assert g.stats.tau == pytest.approx(5.0)
     assert g.tokens == [ar.generate(target, p, max_new_tokens=20, eos_token_id=[]).tokens[0] for p in prompts[:2]]
@@ -103,7 +103,7 @@ def frequent_token(target, ar_free):
 @pytest.mark.parametrize("gamma", [3, 6])
 def test_eos_inside_a_draft_stops_inclusive(target, draft, prompts, ar_free, gamma):
     eos = frequent_token(target, ar_free)
-    g = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, eos_token_id=eos)
+    g = sp.generate(target, prompts, draft=draft, gamma=gamma, max_new_tokens=N, eos_token_id=eos)
     stopped = 0
     for toks, ref in zip(g.tokens, ar_free):
         if eos in ref:
@@ -113,7 +113,7 @@ def test_eos_inside_a_draft_stops_inclusive(target, draft, prompts, ar_free, gam
             assert toks == ref
     assert stopped >= 2, "the test needs rows that hit EOS"
     # the case matters: EOS arrives as an accepted draft, so the block has tokens after it to drop
-    free = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, eos_token_id=[])
+    free = sp.generate(target, prompts, draft=draft, gamma=gamma, max_new_tokens=N, eos_token_id=[])
     inside = 0
     for r, ref in enumerate(ar_free):
         if eos in ref:
@@ -125,19 +125,19 @@ def test_eos_inside_a_draft_stops_inclusive(target, draft, prompts, ar_free, gam
                 start += step[r] + 1
     assert inside >= 1, "EOS should fall inside an accepted block at least once"
     # a list of EOS ids works too, and the batch answer equals single-row answers
-    assert sp.generate(target, draft, prompts[2], gamma=gamma, max_new_tokens=N,
+    assert sp.generate(target, prompts[2], draft=draft, gamma=gamma, max_new_tokens=N,
                        eos_token_id=[eos, 10**6]).tokens[0] == g.tokens[2]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 11])
 def test_max_new_tokens_inside_a_block(target, draft, prompts, ar_free, n):
-    g = sp.generate(target, draft, prompts, gamma=4, max_new_tokens=n, eos_token_id=[])
+    g = sp.generate(target, prompts, draft=draft, gamma=4, max_new_tokens=n, eos_token_id=[])
     assert g.tokens == [r[:n] for r in ar_free]
     assert all(len(t) == n for t in g.tokens)
 
 
 def test_stats(target, draft, prompts):
-    g = sp.generate(target, draft, prompts, gamma=4, max_new_tokens=N, eos_token_id=[])
+    g = sp.generate(target, prompts, draft=draft, gamma=4, max_new_tokens=N, eos_token_id=[])
     s = g.stats
     assert s.nfe == s.target_calls + s.draft_calls and s.rows == len(prompts)
     assert s.new_tokens == sum(map(len, g.tokens)) == len(prompts) * N
@@ -145,7 +145,7 @@ def test_stats(target, draft, prompts):
     assert 0 <= s.alpha <= 1 and s.drafted >= sum(map(sum, s.accepted))
     assert s.target_calls < N  # fewer target calls than AR needs
     # tau counts each row only in the passes it took part in: the per-row runs' passes, summed
-    alone = [sp.generate(target, draft, [p], gamma=4, max_new_tokens=N, eos_token_id=[]).stats for p in prompts]
+    alone = [sp.generate(target, [p], draft=draft, gamma=4, max_new_tokens=N, eos_token_id=[]).stats for p in prompts]
     assert s.row_steps == sum(a.target_calls for a in alone) <= len(prompts) * s.target_calls
     assert s.tau == pytest.approx(s.new_tokens / s.row_steps)
     assert s.seconds > 0
@@ -154,7 +154,7 @@ def test_stats(target, draft, prompts):
 # ---- sampling -------------------------------------------------------------------------
 def test_sampling_is_seeded(target, draft, prompts):
     def run(seed):
-        return sp.generate(target, draft, prompts, gamma=3, max_new_tokens=12, temperature=0.8, top_p=0.95,
+        return sp.generate(target, prompts, draft=draft, gamma=3, max_new_tokens=12, temperature=0.8, top_p=0.95,
                            generator=torch.Generator().manual_seed(seed)).tokens
 
     a = run(1)
@@ -166,7 +166,7 @@ def test_sampling_is_seeded(target, draft, prompts):
 def test_sampling_with_top_k_1_equals_greedy(target, draft, prompts, ar_free, gamma):
     """top_k=1 makes p and q one-hot: the accept test, the residual draw (the target's argmax) and
     both cache rollbacks of the sampling path must then reproduce AR greedy exactly."""
-    g = sp.generate(target, draft, prompts, gamma=gamma, max_new_tokens=N, temperature=1.3, top_k=1,
+    g = sp.generate(target, prompts, draft=draft, gamma=gamma, max_new_tokens=N, temperature=1.3, top_k=1,
                     generator=torch.Generator().manual_seed(0), eos_token_id=[])
     assert g.tokens == ar_free
     assert 0 < g.stats.alpha < 1
@@ -230,12 +230,12 @@ def test_chi_square_rejects_wrong_rules(target, draft, chi_prompt, rule):
 def test_triton_path_gives_the_same_tokens(target, draft, prompts, monkeypatch):
     """The dispatchers' Triton path (interpreter on CPU) and the torch path agree inside generate."""
     kw = dict(gamma=3, max_new_tokens=6, eos_token_id=[])
-    ref_greedy = sp.generate(target, draft, prompts[:2], **kw).tokens
-    ref_sample = sp.generate(target, draft, prompts[:2], temperature=0.9, top_k=20,
+    ref_greedy = sp.generate(target, prompts[:2], draft=draft, **kw).tokens
+    ref_sample = sp.generate(target, prompts[:2], draft=draft, temperature=0.9, top_k=20,
                              generator=torch.Generator().manual_seed(3), **kw).tokens
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert sp.generate(target, draft, prompts[:2], **kw).tokens == ref_greedy
-    assert sp.generate(target, draft, prompts[:2], temperature=0.9, top_k=20,
+    assert sp.generate(target, prompts[:2], draft=draft, **kw).tokens == ref_greedy
+    assert sp.generate(target, prompts[:2], draft=draft, temperature=0.9, top_k=20,
                        generator=torch.Generator().manual_seed(3), **kw).tokens == ref_sample
 
 
@@ -354,13 +354,13 @@ def test_slot_cache_keep_returns_the_last_logits(target, prompts):
 ])
 def test_bad_arguments_name_the_argument(target, draft, kw, name):
     with pytest.raises(ValueError, match=name):
-        sp.generate(target, draft, [[5, 6]], **kw)
+        sp.generate(target, [[5, 6]], draft=draft, **kw)
 
 
 @pytest.mark.parametrize("bad", [[[]], [], [[1] * 600], [[1, 4096]], [[-1, 2]], "And God"])
 def test_bad_prompts(target, draft, bad):
     with pytest.raises(ValueError, match="prompts"):
-        sp.generate(target, draft, bad)
+        sp.generate(target, bad, draft=draft)
 
 
 def test_mismatched_tokenizer_names_draft(target, draft):
@@ -368,11 +368,11 @@ def test_mismatched_tokenizer_names_draft(target, draft):
     tok.add_tokens(["<|not-in-the-target|>"])  # a different vocabulary, same model
     other = models.LM(draft.model, tok, name="other")
     with pytest.raises(ValueError, match="draft"):
-        sp.generate(target, other, [[5, 6]])
+        sp.generate(target, [[5, 6]], draft=other)
     small = early_exit(target, 1)  # same tokenizer, but a head of a different size
     small.vocab_size = target.vocab_size + 1
     with pytest.raises(ValueError, match="draft"):
-        sp.generate(target, small, [[5, 6]])
+        sp.generate(target, [[5, 6]], draft=small)
 
 
 def test_expected_tau_formula():
@@ -385,12 +385,13 @@ def test_bench_methods(target, draft, prompts):
     from refimpl.bench import Context
     from refimpl.bench.rows import decode_rows
 
-    names = {"speculative greedy (gamma=4)", "speculative sampling T=0.7 (gamma=4)"}
-    methods = {m.name: m for m in decode_rows() if m.name in names}
-    assert set(methods) == {"speculative greedy (gamma=4)", "speculative sampling T=0.7 (gamma=4)"}
+    greedy, sampled = "speculative [cpu]", "speculative [cpu] T=0.7"
+    methods = {m.name: m for m in decode_rows() if m.name in (greedy, sampled)}
+    assert set(methods) == {greedy, sampled}
     assert all(m.needs == ("target", "draft") for m in methods.values())
-    assert methods["speculative greedy (gamma=4)"].exact and not methods["speculative sampling T=0.7 (gamma=4)"].exact
+    assert methods[greedy].exact and not methods[sampled].exact
     ctx = Context(target=target, draft=draft)
-    out = methods["speculative greedy (gamma=4)"].run(ctx, prompts[0], 10)
+    out = methods[greedy].run(ctx, prompts[0], 10)
     assert out.tokens[0] == ar.generate(target, prompts[0], max_new_tokens=10).tokens[0]
-    assert len(methods["speculative sampling T=0.7 (gamma=4)"].run(ctx, prompts[0], 10).tokens[0]) <= 10
+    assert out.stats.draft_calls == sp.generate(target, [prompts[0]], draft=draft, max_new_tokens=10).stats.draft_calls
+    assert len(methods[sampled].run(ctx, prompts[0], 10).tokens[0]) <= 10

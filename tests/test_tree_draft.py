@@ -24,25 +24,25 @@ def draft():
 
 @pytest.mark.parametrize("widths", [(1,), (2, 2), (3, 2, 1), (4,), (1, 1, 1, 1)])
 def test_greedy_equals_ar(tiny, draft, spec_prompts, spec_ar_free, widths):
-    g = tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=[], widths=widths)
+    g = tree.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=[], widths=widths)
     assert g.tokens == spec_ar_free
     assert g.stats.tau > 1.0
-    one = tree.generate(tiny, draft, [spec_prompts[2]], max_new_tokens=N, eos_token_id=[], widths=widths)
+    one = tree.generate(tiny, [spec_prompts[2]], draft=draft, max_new_tokens=N, eos_token_id=[], widths=widths)
     assert one.tokens[0] == spec_ar_free[2]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_max_new_tokens_inside_a_path(tiny, draft, spec_prompts, spec_ar_free, n):
-    g = tree.generate(tiny, draft, spec_prompts, max_new_tokens=n, eos_token_id=[], widths=(2, 2, 2))
+    g = tree.generate(tiny, spec_prompts, draft=draft, max_new_tokens=n, eos_token_id=[], widths=(2, 2, 2))
     assert g.tokens == [t[:n] for t in spec_ar_free]
 
 
 def test_eos_inside_an_accepted_path(tiny, draft, spec_prompts, spec_ar_free):
-    free = tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=[], widths=(2, 2, 2))
+    free = tree.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=[], widths=(2, 2, 2))
     found = first_accepted_draft(free, None)
     assert found is not None
     row, eos, pos = found
-    g = tree.generate(tiny, draft, spec_prompts, max_new_tokens=N, eos_token_id=eos, widths=(2, 2, 2))
+    g = tree.generate(tiny, spec_prompts, draft=draft, max_new_tokens=N, eos_token_id=eos, widths=(2, 2, 2))
     assert g.tokens[row] == spec_ar_free[row][: pos + 1]
     assert g.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in spec_ar_free]
 
@@ -50,7 +50,7 @@ def test_eos_inside_an_accepted_path(tiny, draft, spec_prompts, spec_ar_free):
 @pytest.mark.parametrize("widths", [(), (0,), (2, -1), "22", (1.5,), (True,)])
 def test_bad_widths(tiny, draft, spec_prompts, widths):
     with pytest.raises(ValueError, match="widths"):
-        tree.generate(tiny, draft, spec_prompts, widths=widths)
+        tree.generate(tiny, spec_prompts, draft=draft, widths=widths)
 
 
 WrongWalk = keeping_rejected_tokens(tree.DraftTree)
@@ -93,9 +93,9 @@ def test_triton_attention_scores_trees_like_the_default(tiny, draft, spec_prompt
     monkeypatch.setattr(da, "decode_attention_triton", spy)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the module fixture runs the torch references)
     tri = models.load("tiny", device="cpu", attn="triton")
-    a = tree.generate(tri, draft, spec_prompts[:2], max_new_tokens=6, eos_token_id=[], widths=(2, 2))
+    a = tree.generate(tri, spec_prompts[:2], draft=draft, max_new_tokens=6, eos_token_id=[], widths=(2, 2))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    b = tree.generate(tiny, draft, spec_prompts[:2], max_new_tokens=6, eos_token_id=[], widths=(2, 2))
+    b = tree.generate(tiny, spec_prompts[:2], draft=draft, max_new_tokens=6, eos_token_id=[], widths=(2, 2))
     assert a.tokens == b.tokens == [t[:6] for t in spec_ar_free[:2]]
     assert a.stats.accepted == b.stats.accepted
     assert any(m is not None and m[2] > 1 for m in calls), "the kernel must have scored a tree (Q > 1, a mask)"

@@ -14,33 +14,39 @@ from __future__ import annotations
 
 from .. import autoregressive, jacobi, models
 from .decode import Context, Method, run_decode
-from .rows import decode_rows
+from .rows import SAMPLING_T, decode_rows, preset_row
 
-#: (method name in :func:`refimpl.bench.rows.decode_rows`, chapter): each chapter's default setting
+def preset_key(method: str, preset: str = "cpu", **options) -> str:
+    """The name of :func:`refimpl.bench.rows.preset_row`'s row for this method, preset and options."""
+    return preset_row(method, preset, **options).name
+
+
+#: (row name in :func:`refimpl.bench.rows.decode_rows`, chapter): each chapter's method at the preset
+#: its ``generate`` uses on a CPU (``"cpu"``), with Hugging Face's rows and the chapters' ablations
 CHAPTER_DEFAULTS = [
     ("ar (cache)", "01"),
     ("hf generate", "01"),
-    ("speculative greedy (gamma=4)", "02"),
-    ("speculative sampling T=0.7 (gamma=4)", "03"),
+    (preset_key("speculative"), "02"),
+    (preset_key("speculative", temperature=SAMPLING_T), "03"),
     ("hf assisted (draft)", "04a"),
     ("self-spec (early exit, gamma 4)", "04a"),
-    ("speculative greedy, draft without copy prior (gamma=4)", "04b"),
-    ("adaptive gamma (cumulative < 0.05 stops, max 8)", "04b"),
-    ("tree speculative (draft top-k tree, widths 2x2)", "05"),
-    ("tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)", "05"),
-    ("medusa (lossless, 16-node tree)", "06"),
-    ("medusa typical acceptance T=0.7 (LOSSY, 16-node tree)", "06"),
-    ("eagle (dynamic tree 16 nodes, depth 5, top-4)", "06"),
-    ("eagle-3 + strong copy prior, int8 draft (dynamic tree 5 nodes, depth 5, top-2, floor 0.1, bias 12)", "06"),
-    ("jacobi (window 8)", "07"),
-    ("lookahead (W=7, N=5, G=7)", "08"),
+    ("speculative, draft without copy prior (gamma 4)", "04b"),
+    (preset_key("adaptive"), "04b"),
+    (preset_key("tree"), "05"),
+    (preset_key("dynamic_tree"), "05"),
+    (preset_key("medusa"), "06"),
+    (preset_key("medusa", acceptance="typical", temperature=SAMPLING_T), "06"),
+    (preset_key("eagle"), "06"),
+    (preset_key("eagle3"), "06"),
+    (preset_key("jacobi"), "07"),
+    (preset_key("lookahead"), "08"),
     ("hf prompt lookup (10 tokens, ngram <= 2)", "09"),
-    ("prompt lookup (10 tokens, ngram 3..1)", "09"),
-    ("prompt lookup sampling T=0.7", "09"),
-    ("sam (16 tokens)", "09"),
-    ("token recycling (80 nodes, k=8)", "09"),
-    ("sam + token recycling", "09"),
-    ("dLLM drafter (tiny-bdlm, gamma 4, 1 step)", "14"),
+    (preset_key("prompt_lookup"), "09"),
+    (preset_key("prompt_lookup", temperature=SAMPLING_T), "09"),
+    (preset_key("sam", "sam"), "09"),
+    (preset_key("recycling", "recycling"), "09"),
+    (preset_key("sam+recycling", "sam+recycling"), "09"),
+    (preset_key("dllm_draft"), "14"),
 ]
 
 #: the learned model of chapter 15 for a target
@@ -87,7 +93,7 @@ def run(ctx: Context, methods: list[Method], prompts, max_new_tokens: int, repea
     return rows
 
 
-COLS = [("chapter", "ch", ""), ("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"),
+COLS = [("chapter", "ch", ""), ("method", "method", ""), ("configuration", "configuration", ""), ("tokens_per_s", "tokens/s", ".1f"),
         ("speedup", "speed-up vs AR", ".2f"), ("tau", "tau", ".2f"), ("target_nfe_per_token", "target NFE/token", ".2f"),
         ("draft_calls_per_step", "draft calls / step", ".2f"), ("step_cost", "step cost (AR steps)", ".2f"),
         ("exact", "exact vs AR greedy", ".0%")]

@@ -23,10 +23,11 @@ import torch
 
 from .. import models
 from ..models import cpu_linear, lean_llama
+from ..methods import has_drafter
 from ..prompts import encode_prompt, prompt_set
 from . import capstone, dllm, learned, roofline
 from .decode import DECODE_COLS, Context, category_table, hardware, markdown_table, run_decode
-from .rows import DLLM_FOR, DRAFT_FOR, decode_rows, has_heads, lookahead_sweep_rows
+from .rows import decode_rows, lookahead_sweep_rows
 
 INTERPRETER_REFUSAL = ("TRITON_INTERPRET=1 is set: Triton kernels would run in the CPU interpreter and the "
                        "timings would be the interpreter's. Unset it (env -u TRITON_INTERPRET ...) to benchmark.")
@@ -119,12 +120,12 @@ def main(argv=None):
             methods = decode_rows() if args.suite == "decode" else lookahead_sweep_rows()
         if args.methods:
             methods = pick(methods, args.methods)
-        methods = [m for m in methods if "dlm" not in m.needs or args.model in DLLM_FOR]
-        methods = [m for m in methods if all(k not in m.needs or has_heads(args.model, k) for k in ("medusa", "eagle", "eagle3"))]
+        methods = [m for m in methods if all(k not in m.needs or has_drafter(lm, k) for k in ("dlm", "medusa", "eagle", "eagle3"))]
         ctx = Context(target=lm, model_name=args.model)
         if any("draft" in m.needs for m in methods):
             try:  # (the zoo's default packing: SmolLM2's draft prepacked, tiny's not)
-                ctx.draft = models.load(DRAFT_FOR[args.model], device=args.device) if args.model in DRAFT_FOR else None
+                ctx.draft = (models.load(models.DRAFT_FOR[args.model], device=args.device)
+                             if args.model in models.DRAFT_FOR else None)
             except (FileNotFoundError, ValueError) as e:
                 print(f"(no draft for {args.model}: {e})")
             if ctx.draft is None:
@@ -137,7 +138,7 @@ def main(argv=None):
         else:
             rows, cols = run_decode(ctx, methods, prompts, args.max_new_tokens, reps), DECODE_COLS
         md = markdown_table(rows, cols) + "\n\nPer category:\n\n" + category_table(rows)
-        if args.suite == "capstone" and args.model in DLLM_FOR and not args.methods:  # the dLLM suite: NFE vs quality
+        if args.suite == "capstone" and args.model in models.DLLM_FOR and not args.methods:  # the dLLM suite: NFE vs quality
             result["dllm_rows"] = dllm.run(fast=args.fast)
             md += "\n\ndLLM suite (NFE vs quality):\n\n" + markdown_table(result["dllm_rows"], dllm.COLS)
     result["rows"] = rows

@@ -29,6 +29,10 @@ class Method:
     needs: tuple = ("target",)
     exact: bool = True  # greedy: must equal AR greedy token for token
     max_prompts: int | None = None  # cap for slow teaching baselines
+    method: str = ""  # the front door's name for it (``refimpl.methods.METHODS``), "" for outside rows
+    preset: str = ""  # the module's preset it runs (``PRESETS`` of the method's module)
+    options: dict = field(default_factory=dict)  # what it sets on top of the preset
+    config: str = ""  # the options it runs with, for the tables ("gamma 4", "total 5, depth 5, ...")
 
 
 @dataclass
@@ -121,6 +125,8 @@ def run_decode(ctx: Context, methods: list[Method], prompts: list[tuple[str, lis
             c[1] += n
         rows.append({
             "method": m.name,
+            "key": {"method": m.method, "preset": m.preset, "options": m.options} if m.method else None,
+            "configuration": m.config,
             "prompts": len(todo),
             "tokens": toks,
             "seconds": sum(times),
@@ -205,6 +211,6 @@ def category_table(rows: list[dict]) -> str:
     return markdown_table(table, [("method", "method (speed-up / tau)", "")] + [(c, c, "") for c in cats])
 
 
-DECODE_COLS = [("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"), ("speedup", "speedup vs AR", ".2f"),
+DECODE_COLS = [("method", "method", ""), ("configuration", "configuration", ""), ("tokens_per_s", "tokens/s", ".1f"), ("speedup", "speedup vs AR", ".2f"),
                ("tau", "tau", ".2f"), ("target_nfe_per_token", "target NFE/token", ".2f"),
                ("exact", "exact vs AR greedy", ".0%"), ("prompts", "prompts", "")]

@@ -68,19 +68,23 @@ def ours_eagle3_chain(ctx, ids, n):
 
 
 def ours_draft_model(ctx, ids, n):
-    return speculative.generate(ctx["target"], ctx["exported_draft"], [ids], gamma=4, max_new_tokens=n,
+    return speculative.generate(ctx["target"], [ids], draft=ctx["exported_draft"], gamma=4, max_new_tokens=n,
                                 eos_token_id=NO_EOS)
 
 
-def ours_prompt_lookup10(ctx, ids, n):
-    return retrieval.generate(ctx["target"], [ids], max_new_tokens=n, method="prompt_lookup", eos_token_id=NO_EOS)
+def ours_prompt_lookup10(ctx, ids, n):  # retrieval.PRESETS["cpu"]: 10 tokens, n-grams 3..1
+    return retrieval.generate(ctx["target"], [ids], max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
 
 
-def ours_dynamic_tree(ctx, ids, n):
+def ours_dynamic_tree(ctx, ids, n):  # dynamic_tree.PRESETS["cpu"]
     from .. import dynamic_tree
 
-    return dynamic_tree.generate(ctx["target"], ctx["draft"], [ids], max_new_tokens=n, total=10, depth=6, topk=3,
-                                 floor=0.1, eos_token_id=NO_EOS)
+    return dynamic_tree.generate(ctx["target"], [ids], draft=ctx["draft"], max_new_tokens=n, preset="cpu",
+                                 eos_token_id=NO_EOS)
+
+
+def ours_eagle3_preset(ctx, ids, n):  # eagle3.PRESETS["cpu"]: the plain call, the zoo's draft on int8 panels
+    return eagle3.generate(ctx["target"], [ids], max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
 
 
 #: (name, export name or None, vLLM speculative_config without "model" (None: plain AR; no vLLM: "-"), ours)
@@ -97,6 +101,7 @@ METHODS = [
      {"method": "draft_model", "num_speculative_tokens": 4}, ours_draft_model),
     ("ours only: prompt lookup (10 tokens, n-gram 3..1)", None, "-", ours_prompt_lookup10),
     ("ours only: dynamic tree (chain draft + copy prior, 10 nodes)", None, "-", ours_dynamic_tree),
+    ("ours only: eagle3 [cpu] (5-node tree, copy prior, int8 draft)", None, "-", ours_eagle3_preset),
 ]
 
 

@@ -24,7 +24,7 @@ import torch
 
 from ..lm import LM, default_device  # noqa: F401  (``models.LM``, ``models.default_device``)
 from ..diffusion_lm import load_dir as load_dllm_dir
-from . import cpu_linear, lean_llama, smollm2
+from . import cpu_linear, lean_llama, smollm2, threads
 from .hf import MODELS_DIR, cache_dir, load_folder, load_hub_cache, set_attention, zoo_folder  # noqa: F401
 
 #: a model with at least this many parameters is prepacked by default on a CPU (below it, MKL's
@@ -70,6 +70,24 @@ ZOO: dict[str, Entry] = {
 }
 
 
+#: the draft model the zoo pairs with each target (chapters 02-05: speculative, adaptive, trees)
+DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
+
+#: the block-diffusion drafter the zoo pairs with a target (chapter 14)
+DLLM_FOR = {"tiny": "tiny-bdlm"}
+
+
+def in_zoo(name: str) -> bool:
+    """Is zoo model ``name`` on this machine (committed under ``models/`` or, for SmolLM2's target,
+    installed from its package)? Loads nothing."""
+    if name not in ZOO:
+        return False
+    if name == "smollm2-135m":
+        return True  # the GGUF ships with a pip dependency; ``load`` says how to get it otherwise
+    marker = "draft.safetensors" if name == "smollm2-135m-draft" else "config.json"
+    return os.path.exists(os.path.join(MODELS_DIR, name, marker))
+
+
 def check_speed_args(prepack, fast) -> None:
     """``prepack`` and ``fast`` are each None, True or False (:func:`load`, :func:`accelerate`)."""
     if prepack is not None and not isinstance(prepack, bool):
@@ -98,6 +116,7 @@ def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | N
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a model name or path, got {name!r}")
     check_speed_args(prepack, fast)
+    threads.fit_to_load()   # before the fused kernels read torch's thread count (refimpl.models.threads)
     if name in ZOO:
         lm, default = ZOO[name].load(device=device, dtype=dtype, attn=attn), ZOO[name].prepack
     else:

@@ -4,11 +4,9 @@ Two costs sit on top of the arithmetic of a decode step, and this module removes
 
 - **Per-call machinery.** A draft's cost ratio ``c`` (Leviathan et al., arXiv 2211.17192, section
   3.3: speed-up ``tau / (gamma * c + 1)``) is what one draft *call* costs, and for a 3-layer draft
-  most of a call is not arithmetic: in a Hugging Face forward of SmolLM2's 3-layer draft on a
-  2-core CPU (~4.4 ms a token) the matrix products take ~1.3 ms; the rest is the mask builders,
-  the rotary module, output dataclasses and a ``DynamicCache`` that concatenates (reallocates)
-  every layer's keys and values at every step. Here: one loop over the layers, the rotary angles
-  once per call, a preallocated :class:`KVCache` (~2.8 ms a token).
+  most of a Hugging Face call is not arithmetic but the mask builders, the rotary module, output
+  dataclasses and a ``DynamicCache`` that reallocates every layer's keys and values at every step.
+  Here: one loop over the layers, the rotary angles once per call, a preallocated :class:`KVCache`.
 - **Reading the weights.** A one-token step of the 135 M target must read its 538 MB of fp32
   weights once; on a CPU each matrix-vector product is one oneDNN call with its own thread
   fork/join and a memory stream that restarts, so many small products read slower than a few
@@ -19,14 +17,12 @@ Two costs sit on top of the arithmetic of a decode step, and this module removes
   On an AVX2 CPU the products are :mod:`refimpl.models.cpu_gemv`'s, written for 1-16 rows and
   batch-invariant (a row gets the same bits in a block as alone), summing in another order than
   Hugging Face's (logits within ~1e-6 relative, the same greedy text); elsewhere, or with
-  ``REFIMPL_GEMV=0``, they are oneDNN's (with its binary ``add`` post-op): on the AVX2 CPUs we
-  ran on every output element is then the same dot product as Hugging Face's, bit for bit; on an
-  AVX-512 one the logits come out ~1e-7 apart (some sum runs in another order), the same greedy text.
+  ``REFIMPL_GEMV=0``, they are oneDNN's (with its binary ``add`` post-op), the same dot products as
+  Hugging Face's up to the order oneDNN sums in (~1e-7), the same greedy text.
 - **The stages between the products.** With cpu_gemv's products all the layers of a step run in
   one kernel call (:func:`whole_layers`, :class:`refimpl.models.cpu_gemv.LayerStep`): norms, rotary, the cache
   write, attention and SwiGLU as loops in the same OpenMP region as the products, where stage by
-  stage they are ~15 torch calls a layer and a thread fork/join per product. A ``probe`` (the
-  latency suite's timer) needs stage boundaries, so it gets the stage-by-stage path (the same math).
+  stage they are ~15 torch calls a layer and a fork/join per product (a ``probe`` gets those stages).
 
 The math is ``LlamaForCausalLM``'s: RMSNorm, rotary position embedding (Su et al., arXiv
 2104.09864, eq. 34; applied to q and k in one call), grouped-query attention (Ainslie et al.,
@@ -55,6 +51,7 @@ from ..lm import LM, as_token_batch, check_taps
 from . import cpu_gemv
 from .cpu_linear import PrepackedLinear, pack_weight, packed_linear
 from .kv_cache import CacheLayer, KVCache  # noqa: F401  (lean_llama.KVCache: the chapters' name for it)
+from .lean_draft import lean
 
 
 def supports(model) -> bool:
@@ -366,6 +363,9 @@ class LeanLM(LeanSteps, LM):
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         out, _ = on_device(self, as_token_batch(input_ids), self.new_cache(), position_ids, attention_mask)
         return out.float()
+
+    def fast_draft(self, draft, int8: bool = False):  # an EAGLE draft's products on the same kernel
+        return lean(draft, int8=int8)
 
     @torch.no_grad()
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None,

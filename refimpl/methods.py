@@ -1,0 +1,115 @@
+"""The front door: ``refimpl.generate(target, prompts, method=..., **options)``, every decoding method
+of the course by name, each at its module's preset for the target (``PRESETS`` in the module).
+
+::
+
+    from refimpl import generate, models
+
+    target = models.load("smollm2-135m")
+    ids = target.encode("The capital of France is")
+    g = generate(target, [ids], max_new_tokens=64)                # method="fastest"
+    g = generate(target, [ids], method="prompt_lookup")            # one word changes the method
+    g = generate(target, [ids], method="eagle3", preset="paper")   # or a module's other preset
+
+``method="fastest"`` takes the first method of :data:`FASTEST` (the committed capstone results,
+``bench_results/capstone/``, fastest lossless method first; a test keeps the two in step) whose
+drafter the zoo has for this target: no method is ever re-timed at call time. A method that needs a
+drafter (a draft model, Medusa heads, an EAGLE draft) gets the zoo's for the target unless one is
+passed (``draft=``, ``heads=``, ``dlm=``); a drafter, a method or an option that does not exist is a
+``ValueError`` that lists what does. Every method returns a :class:`refimpl.generation.Generation`;
+greedy output equals :func:`refimpl.autoregressive.generate`'s under every preset.
+
+Layer 3 (it loads drafters from the zoo): ``import refimpl`` stays light, ``refimpl.generate``
+imports this module at its first call.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+
+from . import (adaptive, autoregressive, dllm_draft, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa, models,
+               retrieval, speculative, tree)
+from .generation import Generation
+
+#: method name -> (module, what it drafts with: "draft" a draft LM, "dlm" a block-diffusion LM,
+#: "heads" / "eagle" / "eagle3" trained heads, None nothing, and the options it fixes)
+METHODS = {
+    "ar": (autoregressive, None, {}),
+    "speculative": (speculative, "draft", {}),
+    "adaptive": (adaptive, "draft", {}),
+    "tree": (tree, "draft", {}),
+    "dynamic_tree": (dynamic_tree, "draft", {}),
+    "medusa": (medusa, "medusa", {}),
+    "eagle": (eagle, "eagle", {}),
+    "eagle3": (eagle3, "eagle3", {}),
+    "jacobi": (jacobi, None, {}),
+    "lookahead": (lookahead, None, {}),
+    "prompt_lookup": (retrieval, None, {"method": "prompt_lookup"}),
+    "sam": (retrieval, None, {"method": "sam"}),
+    "recycling": (retrieval, None, {"method": "recycling"}),
+    "sam+recycling": (retrieval, None, {"method": "sam+recycling"}),
+    "dllm_draft": (dllm_draft, "dlm", {}),
+}
+
+#: per zoo target, the lossless methods faster than AR, fastest first, at their default presets
+#: (greedy, ``bench_results/capstone/capstone_<target>.json``); then ``"ar"``. A target outside the
+#: zoo takes SmolLM2's order (a real pretrained model), skipping methods it has no drafter for.
+FASTEST = {
+    "smollm2-135m": ("eagle3", "prompt_lookup", "dynamic_tree", "speculative", "adaptive", "sam", "ar"),
+    "tiny": ("prompt_lookup", "ar"),
+}
+
+
+def has_drafter(target, kind: str | None) -> bool:
+    """Does the zoo hold ``kind``'s drafter for ``target`` (see :data:`METHODS`)?"""
+    name = getattr(target, "name", "")
+    if kind is None:
+        return True
+    if kind == "draft":
+        return name in models.DRAFT_FOR and models.in_zoo(models.DRAFT_FOR[name])
+    if kind == "dlm":
+        return name in models.DLLM_FOR and models.in_zoo(models.DLLM_FOR[name])
+    return os.path.exists(medusa.weights_file(medusa.heads_folder(kind, name), kind))
+
+
+def available(target) -> list[str]:
+    """The methods :func:`generate` can run on ``target`` with the zoo's drafters, in :data:`METHODS` order."""
+    return [m for m, (_, kind, _) in METHODS.items() if has_drafter(target, kind)]
+
+
+def fastest(target) -> str:
+    """The first method of ``target``'s :data:`FASTEST` order that the zoo has a drafter for."""
+    order = FASTEST.get(getattr(target, "name", ""), FASTEST["smollm2-135m"])
+    return next(m for m in order if has_drafter(target, METHODS[m][1]))
+
+
+def drafter(target, kind: str):
+    """The zoo's draft LM (``"draft"``) or block-diffusion drafter (``"dlm"``) for ``target``, loaded once."""
+    table = models.DRAFT_FOR if kind == "draft" else models.DLLM_FOR
+    return target.once(("zoo", kind), lambda: models.load(table[target.name], device=target.device))
+
+
+def generate(target, prompts, method: str = "fastest", **options) -> Generation:
+    """Decode ``prompts`` (a ragged batch of token-id lists) with ``method`` at its module's preset
+    for ``target``; ``options`` go to the method's ``generate`` (``max_new_tokens``, ``temperature``,
+    ``preset``, a tree's size, ``draft=``, ...). See the module doc."""
+    if method == "fastest":
+        method = fastest(target)
+    if method not in METHODS:
+        raise ValueError(f"method must be 'fastest' or one of {sorted(METHODS)}, got {method!r}")
+    module, kind, fixed = METHODS[method]
+    takes = list(inspect.signature(module.generate).parameters)[2:]  # after (target, prompts)
+    unknown = sorted(set(options) - set(takes) | set(options) & set(fixed))
+    if unknown:
+        allowed = sorted(set(takes) - set(fixed))
+        raise ValueError(f"method {method!r} does not take {unknown}; it takes {allowed}")
+    if kind in ("draft", "dlm") and options.get(kind) is None:
+        if not has_drafter(target, kind):
+            raise ValueError(f"the zoo has no {kind} for target {getattr(target, 'name', '?')!r}; pass {kind}=... "
+                             f"or pick one of the methods it can run: {available(target)}")
+        options[kind] = drafter(target, kind)
+    elif kind in ("medusa", "eagle", "eagle3") and options.get("heads" if kind == "medusa" else "draft") is None:
+        if not has_drafter(target, kind):
+            raise ValueError(f"the zoo has no {kind} drafter for target {getattr(target, 'name', '?')!r} "
+                             f"(models/{kind}-<target>); the methods it can run: {available(target)}")
+    return module.generate(target, prompts, **fixed, **options)
