@@ -281,7 +281,7 @@ def plot_speedup(alpha=0.8, c=0.05):
 ui = widgets.interact(plot_speedup, alpha=widgets.FloatSlider(value=0.8, min=0.1, max=0.99, step=0.01),
                       c=widgets.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[1].value

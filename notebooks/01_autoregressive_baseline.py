@@ -126,7 +126,7 @@ def plot_probs(T=1.0, top_p=1.0, n=15):
 ui = widgets.interact(plot_probs, T=widgets.FloatSlider(value=1.0, min=0.1, max=2.0, step=0.1),
                       top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05), n=widgets.fixed(15)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[1].value

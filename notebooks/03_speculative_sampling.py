@@ -452,7 +452,7 @@ ui = widgets.interact(play, gamma=widgets.IntSlider(value=GAMMA, min=1, max=10),
                       temperature=widgets.FloatSlider(value=TEMPERATURE, min=0.0, max=2.0, step=0.1),
                       seed=widgets.IntSlider(value=SEED, min=0, max=20)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[1].value

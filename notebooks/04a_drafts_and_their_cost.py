@@ -484,7 +484,7 @@ ui = widgets.interact(play, k=widgets.IntSlider(value=1, min=1, max=target.num_l
                       gamma=widgets.IntSlider(value=4, min=1, max=8),
                       prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[0].value

@@ -208,7 +208,7 @@ def play(v=1.0, c=0.3):
 ui = widgets.interact(play, v=widgets.FloatSlider(value=1.0, min=0.5, max=3.0, step=0.1),
                       c=widgets.FloatSlider(value=0.3, min=0.0, max=1.0, step=0.05)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[0].value

@@ -686,7 +686,7 @@ def play(prompt=0, k1=2, k2=2):
 ui = widgets.interact(play, prompt=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1),
                       k1=widgets.IntSlider(value=2, min=1, max=4), k2=widgets.IntSlider(value=2, min=1, max=4)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[1].value

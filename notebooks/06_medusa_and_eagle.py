@@ -456,7 +456,7 @@ def play(prompt=demo, size=8):
 ui = widgets.interact(play, prompt=widgets.IntSlider(value=demo, min=0, max=len(prompts) - 1),
                       size=widgets.IntSlider(value=8, min=1, max=24)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[1].value

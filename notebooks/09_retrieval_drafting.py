@@ -529,7 +529,7 @@ def play(prompt="psalm 136", method="prompt_lookup", num_tokens=10, min_match=1)
 ui = widgets.interact(play, prompt=widgets.Dropdown(options=list(ids)), method=widgets.Dropdown(options=retrieval.METHODS),
                       num_tokens=widgets.IntSlider(value=10, min=1, max=24), min_match=widgets.IntSlider(value=1, min=1, max=8)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[2].value

@@ -357,7 +357,7 @@ def play(t=0.3, seed=SEED):
 ui = widgets.interact(play, t=widgets.FloatSlider(value=0.3, min=0.05, max=1.0, step=0.05),
                       seed=widgets.IntSlider(value=SEED, min=0, max=20)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[0].value

@@ -203,7 +203,7 @@ def play(step=GEN // 2, block=8):
 ui = widgets.interact(play, step=widgets.IntSlider(value=GEN // 2, min=0, max=GEN),
                       block=widgets.Dropdown(options=[8, GEN], value=8)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[0].value

@@ -457,7 +457,7 @@ def play(t=0.9, prompt_index=0):
 ui = widgets.interact(play, t=widgets.FloatSlider(value=0.9, min=0.02, max=1.0, step=0.02),
                       prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[0].value

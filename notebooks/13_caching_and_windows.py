@@ -440,7 +440,7 @@ def play(cache="dual", block=BLOCK):
 ui = widgets.interact(play, cache=widgets.Dropdown(options=[None, "prefix", "dual"], value="dual"),
                       block=widgets.Dropdown(options=[4, 8, 16, 32], value=BLOCK)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[0].value

@@ -618,7 +618,7 @@ ui = widgets.interact(play, prompt_index=widgets.IntSlider(value=0, min=0, max=l
                       threshold=widgets.FloatSlider(value=0.9, min=0.05, max=1.0, step=0.05),
                       block=widgets.Dropdown(options=[4, 8, 16, 32], value=BLOCK)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[1].value

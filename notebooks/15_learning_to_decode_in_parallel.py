@@ -691,7 +691,7 @@ ui = widgets.interact(play, prompt_index=widgets.IntSlider(value=0, min=0, max=l
                       block=widgets.IntSlider(value=BLOCK, min=4, max=24, step=4),
                       model=widgets.Dropdown(options=list(ZOO), value="tiny-cllm")).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[2].value

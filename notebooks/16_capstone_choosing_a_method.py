@@ -445,7 +445,7 @@ def play(machine="measured CPU", c_draft=0.1):
 ui = widgets.interact(play, machine=widgets.Dropdown(options=["measured CPU", "GPU model"], value="measured CPU"),
                       c_draft=widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.05)).widget
 
-# %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[0].value
