@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
-.PHONY: setup lab test test-fast test-gpu bench notebooks clean production
+.PHONY: setup lab lab-reset test test-fast test-gpu bench notebooks clean production
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,22 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# the lab serves the learner's own copy, work/ (git-ignored; notebooks/work_copy.py makes it from
+# notebooks/ on first run and adds new chapters later, never overwriting one), so saving there never
+# touches a tracked file. LAB_ENV: offline models, the interpreter off (the kernels' torch paths run
+# on a CPU), the exercise plumbing (solutions, figures) found in notebooks/, and OpenMP threads that
+# sleep instead of spinning while they wait (a laptop doing something else: bench_results/load/)
+WORK    := work
+LAB_ENV := env -u TRITON_INTERPRET -u COURSE_ANSWERS -u OMP_NUM_THREADS PYTHONPATH=$(CURDIR)/notebooks \
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
+
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/python notebooks/work_copy.py $(WORK)
+	$(LAB_ENV) $(BIN)/jupyter lab --notebook-dir=$(WORK)
+
+lab-reset:
+	rm -rf $(WORK)
+	$(BIN)/python notebooks/work_copy.py $(WORK)
 
 test: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 tests notebooks --nbval-lax

@@ -1,0 +1,171 @@
+"""``make lab`` never edits the repository: it serves ``work/``, the learner's git-ignored copy of
+the chapters (notebooks/work_copy.py), and saving a notebook there leaves ``git status`` clean.
+
+The end-to-end test builds a small git repository in a temporary folder (the chapters, their
+plumbing and the repository's own ``.gitignore``, committed), makes the work copy there, starts
+a Jupyter server on it as ``make lab`` does (jupytext's contents manager included, as installed),
+saves an edited chapter through the contents API (``PUT /api/contents/...``) and checks ``git
+status --porcelain``. The negative control serves ``notebooks/`` in place, as the lab used to:
+the same save must then show up in ``git status`` (jupytext rewrites the paired ``.py``)."""
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+
+import work_copy  # noqa: E402
+
+
+def test_the_copy_has_every_chapter_unpaired_and_never_overwrites(tmp_path):
+    dest = tmp_path / "work"
+    copied = work_copy.create(str(dest))
+    chapters = [os.path.basename(p) for p in work_copy.chapters()]
+    assert copied == chapters and len(chapters) >= 10
+    assert sorted(os.listdir(dest)) == chapters, "only the chapter notebooks: no .py, no plumbing"
+    for name in chapters:
+        nb = json.load(open(dest / name))
+        assert "jupytext" not in nb["metadata"], f"{name}: still paired with a .py"
+        assert nb["cells"] == json.load(open(os.path.join(work_copy.NOTEBOOKS, name)))["cells"]
+    mine = dest / chapters[0]
+    mine.write_text('{"learner": "edits"}')
+    (dest / chapters[1]).unlink()
+    assert work_copy.create(str(dest)) == [chapters[1]], "a missing chapter comes back, nothing else"
+    assert mine.read_text() == '{"learner": "edits"}', "a learner's notebook is never overwritten"
+    with pytest.raises(ValueError, match="src"):
+        work_copy.create(str(dest), src=str(tmp_path / "nowhere"))
+
+
+def test_make_lab_serves_the_ignored_work_copy_with_the_cpu_environment():
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    recipe = make.split("\nlab: setup\n", 1)[1].split("\n\n", 1)[0]
+    assert "notebooks/work_copy.py $(WORK)" in recipe and "--notebook-dir=$(WORK)" in recipe
+    assert "--notebook-dir=notebooks" not in make
+    assert "\nWORK    := work\n" in make and "/work/" in open(os.path.join(ROOT, ".gitignore")).read().split()
+    env = make.split("\nLAB_ENV :=", 1)[1].split("\n\n", 1)[0]
+    for setting in ("-u TRITON_INTERPRET", "PYTHONPATH=$(CURDIR)/notebooks", "HF_HUB_OFFLINE=1",
+                    "TRANSFORMERS_OFFLINE=1", "OMP_WAIT_POLICY=PASSIVE"):
+        assert setting in env, f"LAB_ENV lacks {setting}"
+    assert "lab-reset:" in make and "rm -rf $(WORK)" in make.split("lab-reset:", 1)[1].split("\n\n")[0]
+
+
+# ---------------------------------------------------------------------------------------
+# end to end: a Jupyter server on the copy, a save through the contents API, git status
+# ---------------------------------------------------------------------------------------
+def git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def course_repo(tmp_path):
+    """A git repository holding the chapters, their plumbing and the real .gitignore, committed."""
+    repo = tmp_path / "course"
+    shutil.copytree(os.path.join(ROOT, "notebooks"), repo / "notebooks",
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    shutil.copy(os.path.join(ROOT, ".gitignore"), repo / ".gitignore")
+    git(tmp_path, "init", "-q", str(repo))
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "course")
+    assert git(repo, "status", "--porcelain") == ""
+    return repo
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(base, token, path, method="GET", body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"{base}{path}", data=data, method=method,
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from None
+
+
+def save_through_the_server(tmp_path, root, name):
+    """Start a Jupyter server on ``root``, fetch notebook ``name``, add a learner's cell, save it
+    with PUT /api/contents, stop the server. Returns the file listing the server showed."""
+    pytest.importorskip("jupyter_server", reason="Jupyter is missing: pip install -e '.[lab]'")
+    run = tmp_path / f"jupyter-{secrets.token_hex(4)}"
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(run / "config"), JUPYTER_DATA_DIR=str(run / "data"),
+               JUPYTER_RUNTIME_DIR=str(run / "runtime"), IPYTHONDIR=str(run / "ipython"),
+               PYTHONPATH=os.path.join(ROOT, "notebooks"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("JUPYTER_PATH", None)
+    token, port = secrets.token_hex(16), free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "server.log", "a")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}"] + (["--allow-root"] if os.geteuid() == 0 else []),
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert server.poll() is None, f"the server exited:\n{(tmp_path / 'server.log').read_text()}"
+            try:
+                if request(base, token, "/api/status")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"the server is silent:\n{(tmp_path / 'server.log').read_text()}"
+            time.sleep(0.5)
+        listing = [f["name"] for f in request(base, token, "/api/contents")[1]["content"]]
+        _, model = request(base, token, f"/api/contents/{name}?content=1")
+        nb = model["content"]
+        nb["cells"].append({"cell_type": "code", "metadata": {}, "source": "my_answer = 42",
+                            "outputs": [], "execution_count": None, "id": "learner1"})
+        status, saved = request(base, token, f"/api/contents/{name}", "PUT",
+                                {"type": "notebook", "format": "json", "content": nb})
+        assert status == 200 and saved["name"] == name
+        return listing
+    finally:
+        try:
+            request(base, token, "/api/shutdown", "POST")
+            server.wait(timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.slow
+def test_saving_in_the_lab_leaves_git_status_clean(tmp_path):
+    repo = course_repo(tmp_path)
+    work = repo / "work"
+    work_copy.create(str(work), src=str(repo / "notebooks"))
+    assert git(repo, "status", "--porcelain") == "", "the work copy is git-ignored"
+    name = os.path.basename(work_copy.chapters()[0])
+    listing = save_through_the_server(tmp_path, work, name)
+    assert all(n.endswith(".ipynb") for n in listing) and name in listing, listing
+    assert "my_answer = 42" in (work / name).read_text(), "the save reached the learner's copy"
+    assert sorted(os.listdir(work)) == sorted(listing + [".ipynb_checkpoints"]) or \
+        sorted(os.listdir(work)) == sorted(listing), f"the save wrote more than the notebook: {os.listdir(work)}"
+    assert git(repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.slow
+def test_the_clean_status_check_fails_when_the_lab_serves_notebooks_in_place(tmp_path):
+    """The negative control: the old ``make lab`` (``--notebook-dir=notebooks``) edits the repository."""
+    repo = course_repo(tmp_path)
+    name = os.path.basename(work_copy.chapters()[0])
+    save_through_the_server(tmp_path, repo / "notebooks", name)
+    changed = git(repo, "status", "--porcelain")
+    assert f"notebooks/{name}" in changed, changed
+    assert f"notebooks/{name[:-6]}.py" in changed, f"jupytext rewrote the paired .py too: {changed}"
