@@ -75,7 +75,7 @@ def _tree_attention_partial(
 
     q = tl.load(Q + b * sqb + hq[:, None] * sqh + node[:, None] * sqm + d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (M, D)
-    if DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16 bit patterns (triton issue 11584)
+    if DOT_F32:  # the CPU interpreter's tl.dot multiplies bf16 bit patterns (triton-lang/triton#11584)
         q = q.to(tl.float32)
     m_i = tl.full((BLOCK_M,), NEG_INIT, tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)

@@ -297,7 +297,7 @@ plt.show()
 # `tau / (gamma * c + 1)` with `c` = draft cost / target cost (chapter 00). On a tiny CPU model the
 # per-call Python overhead is a large, fixed part of every forward, so `c` is far from small (the
 # early-exit fallback still has half the layers and the whole LM head) and this can even be a
-# slowdown; the README's benchmark section (`python -m refimpl.bench`) measures SmolLM2-135M with
+# slowdown; the benchmark (`python -m refimpl.bench`, docs/benchmarks.md) measures SmolLM2-135M with
 # its distilled draft. Under `TRITON_INTERPRET=1` (as in CI) the verification kernel also runs in
 # Triton's slow interpreter. Time both (median of three runs).
 

@@ -570,9 +570,9 @@ fig.suptitle(f"tiny + tiny-draft, {len(prompts)} prompts, greedy", fontsize=9); 
 # calls per step on it gets more tau per draft call (right panel: one call per level, not one per token).
 #
 # **Why the node count matters on a CPU.** On a GPU, scoring 10 tokens costs about what scoring
-# one does (the forward is memory-bound). On this course's 2-core CPU it does not: the README's
-# latency(k) table for SmolLM2-135M (weights prepacked) has 6 tokens at ~1.2x one token, 8 at
-# ~1.4x, 16 at ~1.5x, 64 at ~2.8x. So what counts is tau divided by the cost of a step (the
+# one does (the forward is memory-bound). On this course's 2-core CPU it does not: the committed
+# latency(k) table for SmolLM2-135M (`bench_results/latency_smollm2-135m.md`, chapter 04c) has a few
+# tokens at little more than one, 16 at nearly twice, 64 at several times. So what counts is tau divided by the cost of a step (the
 # target's k tokens plus the draft's calls, ~0.12 of a target call each on SmolLM2): a tree must
 # earn every node, and a wide static tree does not.
 #
@@ -580,11 +580,11 @@ fig.suptitle(f"tiny + tiny-draft, {len(prompts)} prompts, greedy", fontsize=9); 
 # interpreter). The cell reads the committed benchmark (`bench_results/dynamic_tree_smollm2-135m`),
 # prints its command and, per method, the speed-up over AR in the same run, tau, the **step cost**
 # = tau / speed-up (what one draft-and-verify step costs in AR steps) and the chat category.
-# In the committed run (all 30 prompts, greedy, every output == AR), the draft's dynamic tree with
-# the library's defaults (10 nodes, depth 6, top-3, `floor` 0.1) is faster than the chain draft of
-# chapter 04 (1.35x against 1.28x AR) on the same draft: its tau is 3.38 against 2.58. Its step
-# costs more (about 2.5 AR steps against 2.0: 11 tokens to score instead of 5, and up to 6 draft
-# calls) and the tree earns it: where the draft is sure (math, copy: tau above 4) it goes deeper
+# In that run (all 30 prompts, greedy, every output == AR) and again in the capstone with the lean
+# forward (`bench_results/capstone/capstone_smollm2-135m.json`, chapter 16), the draft's dynamic tree
+# with the library's defaults (10 nodes, depth 6, top-3, `floor` 0.1) is faster than the chain draft of
+# chapter 04 on the same draft: its tau is 3.38 against 2.58. Its step costs more (11 tokens to score
+# instead of 5, and up to 6 draft calls; the cell prints the step costs) and the tree earns it: where the draft is sure (math, copy: tau above 4) it goes deeper
 # than the chain's 4, where it is not (chat) its siblings lift tau from 1.59 to 1.94. EAGLE's
 # feature draft (chapter 06) grows the same kind of tree but is held back by its draft.
 

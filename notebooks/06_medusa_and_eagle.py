@@ -989,14 +989,14 @@ print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zo
 # EAGLE-1 borrows the target's. What the training-time test does buy is visible in the report's
 # per-step top-1 (printed above): it is flat, because every step was trained on the inputs it will
 # see. The paper's gains come from reading a deep target whose top layer is shaped for one token
-# only, and from scaling the data (EAGLE-3 §4); the README's benchmark measures it on SmolLM2's 30
+# only, and from scaling the data (EAGLE-3 §4); the capstone (chapter 16) measures it on SmolLM2's 30
 # layers. There scale decided it: trained on a CPU (1,471 answers, 3 unrolled steps) the SmolLM2 draft
 # accepted 0.50 at depth 1 and lost to AR; trained on a GPU (10,365 answers, 7 unrolled steps, 14
 # passes: `python -m refimpl.train eagle3-smollm2-135m --device cuda`) it accepts 0.63 and is the
-# fastest tree method there (1.53x AR on a 4-node tree with the copy prior, tau 2.44; 2.90 on 10 nodes;
-# 1.51-1.59x on 3 nodes with the draft's weights in int8 and a stronger prior: a draft may be approximate,
-# the target checks it; 1.38-1.46x once our AR itself got 13% faster in stop 53: a speed-up is a ratio;
-# 1.68x on 5-6 nodes on stop 54's machine, whose verification of 3-16 tokens got cheaper: the kernel matters too).
+# fastest lossless method there: on a 5-node tree, with the draft's weights in int8 (a draft may be
+# approximate, the target checks it) and a strong copy prior, the fastest row of
+# `bench_results/capstone/capstone_smollm2-135m.json` (docs/eagle3.md reads it by tree size). Its speed-up
+# is a ratio: it falls when our AR gets faster, and rises on a machine whose multi-token verification is cheaper.
 # Part of that is the copy prior reaching past the draft's trimmed head: 9.5% of SmolLM2's tokens on
 # the benchmark prompts are outside the draft's 8,192 kept ones (names, rare words, mostly copied from
 # the prompt), and a head without their rows can never propose them. The prior gives such a
@@ -1035,8 +1035,7 @@ assert table[("sampling", "Medusa typical")].tau > table[("sampling", f"Medusa (
 
 # %% [markdown]
 # ## Wall-clock: the committed benchmarks
-# tau counts target calls, not seconds. `python -m refimpl.bench` (COURSE.md §9: 30 prompts in
-# six categories, 64 new tokens, every row in the same process, medians of repeats) ran on this
+# tau counts target calls, not seconds. `python -m refimpl.bench` (30 prompts in six categories, 64 new tokens, every row in the same process, medians of repeats) ran on this
 # course's CPU (2 cores) and its results are committed in `bench_results/`; this cell reads the
 # Medusa and EAGLE runs and prints the command of each. Speed-up is against AR in the same run.
 # The last column, **step cost = tau / speed-up**, is what one draft-and-verify step costs in
@@ -1073,8 +1072,9 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # measured above.
 #
 # **Wall-clock, on this CPU, the tree methods do not beat the chain draft on the real-size target.**
-# In the committed runs on SmolLM2-135M the chain (tau 2.58) is 1.2-1.3x faster than AR; Medusa's 16-node tree reaches
-# 1.05x (tau 1.73) and EAGLE's 0.76x (tau 1.99). The step costs say why. Medusa's heads are nearly
+# In the committed runs the cell above reads (`bench_results/medusa_smollm2-135m/`, `bench_results/eagle_smollm2-135m/`)
+# the chain (tau 2.58) is faster than AR on SmolLM2-135M, Medusa's 16-node tree (tau 1.73) about level with AR,
+# and EAGLE (tau 1.99) slower. The step costs say why. Medusa's heads are nearly
 # free, so its ~1.65 AR steps per step is almost all the target scoring 17 tokens (the root and 16
 # nodes) instead of one: on a CPU a forward's time grows with the tokens it scores (chapter 04c
 # measured it for 5), about 1.5-1.65x here, where a GPU scores them in about the time of one.
@@ -1085,7 +1085,7 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # an EAGLE draft's layer and head are MKL GEMMs that repack each weight at every call (5 ms for
 # EAGLE-3's 7,316-row head on 3 rows); `refimpl.models.lean_draft.lean(draft)` runs them on the lean
 # forward's packed kernel, as the benchmark's EAGLE rows now do (EAGLE-3 + copy prior on SmolLM2:
-# a step from 2.99 to 2.28 AR steps, the README's "EAGLE-3 on SmolLM2"). The chain (~2.0) pays four small draft calls but
+# a step from 2.99 to 2.28 AR steps in `bench_results/experiments/2026-11-26_eagle3_cpu_draft/`). The chain (~2.0) pays four small draft calls but
 # verifies only 5 tokens, and its draft copies well on summaries and quotes. On `tiny` a forward is
 # mostly fixed per-call overhead, so every method lands near AR and Medusa, with nothing to run but
 # its heads, edges ahead of the chain (no EAGLE run on `tiny` is committed).

@@ -322,7 +322,7 @@ plt.tight_layout(); plt.show()
 # one, and the extra guesses of a wider window are the most poisoned.
 #
 # Santilli et al. report up to 38% on machine translation, where the source sentence pins the
-# output down. The papers of PAPERS.md §6 that go further change the **model** or what is done with
+# output down. The papers that go further change the **model** or what is done with
 # the trajectory, not the iteration:
 #
 # - **CLLMs** (*Consistency Large Language Models*, Kou et al.) fine-tune the model so that any

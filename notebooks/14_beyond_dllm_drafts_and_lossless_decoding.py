@@ -641,4 +641,4 @@ ui.children[1].value = default
 # - Draft-and-verify makes dLLM decoding itself faster at zero quality cost: guess the next steps
 #   from the current predictions, check them in one batched call, keep the correct run.
 # - The benchmark (`python -m refimpl.bench --suite dllm`, and the decode suite on `tiny`) has the
-#   calls, tokens per second and quality of each; the README quotes them.
+#   calls, tokens per second and quality of each (docs/benchmarks.md).

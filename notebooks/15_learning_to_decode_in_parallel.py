@@ -307,7 +307,7 @@ print({k: round(v, 2) for k, v in starts.items()})
 # predictions before they reach the front of the window. On `tiny-cllm` a small window gains most:
 # on the benchmark's 8 prompts window 4 goes from 2.02 to 2.53 tokens per call, and, because a
 # 5-row call is cheap, that is the fastest Jacobi row (1.28x to 1.72x its AR over six runs of the
-# README's benchmark, median 1.58x: the 1.5x goal sits inside this machine's noise). Be honest
+# learned suite, median 1.58x: the 1.5x goal sits inside this machine's noise; docs/learned-parallel.md). Be honest
 # about the baseline: prompt lookup alone (chapter 09, no training) proposes the same continuation
 # and reaches 2.57-2.68 tokens per call on both models here, because King James prose repeats
 # itself. What the consistency training buys is a Jacobi that can *use* a good start. (Where no
@@ -347,7 +347,7 @@ print({a: (round(t, 2), round(q, 2)) for a, (t, q) in front.items()})
 # %% [markdown]
 # On these 8 prompts every mix keeps the text (`tiny-cllm`'s own is as natural to `tiny` as `tiny`'s),
 # and tokens per call grow with `alpha`, fastest near 1. The mean over 8 prompts hides what the
-# README's 24-prompt pass shows: `tiny-cllm` (alpha 1) collapses into comma loops on 3 of 24 prompts
+# suite's 24-prompt quality pass shows: `tiny-cllm` (alpha 1) collapses into comma loops on 3 of 24 prompts
 # (perplexity 6.83 against `tiny`'s 3.94), the mix at 0.85 on 1 (4.08: within 15%), at 2.21 instead of
 # 2.53 tokens per call. A mix buys back quality at the price of speed; it does not move the front itself.
 
@@ -411,10 +411,10 @@ for key, (tpc, each) in on_policy.items():
 # where the weight mix traded one for the other. It does not close the gap: 2 of the 16 are still off, the
 # text repeats itself more than `tiny`'s (85% of 3-grams repeated on the 8, against 74%), and on real King
 # James text the model is a worse *predictor* than before (perplexity 120 against `tiny-cllm`'s 103 and
-# `tiny`'s 42): it was trained for its greedy text, not for sampling. The README has the 48 mid-chapter
-# prompts (2.63 tokens per call at 4.77, within 15% of `tiny`'s 4.53) and the timed rows (2.01x its AR).
+# `tiny`'s 42): it was trained for its greedy text, not for sampling. On 48 mid-chapter prompts (an ad hoc
+# check, docs/learned-parallel.md) it reaches 2.63 tokens per call at 4.77, within 15% of `tiny`'s 4.53.
 # And the mix of the previous section works on it too: `tiny + 0.9 (tiny-cllm-onpolicy - tiny)` keeps the text
-# on all 24 held-out prompts at 2.64 tokens per call on the 8 (README), where `tiny-cllm`'s mix needed 2.21.
+# on all 24 held-out prompts at 2.64 tokens per call on the 8 (`bench_results/learned/`), where `tiny-cllm`'s mix needed 2.21.
 
 # %% [markdown]
 # ## Part 2 · dParallel: certainty forcing for the block-diffusion model
@@ -703,7 +703,7 @@ ui.children[2].value = default
 # %% [markdown]
 # ## The benchmark
 # `env -u TRITON_INTERPRET python -m refimpl.bench --suite learned --threads 2` runs every row on 8
-# held-out prompts, interleaved, with medians (`bench_results/learned/`); the README discusses it.
+# held-out prompts, interleaved, with medians (`bench_results/learned/`); docs/learned-parallel.md discusses it.
 # The `-quality` rows are an untimed pass over 24 held-out prompts: a fine-tune can keep its quality
 # on average and break on a few prompts, so they count the prompts whose text's perplexity is more
 # than twice the reference's (`tiny-cllm` collapses into comma loops on 3 of 24).

@@ -411,7 +411,7 @@ else:
 # Read the table with the identity: for each method both engines have, the tau columns agree (same
 # algorithm, same drafter), so a difference in tokens/s is a difference in **step cost**. vLLM's CPU
 # backend pays more for a multi-token verification step than for a one-token step (it does not
-# prepack weights for a few rows, chapter 04c), ours pays ~1.1x; vLLM's plain AR step is cheaper than ours.
+# prepack weights for a few rows, chapter 04c), ours pays little more than for one token.
 
 # %% [markdown]
 # ## Widget: move to a GPU
@@ -457,7 +457,7 @@ ui.children[0].value = default
 # %% [markdown]
 # ## The production map
 # For every method of the course, what runs it in each engine; *verified here* only where
-# `make production` ran it on this machine (vLLM 0.32 CPU build). The README carries the same table.
+# `make production` ran it on this machine (vLLM 0.32 CPU build). docs/production.md carries the same table.
 
 # %%
 from refimpl.bench import production

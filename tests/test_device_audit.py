@@ -1,5 +1,5 @@
-"""The GPU path, audited from a CPU (issue 22): no GPU is lent to this project's machines, so the
-mistakes that only a GPU would show are made to fail here.
+"""The GPU path, audited from a CPU: the suite runs on machines without a GPU, so the mistakes that
+only a GPU would show are made to fail here.
 
 Two checks:
 
@@ -117,7 +117,7 @@ def test_decoding_never_uses_the_default_device(cpu_models, name):
 
 @pytest.mark.parametrize("name", ["copy_accuracy", "heldout_agreement"])
 def test_draft_trainer_metrics_build_on_the_models_device(tiny, name):
-    """The SmolLM2 draft trainer's held-out metrics once built their drill on the CPU (issue 22)."""
+    """The SmolLM2 draft trainer's held-out metrics build their drill on the model's device, not the CPU."""
     from refimpl.train import smol_draft
 
     model = tiny.model  # a CausalLM over the full vocabulary: kept = every token

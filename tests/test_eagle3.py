@@ -215,8 +215,8 @@ class RootHistory(FirstChild):
 
 
 class KeptOnly(FirstChild):
-    """The copy prior before stop 50 (the negative control): a candidate outside the draft's kept
-    vocabulary is dropped, never proposed."""
+    """A copy prior that drops a candidate outside the draft's kept vocabulary, never proposing it
+    (the negative control)."""
 
     def children(self, o, hist):
         if not self.copy:
@@ -246,7 +246,7 @@ def test_the_copy_prior_puts_each_nodes_copy_candidate_first(tiny, random_draft,
 def test_a_copy_candidate_outside_the_kept_vocabulary_is_proposed(tiny, spec_prompts):
     """A draft over a kept vocabulary that leaves out half of the prompts' tokens: with the copy
     prior, a node whose candidate is not kept still proposes it first (an extra column at the node's
-    best logit + the bias), where dropping such candidates (the prior before stop 50) never can.
+    best logit + the bias), where a prior that drops such candidates never can.
     Greedy output stays AR's either way."""
     prompts = [p + p[len(p) // 2:] for p in spec_prompts]
     ar = autoregressive.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens

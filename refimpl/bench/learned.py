@@ -46,11 +46,11 @@ COLS = [("task", "task", ""), ("model", "model", ""), ("method", "method", ""),
 
 #: the ``cllm`` workload also runs ``tiny`` + MIX_ALPHA (``tiny-cllm`` - ``tiny``) (:func:`refimpl.cllm.interpolate`,
 #: no training): a point between the two on the speed-quality front. 0.85 was picked on the 24 quality
-#: prompts below (0.5 / 0.7 / 0.85 / 0.92 / 0.96 tried) and checked on 48 mid-chapter prompts (README)
+#: prompts below (0.5 / 0.7 / 0.85 / 0.92 / 0.96 tried) and checked on 48 mid-chapter prompts
 MIX_ALPHA = 0.85
 
 #: and ``tiny`` + MIX_ALPHA_ONPOLICY (``tiny-cllm-onpolicy`` - ``tiny``): picked among 0.8 / 0.9 on the same 24 and
-#: 48 prompts (stop 48), then checked on 40 fresh ones (tokens 300-347 of held-out chapters; README)
+#: 48 prompts, then checked on 40 fresh ones (tokens 300-347 of held-out chapters; docs/learned-parallel.md)
 MIX_ALPHA_ONPOLICY = 0.9
 
 #: prompts for the untimed quality pass (CLLM and dLLM rows): the timed 8 and 16 more held-out chapters

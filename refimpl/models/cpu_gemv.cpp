@@ -14,11 +14,11 @@
 //   first tile streaming the panels into L1 / L2 and the others reusing them;
 // - the panels taken together come from far-apart slabs of the thread's share, so each is one
 //   long sequential stream (4 or 2 of them), and the tile that streams them prefetches 4 KB ahead,
-//   but for 1-2 rows of fp32 panels (stop 53: without it our AR decoded the benchmark's prompts 12.8%
-//   faster, one model switched at run time; 3 rows and more, over 2 streams, gain from it: below);
+//   but for 1-2 rows of fp32 panels, whose 4 streams the hardware prefetcher follows (the prefetch
+//   instructions then only cost; 3 rows and more, over 2 streams, gain from it: below);
 // - each thread (torch's OpenMP threads) reads one contiguous share of the panels;
 // - built with -mavx512f (a CPU with AVX-512: cpu_gemv.py's build_flags), 3 rows and more multiply two
-//   panels in one 16-lane vector, up to 16 rows a tile (tile16): a prefill 22% faster on stop 54's CPU;
+//   panels in one 16-lane vector, up to 16 rows a tile (tile16): fewer passes over the panels for a prefill;
 // - every output element is the same sequence of operations whatever R and the blocking: one FMA
 //   chain over k = 0 .. K - 1, then + add. So a row scored inside a block of R rows gets exactly
 //   the bits it gets alone, the property greedy verification relies on (a draft token's logits do
@@ -121,8 +121,7 @@ static inline void finish(const float* t, const int* p, float* y, const float* a
 // panels side by side in one 16-lane vector (lanes 0-7 panel 0, 8-15 panel 1), so half the
 // multiply-add instructions of tile<RB, 2>, and up to MAXZ rows a tile (AVX2's 16 registers hold 6):
 // fewer passes over the panels. Each lane is the same FMA chain over k as in tile<RB, 2>: the same
-// bits (tested against the AVX2 build). On stop 54's CPU (an AMD EPYC with AVX-512)
-// SmolLM2's 84-token prefill took 88 ms against 115, 16 rows 18 against 25; 1-5 rows unchanged.
+// bits (tested against the AVX2 build). Measurements: bench_results/experiments/2026-11-28_eagle3_avx512_build/.
 template <int RB, typename WT>
 static inline void tile16(const WT* const* wp, const int* p, const float* x, float* y, const float* add, int K,
                           int N, int r0, int ahead, const float* scale) {
@@ -189,14 +188,11 @@ static inline void panels(const WT* const* w, const int* p, const float* x, floa
 // reads NS long sequential streams at once. 1-2 rows: 4 slabs (4-8 accumulator chains: 1 row is
 // bound by memory, not by the FMA latency; 8 slabs read no faster); 3 rows and more: 2 (6-12 chains
 // a tile). 3 rows over 4 slabs would hold 12 accumulators + 4 weights + 1 broadcast: 17 of AVX2's 16
-// registers, so g++ spilled them to the stack every k step (stop 52: 3-row products of fp16 and int8
-// panels 25-35% slower than over 2 slabs, SmolLM2's EAGLE-3 draft's). Stop 53 sent 3-4 rows of fp32
-// panels over 4 slabs anyway, without the prefetch (2-2.5% faster products on that machine); on
-// stop 54's (AVX-512, 73 GB/s reads) that made SmolLM2's 4-row step 13.2 ms against 9.6 over
-// 2 slabs with the prefetch (3 rows: 11.4 against 9.6; 1 row: 9.0), and EAGLE-3 8% slower end to
-// end, one model switched at run time (bench_results/eagle3_smollm2-135m/stop54/). One stream
-// reads slower: 4-6 rows over one 16-wide panel at a time (1 stream, 8-12 chains) took 24-27 ms
-// for SmolLM2's products where 2 streams of 8-wide panels take 18-22. Leftover panels go one at a time.
+// registers, so g++ would spill them to the stack every k step; 3-4 rows of fp32 panels over 4 slabs
+// without the prefetch were faster on one machine and much slower on another with twice the read
+// bandwidth (bench_results/experiments/2026-11-28_eagle3_avx512_build/), so 3 rows and more take 2
+// slabs with the prefetch everywhere. One stream reads slower: 4-6 rows over one 16-wide panel at a
+// time (1 stream, 8-12 chains) is slower than 2 streams of 8-wide panels. Leftover panels go one at a time.
 // A barrier ends it, as a worksharing loop would.
 template <typename WT>
 static void products(const WT* P, const float* x, float* y, const float* add, int R, int K, int N,
@@ -209,7 +205,7 @@ static void products(const WT* P, const float* x, float* y, const float* add, in
         int ps[4];
         const WT* w[4];
         for (int i = 0; i < NS; i++) ps[i] = lo + i * S + j, w[i] = P + ps[i] * stride;
-        if (R == 1)  // fp32 panels over 4 streams: no software prefetch, the hardware's keeps up (stop 53, above)
+        if (R == 1)  // fp32 panels over 4 streams: no software prefetch, the hardware's keeps up (above)
             tile<1, 4>(w, ps, x, y, add, K, N, 0, sizeof(WT) == 4 ? 0 : AHEAD, scale);
         else if (R == 2)
             tile<2, 4>(w, ps, x, y, add, K, N, 0, sizeof(WT) == 4 ? 0 : AHEAD, scale);

@@ -186,7 +186,8 @@ class Packed:
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output row: ``weight`` (N, K) -> (q (N, K) int8 in [-127, 127], scale (N,)
     float32) with ``weight ~ scale[:, None] * q`` (scale = the row's largest magnitude / 127; 1 for a
-    zero row). A draft's weights lose ~0.2% each; its trees barely move (README, stop 51)."""
+    zero row). A draft's weights lose ~0.2% each; its trees barely move
+    (bench_results/experiments/2026-11-28_eagle3_kernel_layer_int8/)."""
     w = weight.detach().float()
     scale = w.abs().amax(1) / 127
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))

@@ -17,8 +17,8 @@ each weight exactly); a weight trained past fp16 keeps fp32 panels.
 rebuilt when the weight changes. The decoder layer's ``step`` is one
 :class:`refimpl.models.cpu_gemv.LayerStep` call (:func:`kernel_layer`: norms, q/k/v, rotary,
 attention over the past and the new keys, o, SwiGLU in one OpenMP region; EAGLE-3's first stage reads
-``[norm_in(embed); norm_hid(g)]``) where it was ~35 torch calls: on SmolLM2's EAGLE-3 draft 0.90 ->
-0.63 ms a call inside decoding (stop 51), 0.64 -> 0.30 ms with the weights in cache. Outputs agree
+``[norm_in(embed); norm_hid(g)]``) instead of ~35 torch calls, whose per-call overhead dominated a
+draft step (bench_results/experiments/2026-11-28_eagle3_kernel_layer_int8/). Outputs agree
 with the plain draft within float rounding (~1e-6 relative: another summation order), so a tree can
 differ in a near-tie, never the decoded text: the target verifies every token. Training (autograd
 on) falls back to the plain products and step.
@@ -175,8 +175,8 @@ def lean(draft: nn.Module, int8: bool = False) -> nn.Module:
     the lean twin, which overrides ``step`` and ``logits``. ``int8``: every product reads int8
     panels (:func:`refimpl.models.cpu_gemv.quantize`, per output row): a quarter of fp32's bytes,
     half of fp16's, and a draft whose outputs move by the quantization (~0.2% a weight; the target
-    verifies every token, so decoding stays exact; SmolLM2's EAGLE-3 trees keep their tau, README
-    stop 51). Safe to call twice (the second call sets the panels' kind)."""
+    verifies every token, so decoding stays exact; SmolLM2's EAGLE-3 trees keep their tau:
+    bench_results/experiments/2026-11-28_eagle3_kernel_layer_int8/). Safe to call twice (the second call sets the panels' kind)."""
     kind = type(draft)
     if kind not in LEAN and kind not in LEAN.values():
         raise ValueError(f"draft must be an EagleDraft or an Eagle3Draft, got {kind.__name__}")
