@@ -24,7 +24,7 @@ perplexity under the original, :func:`agreement` with its greedy text, repeated 
 :func:`interpolate` walks the line between the two models without training: the weights
 ``theta_0 + alpha (theta_1 - theta_0)`` (WiSE-FT: Wortsman et al., "Robust fine-tuning of zero-shot
 models", arXiv 2109.01903, §2, eq. 1), a model whose text and whose Jacobi speed both lie between
-the original's and the fine-tune's (measured in the README: the speed-quality front).
+the original's and the fine-tune's (measured in docs/learned-parallel.md: the speed-quality front).
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def frontier_mask(state: torch.Tensor, target: torch.Tensor, horizon: int | None
 
     The idea (ours, not the paper's): Jacobi decoding cashes the predictions just past the converged
     prefix first, and deep in a state of random guesses the fixed point looks out of reach. Measured
-    on ``tiny`` (README, chapter 15) it does not pay: the text stays put but the tokens per call stop
+    on ``tiny`` (docs/learned-parallel.md, chapter 15) it does not pay: the text stays put but the tokens per call stop
     at ~1.7 (2.6 with every position), so the jumps are learned from the deep positions too.
     """
     B, n = state.shape

@@ -14,7 +14,7 @@ Papers:
 - "Free Draft-and-Verification: Toward Lossless Parallel Decoding for Diffusion Large Language
   Models" (FreeDave, Wu and Zhang, arXiv 2510.00294): ``draft_steps``, :mod:`refimpl.free_draft`.
 
-The LLaDA sampler (the public contract in the README). The answer region of ``gen_length`` positions starts fully
+The LLaDA sampler (the public contract). The answer region of ``gen_length`` positions starts fully
 masked after the prompt and is split into ``gen_length / block_length`` blocks decoded left to
 right. Each block gets ``steps * block_length / gen_length`` steps. At each step the denoiser
 predicts every masked position at once; ``x0_i = argmax p_i`` (or a Gumbel-max sample at

@@ -158,7 +158,7 @@ class DynamicDraftTree:
     nodes expanded per level; growth stops early when deeper nodes could not be kept or no node of
     the level reaches cumulative confidence ``floor`` (:meth:`settled`; ``floor=0``: EAGLE-2's tree).
     The defaults (10 nodes, depth 6, top-3, floor 0.1) suit a CPU, where the target's cost grows
-    with the tree (README: 16 nodes cost ~1.5 one-token steps on SmolLM2) and a draft call costs
+    with the tree (bench_results/latency_smollm2-135m.md: 16 tokens cost well over one token's step on SmolLM2) and a draft call costs
     ~0.12 of one. After :meth:`propose`, ``rows`` holds each row's ``(tokens, parents)`` and
     ``scores`` the kept nodes' cumulative log-confidence."""
 

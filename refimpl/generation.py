@@ -1,7 +1,7 @@
 """What every decoder returns: :class:`Generation` (tokens + :class:`Stats`), and input checks.
 
 All decoders in :mod:`refimpl` share these, so notebooks and the benchmark read the same
-counters. Notation (README, "Notation"): ``tau`` = tokens emitted per target forward pass,
+counters. Notation: ``tau`` = tokens emitted per target forward pass,
 ``alpha`` = per-draft-token acceptance rate, ``NFE`` = model forward evaluations.
 """
 from __future__ import annotations

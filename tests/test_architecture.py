@@ -1,4 +1,4 @@
-"""The layering of refimpl (README, "Architecture"), read from the source with ``ast``.
+"""The layering of refimpl (docs/architecture.md), read from the source with ``ast``.
 
 Five layers: 1 core -> 2 chapters -> 3 models -> 4 train -> 5 bench and export. A module imports only from
 lower layers and, inside layer 2, from earlier chapters; there are no import cycles, no private

@@ -50,7 +50,7 @@ def test_every_chapter_has_reference_answers(chapter):
 
 
 # ---------------------------------------------------------------------------------------
-# every chapter notebook: stubs the learner writes, checks, hidden answers (COURSE.md §8)
+# every chapter notebook: stubs the learner writes, checks, hidden answers
 # ---------------------------------------------------------------------------------------
 import ast  # noqa: E402
 

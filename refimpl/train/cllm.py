@@ -106,7 +106,7 @@ def train_tiny_cllm_onpolicy(out_dir: str, steps: int = 800, lr: float = 3e-4, *
     """``tiny-cllm-onpolicy``: the zoo's ``tiny-cllm`` fine-tuned once more on on-policy contexts:
     each context continues with ``tiny-cllm``'s own greedy text, while the Jacobi trajectories, the
     fixed points and the consistency loss's teacher stay the frozen ``tiny`` (DAgger's idea,
-    :func:`refimpl.cllm.collect`'s ``student``). Chapter 15 and the README measure what it buys."""
+    :func:`refimpl.cllm.collect`'s ``student``). Chapter 15 and docs/learned-parallel.md measure what it buys."""
     return train_tiny_cllm(out_dir, steps=steps, lr=lr, init="tiny-cllm", on_policy=True, **options)
 
 
@@ -131,9 +131,9 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 10
 
     The defaults put the trajectories where the benchmark decodes: 48-token prompts, then 8 blocks of 8
     = 64 new tokens (``blocks=2, context_length=32, contexts=2048`` met the goals at 32 new tokens and
-    missed the quality goal at 64: the student had never trained past position 48; README).
+    missed the quality goal at 64: the student had never trained past position 48; docs/learned-parallel.md).
 
-    ``rounds`` > 1 (ours, measured in the README): each further round records the same
+    ``rounds`` > 1 (ours, measured in docs/learned-parallel.md): each further round records the same
     contexts again, decoded one token per step by the previous round's student (its fp16 weights, as
     the zoo stores them), and distils on those, so the student learns to be sure of *its own* final
     text, which is what its parallel decoding is judged against (the oracle's "final").

@@ -162,7 +162,7 @@ def answer_vocabulary(tokenizer, rows, k: int) -> torch.Tensor:
 
 
 def write_report(out_dir: str, report: dict) -> dict:
-    """``train_report.json`` beside the weights (the numbers the README quotes), also printed."""
+    """``train_report.json`` beside the weights (the numbers docs/models.md quotes), also printed."""
     with open(os.path.join(out_dir, "train_report.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))

@@ -275,7 +275,7 @@ def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: in
     included), prompt and answer features; ``vocab_keep`` answer tokens. Training: ``ttt`` = 7
     unrolled steps (the paper's), a trained head, batches of ``batch`` rows, ``steps`` steps
     (~14 passes over the data). Measured on one H200: answers 2.4 min, features 16 s, training
-    3.5 min (TF32 products). This CPU needs far longer (the README's models table)."""
+    3.5 min (TF32 products). This CPU needs far longer (docs/models.md)."""
     from ..lm import default_device
     from ..models import load
     from .distill_data import all_stages
