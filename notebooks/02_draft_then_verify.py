@@ -513,3 +513,6 @@ if SHOW_SOLUTIONS:
 # - tau grows with `gamma` but saturates at `1 / (1 - alpha)`; `alpha` (accepted / tested) is what
 #   the formula takes, the acceptance rate (accepted / proposed) is smaller.
 # - Whether fewer target calls mean less time depends on the draft's cost `c` (chapter 04a).
+# - The library's call is `speculative.generate(target, prompts, draft=d)`; with no `gamma` it runs
+#   `speculative.PRESETS["cpu"]` (gamma 4). `refimpl.generate(target, prompts, method="speculative")`
+#   does the same and loads the zoo's draft for the target.

@@ -555,3 +555,6 @@ if SHOW_SOLUTIONS:
 #   any `c` from the same runs.
 # - A small draft cannot copy unless it was taught to (the induction drill); prompt lookup copies
 #   mechanically, and as a prior on the draft's logits it adds that skill to any draft, losslessly.
+# - `adaptive.generate(target, prompts, draft=d)` runs `adaptive.PRESETS["cpu"]` by default: the
+#   cumulative rule at 0.05, at most 8 drafts, the fastest measured with the zoo's SmolLM2 draft
+#   (`bench_results/capstone/`); `preset="confidence"` is this chapter's per-token rule.

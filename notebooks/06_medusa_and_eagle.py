@@ -1081,11 +1081,17 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # EAGLE's step costs ~2.6: the same tree scoring plus `DEPTH` draft calls, and the committed run
 # predates the draft's KV cache, so its layer re-ran over the whole context at every step (the
 # proposer now caches the committed inputs' keys and values, `EagleProposer(cache=True)`: a new
-# benchmark run would show what that buys). A draft call's *products* matter too: through `F.linear`
-# an EAGLE draft's layer and head are MKL GEMMs that repack each weight at every call (5 ms for
-# EAGLE-3's 7,316-row head on 3 rows); `refimpl.models.lean_draft.lean(draft)` runs them on the lean
-# forward's packed kernel, as the benchmark's EAGLE rows now do (EAGLE-3 + copy prior on SmolLM2:
-# a step from 2.99 to 2.28 AR steps in `bench_results/experiments/2026-11-26_eagle3_cpu_draft/`). The chain (~2.0) pays four small draft calls but
+# benchmark run would show what that buys). A draft call's *products* decide whether a feature
+# draft pays on a CPU at all: through `F.linear` an EAGLE draft's layer and head are MKL GEMMs that
+# repack each weight at every call (5 ms for EAGLE-3's 7,316-row head on 3 rows), more than the tree
+# saves. So on a target that runs the lean forward, `eagle.generate` and `eagle3.generate` put the
+# zoo's draft on the same packed kernel themselves (`target.fast_draft(draft, int8=True)`, i.e.
+# `refimpl.models.lean_draft.lean`: int8 panels, a quarter of fp32's bytes; a step from 2.99 to 2.28
+# AR steps in `bench_results/experiments/2026-11-26_eagle3_cpu_draft/`) and grow the small tree of
+# their `"cpu"` preset (`eagle3.PRESETS["cpu"]`: 5 nodes, depth 5, top-2, floor 0.1, copy prior 12).
+# That plain call is the fastest lossless method of the committed capstone table on SmolLM2
+# (`bench_results/capstone/`); `preset="paper"` (the EAGLE repository's 60-node tree, fp32 draft)
+# shows what a GPU's tree costs here (`bench_results/plain_calls/`). The chain (~2.0) pays four small draft calls but
 # verifies only 5 tokens, and its draft copies well on summaries and quotes. On `tiny` a forward is
 # mostly fixed per-call overhead, so every method lands near AR and Medusa, with nothing to run but
 # its heads, edges ahead of the chain (no EAGLE run on `tiny` is committed).
@@ -1109,8 +1115,10 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # - EAGLE-2's dynamic tree: expand the most confident nodes by cumulative confidence, re-rank,
 #   keep a fixed budget; verified like any tree, it is exact under greedy decoding.
 # - More tokens per target call is not yet more tokens per second: on a CPU the target's time
-#   grows with the tree and the draft's calls add up, so the chain draft still wins wall-clock on
-#   SmolLM2 here; the trees pay off where scoring 16-60 tokens costs about one (a GPU).
+#   grows with the tree and the draft's calls add up. A feature draft pays there only on the lean
+#   kernel and with a small tree: `eagle3.generate(target, prompts)` does both by itself (its `"cpu"`
+#   preset, the zoo's draft on int8 panels) and is the fastest lossless method on SmolLM2 here;
+#   `preset="paper"`'s 60-node trees pay off where scoring 60 tokens costs about one (a GPU).
 #
 # **Next: Jacobi decoding.** No draft at all: the target refines a guessed block in parallel
 # until it stops changing (chapter 07).

@@ -529,3 +529,5 @@ assert shown != before, "moving the sliders changes the trajectory"
 # - Speculative Jacobi decoding is speculative sampling with the model's own previous iteration as
 #   the draft: accept with `min(1, p_new / p_old)`, residual at the first rejection, lossless for
 #   any `p_old`; remembering `p_old` raises the acceptance to `sum min(p_new, p_old)`.
+# - `jacobi.generate(target, prompts)` runs `jacobi.PRESETS["cpu"]` (a window of 8): on a model not
+#   trained for it a wider window only makes each call dearer.

@@ -501,3 +501,7 @@ if SHOW_SOLUTIONS: show("08", "greedy_walk")
 #   SpecInfer's rule keeps sampling exact.
 # - tau depends on how repetitive the text is; the price is `1 + (W + G)(N - 1)` tokens per
 #   forward, which a GPU hides and a CPU does not.
+# - So the default differs by device: `lookahead.generate(target, prompts)` runs
+#   `lookahead.PRESETS["cpu"]` on a CPU (W=1, N=4, G=3, the pool seeded with the prompt's n-grams:
+#   the best point of `python -m refimpl.bench --suite lookahead-sweep`) and `"paper"` (the
+#   repository's W=7, N=5, G=7) on a GPU.

@@ -548,5 +548,8 @@ ui.children[2].value = default
 #   because it remembers what the target itself ranked highly after each token.
 # - SAM and prompt lookup differ in match length and in which occurrence they copy (the first vs
 #   the latest); SAM + recycling combines a long exact copy when there is one with a tree otherwise.
+# - `retrieval.generate(target, prompts)` runs `retrieval.PRESETS["cpu"]`: prompt lookup, 10 tokens,
+#   n-grams 3 down to 1 (also the original script's settings); `method="sam"` or `"recycling"` takes
+#   that rule's preset. `refimpl.generate(target, prompts, method="prompt_lookup")` is the same call.
 # - Next: the benchmark (`refimpl.bench`) measures tau and wall time of these methods per task
 #   category on SmolLM2.

@@ -638,6 +638,8 @@ ui.children[1].value = default
 #   has to be bought with quality (k per step, low thresholds).
 # - A dLLM is a natural drafter: one call proposes a whole block, and drafting each token from its
 #   marginal given the prefix keeps speculative sampling exactly lossless.
+#   `dllm_draft.generate(target, prompts, dlm=...)` runs `dllm_draft.PRESETS["cpu"]` (4 drafts from
+#   one denoising step).
 # - Draft-and-verify makes dLLM decoding itself faster at zero quality cost: guess the next steps
 #   from the current predictions, check them in one batched call, keep the correct run.
 # - The benchmark (`python -m refimpl.bench --suite dllm`, and the decode suite on `tiny`) has the

@@ -455,6 +455,27 @@ assert main is None or not have_model or shown != before, "moving a control must
 ui.children[0].value = default
 
 # %% [markdown]
+# ## One front door: the table picks the default
+# The table's winners are what the library does by default. `refimpl.generate(target, prompts,
+# method=...)` runs any method by name at its module's preset for the target (`PRESETS["cpu"]` on a
+# CPU), loading the zoo's drafter itself; `method="fastest"` reads the committed order above
+# (`refimpl.methods.FASTEST`, which a test keeps equal to the capstone JSON) and takes the first
+# method the zoo has a drafter for. Changing the method is one word, and every method is still exact.
+
+# %%
+import refimpl
+from refimpl import methods
+
+ids = [live_prompts[0][1]]
+print("fastest on tiny:", methods.fastest(tiny), " order:", methods.FASTEST["tiny"])
+print("fastest on SmolLM2-135M:", methods.FASTEST["smollm2-135m"][0])
+ar_tokens = refimpl.generate(tiny, ids, method="ar", max_new_tokens=NEW).tokens
+for name in ("fastest", "speculative", "dynamic_tree", "eagle3", "prompt_lookup"):
+    g = refimpl.generate(tiny, ids, method=name, max_new_tokens=NEW)
+    print(f"{name:14s} tau {g.stats.tau:.2f}  target calls {g.stats.target_calls:2d}  == AR: {g.tokens == ar_tokens}")
+    assert g.tokens == ar_tokens
+
+# %% [markdown]
 # ## The production map
 # For every method of the course, what runs it in each engine; *verified here* only where
 # `make production` ran it on this machine (vLLM 0.32 CPU build). docs/production.md carries the same table.
@@ -472,6 +493,9 @@ print(production.production_map(prod))
 # - The winner depends on the workload: retrieval wins where the answer copies the prompt at length
 #   (summaries); a draft that reads the target's features (EAGLE-3, with a copy prior) wins the rest
 #   of the committed SmolLM2 table, chat included, and a weak draft wins nowhere (EAGLE-1, Medusa).
+# - The library's defaults follow the table: each method's `generate` runs its measured best preset
+#   for the target's device, and `refimpl.generate(target, prompts)` runs the fastest lossless method
+#   the zoo has a drafter for (EAGLE-3's `"cpu"` preset on SmolLM2).
 # - A dLLM sampler is chosen on a calls-vs-quality front, not on speed alone.
 # - What we train runs in vLLM once exported to its layout; the same algorithm gives the same tau in
 #   both engines, and a difference in tokens/s is a difference in step cost.

@@ -74,7 +74,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit(INTERPRETER_REFUSAL)
-    if args.threads:
+    if args.threads:  # exactly these threads: the zoo's loader would otherwise fit them to the load
+        os.environ["REFIMPL_THREADS"] = str(args.threads)
         torch.set_num_threads(args.threads)
     prepack = {"auto": None, "on": True, "off": False}[args.prepack]
     fast = None if args.forward == "auto" else False
