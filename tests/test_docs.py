@@ -1,0 +1,159 @@
+"""The documentation a user reads: a short README whose every named path exists, no work-log vocabulary
+in any tracked file or path, benchmark tables that equal the committed JSON they quote, and a
+bench_results/ index that names every current result."""
+import glob
+import os
+import re
+import subprocess
+
+import pytest
+
+from refimpl.bench import quote
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+
+# Work-log words: a numbered session ("st" "op" 41), "this st" "op", a numbered ticket ("iss" "ue" 23), "no GPU
+# again", "this sess" "ion". Built from pieces so that this file does not match itself; written so that words
+# a decoding course needs ("stop tokens", "max_new_tokens", "stops at EOS") do not match.
+_S, _I, _SE = "st" + "op", "iss" + "ue", "sess" + "ion"
+WORK_LOG = re.compile(rf"\b({_S} ?\d+|{_S}s \d+|this {_S}\b|{_I} ?#?\d+|no gpu again|this {_SE}\b)", re.I)
+
+
+def tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [p for p in out.decode().split("\0") if p]
+
+
+@pytest.mark.parametrize("text, bad", [
+    (f"{_S} 53's run", True), (f"bench_results/learned/{_S}41_earlier_run", True), (f"in this {_S}", True),
+    (f"{_I} 23's goals", True), ("No GPU again.", True), (f"this {_SE} measured", True), (f"{_S}s 35-38", True),
+    ("stop tokens end a row", False), ("max_new_tokens=64", False), ("decoding stops at EOS", False),
+    ("the stop_token_ids", False), ("triton-lang/triton#11584", False), ("a tissue 3 cells", False)])
+def test_the_vocabulary_rule_catches_work_log_words_and_spares_decoding_words(text, bad):
+    assert bool(WORK_LOG.search(text)) == bad, text
+
+
+def test_no_tracked_file_or_path_carries_work_log_vocabulary():
+    hits = []
+    for path in tracked():
+        if WORK_LOG.search(path):
+            hits.append(f"{path}: in its path")
+        full = os.path.join(ROOT, path)
+        if not os.path.isfile(full):
+            continue
+        with open(full, "rb") as f:
+            data = f.read()
+        if b"\0" in data:  # binary (weights, pictures)
+            continue
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            m = WORK_LOG.search(line)
+            if m:
+                hits.append(f"{path}:{n}: {m.group(0)!r}")
+    assert not hits, "work-log vocabulary (the history lives in git):\n" + "\n".join(hits[:40])
+
+
+def test_readme_is_short():
+    with open(README) as f:
+        n = len(f.read().splitlines())
+    assert n <= 300, f"README.md has {n} lines; topic pages go in docs/"
+
+
+def named_paths(markdown: str) -> set[str]:
+    """Paths a markdown text names outside code blocks: link targets, and backticked words that contain a '/'
+    (placeholders like ``<name>``, globs, home-relative paths and URLs left out)."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    names = set(re.findall(r"\]\(([^)#\s]+)\)", text))
+    for word in re.findall(r"`([^`\s]+)`", text):
+        if "/" in word:
+            names.add(word)
+    return {n for n in names if not re.search(r"[<>*~|{}=(]|^https?:|^\.venv", n)}
+
+
+def resolves(name: str, base: str) -> bool:
+    """A name resolves as a path from the page's folder, the repository root, or inside the package (``models/hf``
+    in the chapter map is ``refimpl/models/hf.py``)."""
+    name = name.rstrip("/")
+    for start in (base, ROOT, os.path.join(ROOT, "refimpl")):
+        p = os.path.normpath(os.path.join(start, name))
+        if os.path.exists(p) or os.path.exists(p + ".py"):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("page", ["README.md", "bench_results/README.md"] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))))
+def test_every_path_a_page_names_exists(page):
+    path = os.path.join(ROOT, page)
+    with open(path) as f:
+        names = named_paths(f.read())
+    assert names or page != "README.md"
+    missing = sorted(n for n in names if not resolves(n, os.path.dirname(path)))
+    assert not missing, f"{page} names paths that do not exist: {missing}"
+
+
+def test_named_paths_reads_links_and_backticked_paths_only():
+    md = "see [a](docs/x.md) and `refimpl/models/` and `python -m x` and `models/<name>/r.json` and `config.json`\n```\nnot/this\n```"
+    assert named_paths(md) == {"docs/x.md", "refimpl/models/"}
+    assert resolves("models/cpu_gemv", ROOT) and resolves("docs/", ROOT) and not resolves("refimpl/cpu_linear.py", ROOT)
+
+
+def test_readme_has_the_sections_a_newcomer_needs_in_order():
+    with open(README) as f:
+        text = f.read()
+    order = ["## Two commands", "## Decode fast", "## Chapter map", "## The public API", "## Model zoo",
+             "## Where results live", "## Layout", "## Testing", "## Known limits"]
+    at = [text.find(h) for h in order]
+    assert -1 not in at and at == sorted(at), dict(zip(order, at))
+    assert "make test" in text and "(notebooks/WORKSHOP.md)" in text
+    assert 'refimpl.generate(target, [ids]' in text and "<!-- quote:headline -->" in text
+    limits = text.split("## Known limits", 1)[1]
+    assert len(re.findall(r"^- ", limits, re.M)) <= 8
+
+
+def test_every_quoted_table_equals_what_its_json_gives():
+    """`python -m refimpl.bench.quote --check`: a number in a quoted table that differs from its committed
+    JSON fails here; run `python -m refimpl.bench.quote` after committing a new result."""
+    docs = quote.documents()
+    assert os.path.join(ROOT, "README.md") in docs and len(docs) >= 3
+    blocks = [m.group(2) for p in docs for m in quote.BLOCK.finditer(open(p).read())]
+    assert "headline" in blocks and "capstone_smollm2" in blocks and "production_map" in blocks
+    assert not quote.stale(docs), quote.stale(docs)
+
+
+def test_the_quote_check_fails_on_a_changed_number(tmp_path):
+    table = quote.render("capstone_smollm2")
+    first = re.search(r"\| (\d+\.\d+) \|", table).group(1)
+    wrong = table.replace(f"| {first} |", f"| {float(first) + 0.1:.1f} |", 1)
+    page = tmp_path / "page.md"
+    page.write_text(f"x\n<!-- quote:capstone_smollm2 -->\n{wrong}\n<!-- /quote -->\n")
+    assert len(quote.stale([str(page)])) == 1
+    page.write_text(quote.rewrite(page.read_text()))
+    assert quote.stale([str(page)]) == [] and table in page.read_text()
+    with pytest.raises(ValueError, match="name"):
+        quote.render("no such table")
+
+
+def test_the_headline_takes_the_fastest_lossless_row_of_each_family():
+    rows = quote.load("capstone/capstone_smollm2-135m.json")["rows"]
+    head = quote.headline("capstone/capstone_smollm2-135m.json", "production/production.json")
+    for label, chapters in quote.FAMILIES:
+        best = max((r for r in rows if r["chapter"] in chapters and quote.lossless_greedy(r)), key=lambda r: r["speedup"])
+        assert f"| {label} | {best['method']} | {best['tokens_per_s']:.1f} |" in head
+    assert "LOSSY" not in head and "T=0.7" not in head
+
+
+def test_bench_results_index_names_every_current_result_and_every_experiment_has_a_readme():
+    with open(os.path.join(ROOT, "bench_results", "README.md")) as f:
+        index = f.read()
+    current = [p for p in glob.glob(os.path.join(ROOT, "bench_results", "**", "*.json"), recursive=True)
+               if "experiments" not in p and "upstream_variants" not in p]
+    assert current
+    for p in current:
+        rel = os.path.relpath(p, os.path.join(ROOT, "bench_results"))
+        assert rel[:-len(".json")] in index, f"bench_results/README.md does not index {rel}"
+    for folder in glob.glob(os.path.join(ROOT, "bench_results", "experiments", "*", "")):
+        name = os.path.basename(os.path.dirname(folder))
+        assert re.match(r"\d{4}-\d{2}-\d{2}_\w+$", name), name
+        assert os.path.exists(os.path.join(folder, "README.md")), f"{name} has no README (question, command, result)"
+        assert name in index, f"bench_results/README.md does not list experiments/{name}"
