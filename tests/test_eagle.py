@@ -292,14 +292,16 @@ class NoResidualTree(tree.Tree):
 TOP_K, TEMP, SAMPLES = 5, 1.0, 1500
 
 
-def sampling_pvalues(tiny, draft):
+def sampling_pvalues(tiny, draft, **tree_options):
     """-> (p-value of the first two sampled tokens with SpecInfer's walk, tau, p-value with the walk
-    that forgets the residual): EAGLE's and EAGLE-3's drafts run the same proposer."""
+    that forgets the residual): EAGLE's and EAGLE-3's drafts run the same proposer (``tree_options``:
+    its tree, default 8 nodes, depth 3, top-4)."""
+    tree_options = tree_options or {"total": 8, "depth": 3, "topk": 4}
     prompt = tiny.encode("And the")
     exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
 
     def pvalue(kind):
-        prop = eagle.EagleProposer(draft, total=8, depth=3, topk=4)
+        prop = eagle.EagleProposer(draft, **tree_options)
         prop.kind = kind
         g = speculative.decode(tiny, prop, [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
                                generator=torch.Generator().manual_seed(3), eos_token_id=[])

@@ -389,6 +389,15 @@ def test_lossless_sampling_passes_and_a_wrong_walk_fails(tiny, draft):
     assert bad < 1e-6  # the negative control
 
 
+def test_lossless_sampling_under_the_default_preset(tiny, draft):
+    """The tree ``eagle3.generate`` grows by default on a CPU (a strong copy prior, a floor, top-2)
+    still samples exactly the target's distribution; the walk that forgets the residual still fails."""
+    options = {k: v for k, v in eagle3.PRESETS["cpu"].items() if k != "int8"}  # int8: the draft's panels
+    good, tau, bad = sampling_pvalues(tiny, draft, **options)
+    assert tau > 1.0 and good > 1e-3
+    assert bad < 1e-6  # the negative control
+
+
 def test_save_and_load_round_trip(tiny, draft, tmp_path):
     eagle3.save_draft(draft, str(tmp_path), "tiny")
     again = eagle3.load_draft(tiny, str(tmp_path))
