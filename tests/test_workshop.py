@@ -36,3 +36,40 @@ def test_the_readme_links_the_guide_and_the_guide_has_its_sections():
         assert heading in text, heading
     for slot in ("90 minutes", "Half a day", "Two days"):
         assert slot in text, slot
+
+
+def teacher_notes() -> dict:
+    """{chapter id: its text} of the "Before and after each chapter" section (``### NN · title``)."""
+    text = open(GUIDE).read()
+    assert "## Before and after each chapter" in text
+    section = text.split("## Before and after each chapter", 1)[1].split("\n## ", 1)[0]
+    notes = {}
+    for block in section.split("\n### ")[1:]:
+        m = re.match(r"(\d\d[a-z]?) ", block)
+        assert m, f"a teacher's note without a chapter id: {block[:40]!r}"
+        notes[m.group(1)] = block
+    return notes
+
+
+def test_every_chapter_has_a_teachers_note_naming_each_exercise():
+    """Before (the one idea), the common mistake of every exercise by name, a question for the room.
+    A split chapter (06 -> 06a, 06b) may keep one note under its number."""
+    notes = teacher_notes()
+    for path in sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9]*.py"))):
+        ch = os.path.basename(path).split("_")[0]
+        note = notes.get(ch) or notes.get(ch[:2])
+        assert note, f"chapter {ch}: no '### {ch} · ...' note in WORKSHOP.md's 'Before and after each chapter'"
+        for part in ("**Before:**", "**Mistakes:**", "**Ask:**"):
+            assert part in note, f"chapter {ch}: the note lacks {part}"
+        for name in re.findall(r'^@exercise\("[^"]+", "(\w+)"\)', open(path).read(), flags=re.M):
+            assert f"`{name}`" in note, f"chapter {ch}: the note names no common mistake for `{name}`"
+
+
+def test_the_note_check_can_fail(monkeypatch, tmp_path):
+    bad = tmp_path / "WORKSHOP.md"
+    bad.write_text("## Before and after each chapter\n\n### 00 · Setup\n- **Before:** x\n\n## Next\n")
+    monkeypatch.setitem(globals(), "GUIDE", str(bad))
+    import pytest
+
+    with pytest.raises(AssertionError):
+        test_every_chapter_has_a_teachers_note_naming_each_exercise()
