@@ -16,6 +16,29 @@ Paper: Kou et al., "CLLMs: Consistency Large Language Models", arXiv 2403.00835.
   was; here ``l`` is the original model's own greedy text ``y*`` (self-distillation: the fine-tuned
   model's greedy output should stay close to the original's). Total ``L = L_GC + w * L_AR``.
 
+Where the authors' release (hao-ai-lab/Consistency_LLM, ``cllm/cllm_trainer_global.py`` and
+``data/generate_trajectory.py``) differs from ours, each kept as ours and named here (``recipe="upstream"``
+of :func:`cllm_loss` is theirs for the loss; measured in ``bench_results/learned/upstream_variants/``):
+
+- *Which positions the consistency loss counts.* Upstream masks every prediction before the first
+  token where the state differs from the fixed point (the converged prefix, :func:`unconverged_mask`);
+  we sum over the whole block, as eq. 4 is written. With ``theta^-`` as the teacher the prefix terms are
+  zero anyway; with the frozen original (the zoo's teacher) they are a KL to the original on the fixed
+  point's context, a distillation term that holds the text near the original's.
+- *Averaging and weights.* Upstream's consistency loss is a per-token mean over the counted positions
+  and its AR loss a per-token mean weighted 10, so an AR token weighs ~10 consistency tokens; ours sums
+  the KL over the block's 16 positions and weighs a per-token AR mean by 8, i.e. 0.5 per token. We keep
+  ours because it measured better on ``tiny`` (the whole upstream recipe against ours, 400 steps on the
+  same trajectories: 1.41 against 2.50 Jacobi tokens per call, held-out perplexity 121 against 99).
+- *The AR loss.* Upstream: label-smoothed (0.1) NLL of the whole sequence (prompt and every block so
+  far, the teacher's output), ``x 10`` (:func:`sequence_ar_loss`); ours: the plain NLL of this block's
+  fixed point given its context (:func:`ar_loss`), the part of the text the consistency loss moves.
+- *Trajectories.* Upstream inserts augmented states (a wrong token of an intermediate state replaced
+  by the fixed point's) and drops low-quality (repetitive) generations before training, and the
+  stored version of its collection script draws each Jacobi update from the top-2 tokens; ours are
+  plain greedy trajectories, neither augmented nor filtered: the King James contexts give no
+  degenerate answers to filter, and greedy is the decoding the model is then measured with.
+
 A fine-tuned model is a *different* model: Jacobi and lookahead decoding of it are still exact
 (the verification core checks every guess), exact with respect to its own greedy output. How far
 that output moved from the original's is measured, not assumed (``refimpl.bench``'s CLLM rows:
