@@ -65,3 +65,18 @@ def test_an_explicit_omp_num_threads_wins(monkeypatch, keep_threads):
     monkeypatch.setattr(threads, "busy_cores", lambda: pytest.fail("must not sample the load"))
     torch.set_num_threads(1)
     assert threads.fit_to_load() == 1
+
+
+def test_the_load_benchmark_table_pairs_idle_and_loaded_runs():
+    from refimpl.bench import load
+
+    rows = [dict(policy="1 thread", competitors=c, engine=e, tok_s=s, threads=1)
+            for c, e, s in ((0, "ours", 30.0), (0, "hf", 10.0), (1, "ours", 24.0), (1, "hf", 5.0))]
+    md = load.table(rows)
+    assert "| 1 thread | our AR | 30.0 (1) | 24.0 (1) | 0.80 |" in md
+    assert "| 1 thread | HF generate | 10.0 (1) | 5.0 (1) | 0.50 |" in md
+    assert set(load.POLICIES) >= {"torch default", "1 thread", "fit to load"}
+    with pytest.raises(ValueError, match="tokens"):
+        load.main(["--tokens", "0"])
+    with pytest.raises(ValueError, match="engine"):
+        load.measure("tiny", "vllm", 4, 1)
