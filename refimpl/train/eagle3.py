@@ -21,9 +21,24 @@ steps and keeps the head frozen at the target's kept rows (7 min each on 2 threa
 acceptance 0.32 / 0.10 / 0.04 at depth 1-3, where 7 steps with a trained head reached 0.21 / 0.03 /
 0.00: 2.7x the steps in the same time).
 
+Where SafeAILab/EAGLE's trainer (``eagle/traineagle3/cnets.py``, ``main.py``) differs, each named and
+available as ``train_draft(recipe="upstream")``; A/B in ``bench_results/learned/upstream_variants/``:
+
+- *Position mask.* Upstream drops from the loss every position whose target argmax lies outside the
+  kept vocabulary (``position_mask = t2d[argmax] * loss_mask``, :func:`kept_argmax`); we train on them
+  too, against the target's distribution renormalised on the kept tokens, so the draft still learns
+  the best kept guess where it cannot be right, and the label stays the target's whole distribution.
+- *Averaging.* Upstream's step loss is a mean over all B x T slots of the batch (masked slots count as
+  zeros); ours is a mean over the step's own loss positions (:func:`ttt_loss`), so a deep step, which
+  has fewer positions, is not down-weighted on top of ``decay ** j``.
+- *Head.* Upstream's LM head starts at random; ours starts at (and on the CPU recipe stays at) the
+  target's kept rows, which already score the target's top tokens before any training.
+
 Report: held-out acceptance per depth of the draft's own greedy chain, ``accept_rate[d]`` =
 P(the draft's first d greedy tokens all equal the target's), from every answer position, on the
-unroll (which equals decoding's chain: tested), plus per-step top-1 agreement.
+unroll (which equals decoding's chain: tested), plus per-step top-1 agreement. The target's token
+there is its argmax over the kept rows unless ``full_head`` is given (then a target token outside the
+kept vocabulary is a miss, as in decoding).
 """
 from __future__ import annotations
 
