@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · Medusa heads and EAGLE: the target drafts for itself
+# # 06a · Medusa heads and EAGLE: the target drafts for itself
 #
 # Chapters 02-05 needed a second model to draft. Medusa (Cai et al., "Medusa: Simple LLM
 # Inference Acceleration Framework with Multiple Decoding Heads", arXiv 2401.10774) asks the
@@ -19,8 +19,10 @@
 # target's own answers while the target stays frozen ("Medusa-1"). EAGLE (Li et al., arXiv
 # 2401.15077) keeps the target's features but drafts *autoregressively*: one decoder layer reads
 # the features **and** the tokens guessed so far, and EAGLE-2 (arXiv 2406.16858) grows its tree
-# where the draft is confident.
-#
+# where the draft is confident. Chapter 06b goes on to EAGLE-3 and to what makes a feature draft
+# pay in wall-clock on a CPU.
+
+# %% [markdown]
 # **After this chapter you can**
 #
 # 1. write a Medusa head from its weights, and say why an untrained head predicts exactly the target's next token;
@@ -30,22 +32,18 @@
 # 5. tell which hidden state the heads must read after a step, for any accepted path;
 # 6. quantify what Medusa's *typical acceptance* gives up against lossless sampling, and what it gains in tau;
 # 7. compute one EAGLE draft step from its weights (`fc` of token embedding and feature, one decoder layer, the target's LM head) and say why it keeps accepting deeper than Medusa's heads;
-# 8. grow EAGLE-2's dynamic tree by cumulative confidence, re-rank it to a node budget, and read the accepted path off it;
-# 9. build EAGLE-3's draft step from its weights (three target layers fused, no feature loss) and write the attention mask of its *training-time test*, then read from acceptance per depth what training the draft on its own outputs buys, and on which target;
-# 10. compare tau of chapter 04a's chain draft, Medusa, EAGLE and EAGLE-3 on the same prompts, and read from the committed benchmarks which pays in wall-clock on this CPU, and which term (tau or step cost) decides it.
+# 8. grow EAGLE-2's dynamic tree by cumulative confidence, re-rank it to a node budget, and read the accepted path off it.
 #
 # **Parameters.** `tiny` is the zoo's 4-layer Llama trained on the King James Bible; its Medusa
 # heads were trained by `python -m refimpl.train medusa-tiny` and live in `models/medusa-tiny`,
-# its EAGLE draft by `python -m refimpl.train eagle-tiny` (`models/eagle-tiny`), its EAGLE-3 draft
-# by `python -m refimpl.train eagle3-tiny` (`models/eagle3-tiny`). `tiny-draft` is
-# the chain draft of chapter 04a, for the comparison at the end.
+# its EAGLE draft by `python -m refimpl.train eagle-tiny` (`models/eagle-tiny`).
 
 # %%
 import torch
 from refimpl.models import default_device
 
 FAST = True                          # CI default: seconds of training, few samples
-MODEL, DRAFT = "tiny", "tiny-draft"  # the target; chapter 04a's chain draft
+MODEL = "tiny"                       # the target
 DEVICE = default_device()            # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 HEADS = None                         # None: the zoo's trained heads (models/medusa-tiny); or a folder
 EAGLE_DRAFT = None                   # None: the zoo's EAGLE draft (models/eagle-tiny); or a folder
@@ -53,8 +51,6 @@ NEW_TOKENS = 48 if FAST else 128
 ANSWERS, ANSWER_LEN = (48, 32) if FAST else (400, 64)    # tiny's own answers for the live training
 STEPS, BATCH, LR = (40, 64, 3e-3) if FAST else (400, 256, 3e-3)
 EAGLE_STEPS = 40 if FAST else 600    # live EAGLE training steps (16 answers each)
-EAGLE3_DRAFT = None                  # None: the zoo's EAGLE-3 draft (models/eagle3-tiny); or a folder
-EAGLE3_STEPS = 30 if FAST else 300   # live EAGLE-3 training steps (8 answers each, DEPTH unrolled steps)
 TOTAL, DEPTH, TOPK = 16, 5, 4        # EAGLE-2's dynamic tree: node budget, levels, children / expanded nodes
 DEMO = 2                             # the prompt whose EAGLE tree is drawn
 TREE_SIZE = 16                       # nodes of the candidate tree chosen from measured accuracies
@@ -78,7 +74,7 @@ from refimpl.prompts import encode_prompt
 from solutions import exercise, check, show
 
 torch.set_grad_enabled(False)
-lm, dr = models.load(MODEL, device=DEVICE), models.load(DRAFT, device=DEVICE)
+lm = models.load(MODEL, device=DEVICE)
 texts = ["In the beginning God created the heaven and the earth. And the earth",
          "And the LORD spake unto Moses, saying",
          "Blessed are the meek: for they shall inherit the earth. Blessed are"]
@@ -121,7 +117,7 @@ print(f"all {K} untrained heads guess {lm.decode([int(fresh(h)[0].argmax())])!r}
 # `MedusaHeads.forward` on heads with random (non-zero) blocks, for a batch and for a single `h`.
 
 # %%
-@exercise("06", "head_logits")
+@exercise("06a", "head_logits")
 def head_logits(weight, bias, lm_head, h):
     ...  # your code
     raise NotImplementedError
@@ -144,7 +140,7 @@ def check_head():
 
 check("Exercise 1", check_head)
 if SHOW_SOLUTIONS:
-    show("06", "head_logits")
+    show("06a", "head_logits")
 
 # %% [markdown]
 # ## Training data: the target's own answers
@@ -298,10 +294,13 @@ def medusa_step(prompt, heads, choices):
     return [int(t)] + [toks[i] for i in path] + [nxt], hd[0], path, (nodes, toks, pars)
 
 
+# %% [markdown]
 # Run it with a hand-picked binary-ish tree on every prompt and compare with `medusa.generate`
 # (the same tree as `choices=`): its first two target calls (prefill, then the step) must emit
 # the same tokens and accept the same number of drafts, and the whole generation must be greedy
 # decoding.
+
+# %%
 CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0), (0, 0, 1)]   # hand-picked, 8 nodes
 steps = [medusa_step(p, zoo, CHOICES) for p in prompts]
 lib = medusa.generate(lm, prompts, heads=zoo, choices=CHOICES, max_new_tokens=NEW_TOKENS, eos_token_id=[])
@@ -344,7 +343,7 @@ plt.tight_layout(); plt.show()
 # on one where nothing does.
 
 # %%
-@exercise("06", "next_hidden")
+@exercise("06a", "next_hidden")
 def next_hidden(hidden, path):
     ...  # your code
     raise NotImplementedError
@@ -367,7 +366,7 @@ def check_next_hidden():
 
 check("Exercise 2", check_next_hidden)
 if SHOW_SOLUTIONS:
-    show("06", "next_hidden")
+    show("06a", "next_hidden")
 
 # %% [markdown]
 # ## Which tree? Expected tau from the accuracies
@@ -397,6 +396,7 @@ def grow_tree(acc, size):
         if len(best[0]) < len(acc):
             frontier += [(best[0] + (r,), best[1] * acc[len(best[0])][r]) for r in range(len(acc[len(best[0])]))]
     return sorted(chosen, key=lambda c: (len(c), c))
+
 
 
 for size in (1, 4, 8, 16, 32):
@@ -479,18 +479,8 @@ ui.children[1].value = default
 # token; a flat one accepts almost anything plausible. It is **lossy**: the output is no longer
 # distributed as the target's samples. At temperature 0 it is greedy acceptance.
 #
-# ### Exercise 3: the typical-acceptance test
-# Write `typical_accept(p, x, eps, delta)` -> bool, for a probability vector `p` (V,) and a token
-# `x`. The check builds one-child trees and asks `medusa.TypicalTree` (the library's verifier)
-# whether it accepts; among the cases, one where typical acceptance takes a token that the
-# lossless rule would reject 95% of the time.
-
-# %%
-@exercise("06", "typical_accept")
-def typical_accept(p, x, eps=0.09, delta=0.3):
-    ...  # your code
-    raise NotImplementedError
-
+# The library's verifier, `medusa.TypicalTree`, asked about a one-child tree (the root and a
+# child `x`) with the target's distribution `p` at the root, is the referee of the exercise below:
 
 # %%
 def library_accepts(p, x, eps, delta):                         # the check's referee (not for you to edit)
@@ -502,8 +492,22 @@ def library_accepts(p, x, eps, delta):                         # the check's ref
     return bool(n[0] == 1)
 
 
-# The check (a flat and a peaked `p`, both bounds binding, tokens near the bar):
-def check_typical():
+# %% [markdown]
+# ### Exercise 3: the typical-acceptance test
+# Write `typical_accept(p, x, eps, delta)` -> bool, for a probability vector `p` (V,) and a token
+# `x`. The check builds one-child trees and asks `medusa.TypicalTree` (the library's verifier)
+# whether it accepts; among the cases, one where typical acceptance takes a token that the
+# lossless rule would reject 95% of the time.
+
+# %%
+@exercise("06a", "typical_accept")
+def typical_accept(p, x, eps=0.09, delta=0.3):
+    ...  # your code
+    raise NotImplementedError
+
+
+# %%
+def check_typical():                                           # a flat and a peaked p, both bounds binding, tokens near the bar
     gen, dev = torch.Generator(device=DEVICE).manual_seed(SEED), DEVICE   # distributions as the target's would be
     uniform = torch.full((20,), 0.05, device=dev)
     peaked = torch.cat([torch.tensor([0.9], device=dev), torch.full((19,), 0.1 / 19, device=dev)])
@@ -519,7 +523,7 @@ def check_typical():
 
 check("Exercise 3", check_typical)
 if SHOW_SOLUTIONS:
-    show("06", "typical_accept")
+    show("06a", "typical_accept")
 
 # %% [markdown]
 # ## What typical acceptance gives up, exactly
@@ -583,7 +587,10 @@ def pvalue(emp, ref):                                          # chi-square, cel
     return float(chisquare(o, e * o.sum() / e.sum()).pvalue)
 
 
-# The runs (three batched calls of `SAMPLES` rows, three tokens each):
+# %% [markdown]
+# The runs: three batched calls of `SAMPLES` rows, three tokens each, and the verdicts.
+
+# %%
 kw = dict(max_new_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, eos_token_id=[])
 with kernels.references():
     runs = {"AR sampling": autoregressive.generate(lm, [sp] * SAMPLES, generator=torch.Generator(DEVICE).manual_seed(SEED), **kw)}
@@ -653,6 +660,7 @@ def draft_by_hand(tok, feat):                                  # (T,) x_{t+1}, (
     x = x + draft.o((s.softmax(-1) @ v).transpose(0, 1).reshape(T, -1))                      # causal attention + residual
     g, u = draft.gate_up(draft.norm2(x)).chunk(2, -1)
     return x + draft.down(torch.nn.functional.silu(g) * u)                                   # gated MLP + residual
+
 
 
 ids = torch.tensor([prompts[0] + ar[0][:1]], device=DEVICE)   # the prompt, then the target's token t
@@ -783,6 +791,10 @@ def grow_by_hand(tok, feat):                                   # -> (1, N) token
     return [torch.tensor([list(x)], device=DEVICE) for x in zip(*nodes)]
 
 
+# %% [markdown]
+# At that step's context, grow by hand, re-rank with `tree.keep_best` and compare with the log:
+
+# %%
 ids = torch.tensor([prompts[DEMO] + ar[DEMO][:done]], device=DEVICE)
 _, _, f = lm.forward(ids, output_hidden_states=True)
 gt, gp, gv, gd = grow_by_hand(ids[0, 1:], f[0, :-1])
@@ -802,7 +814,7 @@ print(f"{gt.shape[1]} nodes grown by hand ({1 + TOPK * (DEPTH - 1)} draft runs, 
 # caps, and on a small tree where a child is exactly as sure as its parent.
 
 # %%
-@exercise("06", "rerank")
+@exercise("06a", "rerank")
 def rerank(tokens, parents, values, depth, cap, total):
     ...  # your code
     raise NotImplementedError
@@ -823,279 +835,10 @@ def check_rerank():
 
 check("Exercise 4", check_rerank)
 if SHOW_SOLUTIONS:
-    show("06", "rerank")
+    show("06a", "rerank")
+
 
 # %% [markdown]
-# ## EAGLE-3: three layers in, trained the way it decodes
-# EAGLE-3 (Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
-# Training-Time Test", arXiv 2503.01840) changes what the draft reads and how it is trained:
-#
-# - **Multi-layer features (§3.2).** The top feature is shaped for the *next* token only. EAGLE-3
-#   reads the residual streams entering three of the target's layers, low, middle and high
-#   (`eagle3.default_taps`: vLLM's `(2, L//2, L-3)`; tiny has only 4 layers and its last one does
-#   much of the work, so tiny's "high" is the final normed state: 1, 2, 4; vLLM's tap 4 would be the
-#   state before that norm, so `refimpl.export` refuses to export tiny's draft), and fuses
-#   them with one linear map `g_t = fc([l_t; m_t; h_t])` (3H -> H). The verification call returns
-#   them: `lm.forward(ids, output_hidden_states=taps)`, no extra pass.
-# - **One layer on (token, feature), its own head.** Attention reads
-#   `[norm(embed(x_{t+1})) ; norm(g_t)]` (2H wide) and adds its output to `g_t`; a gated MLP follows.
-#   The output `o_t` (before a final norm) is the draft's own feature for the next step, and the
-#   draft's own LM head (the target's kept rows to start with, then trained) reads `norm(o_t)`.
-# - **Training-time test (§3.1).** No feature regression: the loss is only the cross-entropy
-#   against the target's next-token distribution. And training *runs the draft on its own
-#   outputs*: step 0 reads the target's `g`; step j reads step j-1's output at the same index, the
-#   true token j further on, at position + j. What a tree node at depth j + 1 sees while decoding
-#   (the context, its ancestors, itself) is exactly what step j sees in training.
-#
-# One step by hand from the zoo draft's weights, on the same input as EAGLE's step above (prompt 0
-# and the target's token `t`); it must equal `eagle3.unroll`'s first step.
-
-# %%
-from refimpl import eagle3
-from refimpl.train import eagle3 as train3
-
-draft3 = eagle3.load_draft(lm, EAGLE3_DRAFT)                   # on lm's device
-ids3 = torch.tensor([prompts[0] + ar[0][:1]], device=DEVICE)   # the prompt, then the target's token t
-_, _, streams = lm.forward(ids3, output_hidden_states=draft3.taps)  # (1, L + 1, 3H): three layers, one call
-print(f"taps {draft3.taps}: streams {tuple(streams.shape)} from the same forward as the logits")
-
-
-def step3_by_hand(tok, streams):                               # (T,) x_{t+1}, (T, 3H) -> (T, H) outputs o_t
-    T, h, kv, d = len(tok), draft3.num_heads, draft3.num_kv_heads, draft3.head_dim
-    g = streams @ draft3.fc.weight.T                           # (T, H) the fusion of the three layers
-    x = torch.cat([draft3.norm_in(draft3.embed[tok]), draft3.norm_hid(g)], -1)               # (T, 2H)
-    q, k, v = draft3.qkv(x).view(T, h + 2 * kv, d).transpose(0, 1).split([h, kv, kv], 0)    # (heads, T, d)
-    pos = torch.arange(T, device=x.device)[None]
-    q, k = (eagle.rotate(z[None], pos, draft3.rope_theta)[0] for z in (q, k))
-    k, v = k.repeat_interleave(h // kv, 0), v.repeat_interleave(h // kv, 0)                  # grouped-query heads
-    s = (q @ k.mT / d ** 0.5).masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), -torch.inf)
-    r = g + draft3.o((s.softmax(-1) @ v).transpose(0, 1).reshape(T, -1))                    # residual: g, not x
-    a, b = draft3.gate_up(draft3.norm_mid(r)).chunk(2, -1)
-    return r + draft3.down(torch.nn.functional.silu(a) * b)
-
-
-tok3 = ids3[0, 1:]
-with torch.no_grad():
-    mine3 = step3_by_hand(tok3, streams[0, :-1])
-    lib3 = eagle3.unroll(draft3, tok3[None], draft3.fuse(streams[:, :-1]), torch.ones_like(tok3)[None], 1)[0][0]
-assert torch.allclose(mine3, lib3, atol=1e-4), "the hand-built EAGLE-3 step == eagle3.unroll's step 0"
-guess3 = int(draft3.full(draft3.logits(mine3[-1]).argmax()))
-print(f"after t = {lm.decode(ar[0][:1])!r} EAGLE-3 guesses {lm.decode([guess3])!r}, the target says {lm.decode(ar[0][1:2])!r}")
-
-# %% [markdown]
-# ### Exercise 5: the training-time test's attention mask
-# `eagle3.unroll` runs step j over all T positions at once. Its keys are step 0's T keys, then the
-# T keys of each step 1..j, side by side: `(j + 1) T` columns. Query `t` of step j stands for a
-# tree node j levels below the context that ends at input `t`: it may see step 0's keys at
-# positions `<= t` (the context, true features) and, of each later step, **only the key at index
-# `t`** (its own ancestors, then itself). Write `ttt_mask(T, j)` -> a (T, (j + 1) T) bool tensor
-# (True = may attend) for a row without padding. The check captures the masks the library passes
-# to the draft layer during an unroll.
-
-# %%
-@exercise("06", "ttt_mask")
-def ttt_mask(T, j):
-    ...  # your code
-    raise NotImplementedError
-
-
-# %%
-def library_masks(T, steps):
-    seen, step = [], draft3.step
-    def spy(tok, feat, pos, allow, past=None):
-        seen.append(allow[0].clone())
-        return step(tok, feat, pos, allow, past)
-    draft3.step = spy
-    try:
-        with torch.no_grad():
-            t = torch.zeros((1, T), dtype=torch.long, device=DEVICE)
-            eagle3.unroll(draft3, t, torch.zeros((1, T, draft3.hidden_size), device=DEVICE), torch.ones_like(t), steps)
-    finally:
-        del draft3.step                                        # back to the class's method
-    return seen
-
-
-def check_ttt_mask():
-    for T, steps in ((5, 4), (9, 3), (1, 2)):
-        for j, want in enumerate(library_masks(T, steps)):
-            got = torch.as_tensor(ttt_mask(T, j), device=want.device).bool()
-            assert got.shape == want.shape, f"T={T}, step {j}: shape {tuple(got.shape)}, want {tuple(want.shape)}"
-            bad = (got != want).nonzero()
-            assert len(bad) == 0, (f"T={T}, step {j}: query {int(bad[0, 0])} / key column {int(bad[0, 1])} (block "
-                                   f"{int(bad[0, 1]) // T}, index {int(bad[0, 1]) % T}): you say {bool(got[tuple(bad[0])])}")
-
-
-check("Exercise 5", check_ttt_mask)
-if SHOW_SOLUTIONS:
-    show("06", "ttt_mask")
-
-# Picture: the training-time test's mask.
-# Step 3 of an unroll over 8 positions, from the library (rows: queries; columns: keys of steps
-# 0..3). Block 0 is the ordinary causal triangle over the true features; every later block is a
-# diagonal: position t's own chain.
-m3 = library_masks(8, 4)[3].cpu()                             # matplotlib draws host arrays
-fig, ax = plt.subplots(figsize=(8, 2.4))
-ax.imshow(m3, cmap="Greens", aspect="equal")
-for b in range(1, 4):
-    ax.axvline(b * 8 - 0.5, color="k", lw=1)
-ax.set_xticks([3.5, 11.5, 19.5, 27.5], ["step 0 keys (true g)", "step 1", "step 2", "step 3 (itself)"], fontsize=8)
-ax.set_ylabel("query t of step 3"); ax.set_title("green: may attend", fontsize=9); plt.tight_layout(); plt.show()
-
-# %% [markdown]
-# ## Training EAGLE-3 live, and what its training buys
-# `train3.target_features` recomputes the three streams and the target's final state over each
-# whole answer row (one forward per row: prompt *and* answer positions, as decoding reads them);
-# `train3.train_draft` unrolls `DEPTH` steps and weights step j's cross-entropy by 0.8^j (the
-# paper's recipe uses 7 steps). The authors' trainer differs in three places: it drops positions whose
-# target token is outside the draft's kept vocabulary, averages each step over all slots and starts
-# the head at random; ours keeps those positions, averages per loss position and starts from the
-# target's rows (`refimpl.train.eagle3`'s docstring says why; `recipe="upstream"` is theirs, measured
-# in `bench_results/learned/upstream_variants/`). Then acceptance per depth on the held-out answers: P(the first d
-# guesses are all the target's), EAGLE-1 from above (the draft reading its own predicted
-# features) against EAGLE-3 (read off one unroll, which equals decoding's chain: tested).
-
-# %%
-W_head = lm.model.get_output_embeddings().weight.detach().cpu()  # the trainer batches on the host
-seqs3 = train3.target_features(lm, train_rows, draft3.taps, progress=False)       # host rows
-held3 = train3.target_features(lm, held_rows, draft3.taps, progress=False)
-torch.manual_seed(SEED)
-untrained3 = eagle3.new_draft(lm).cpu()                      # host copies, as the rows
-with torch.enable_grad():
-    fast3, rep3 = train3.train_draft(copy.deepcopy(untrained3), seqs3, W_head, steps=EAGLE3_STEPS, ttt=DEPTH, batch=8,
-                                     lr=2e-3, progress=False, holdout=10 ** 9)
-host3 = {"untrained": untrained3, "FAST (ours)": fast3, "zoo": copy.deepcopy(draft3).cpu()}  # host copies, as the rows
-acc3 = {n: train3.accept_rates(d, held3, W_head, depth=DEPTH)["chain"] for n, d in host3.items()}
-print({n: [round(a, 2) for a in v] for n, v in acc3.items()})
-assert acc3["FAST (ours)"][0] > acc3["untrained"][0] and acc3["zoo"][0] > acc3["FAST (ours)"][0]
-fig, ax = plt.subplots(figsize=(9, 3.4))
-ax.plot(range(1, DEPTH + 1), eagle_acc["zoo"], "o--", color="#2a9d8f", label="EAGLE-1 zoo (top feature, feature loss)")
-ax.plot(range(1, DEPTH + 1), acc3["FAST (ours)"], "D-", color="#f4a261", label=f"EAGLE-3 FAST ({EAGLE3_STEPS} steps)")
-ax.plot(range(1, DEPTH + 1), acc3["zoo"], "D-", color="#264653", label="EAGLE-3 zoo (3 layers, training-time test)")
-ax.set_xlabel("d"); ax.set_ylabel("P(guesses 1..d all right)"); ax.set_ylim(0, 1); ax.set_xticks(range(1, DEPTH + 1))
-ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)); ax.set_title(f"{len(held_rows)} held-out answers of tiny", fontsize=9)
-plt.tight_layout(); plt.show()
-
-with open(os.path.join(EAGLE3_DRAFT or medusa.heads_folder("eagle3", lm.name), "config.json")) as f:
-    rep_zoo = json.load(f)["report"]                           # what the trainer measured, saved with the draft
-print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zoo["heldout_top1_per_step"])
-
-# %% [markdown]
-# **Read the plot.** The FAST draft is far below the zoo's: a draft trained by training-time test
-# has to learn to read its *own* outputs as well as the target's features, and that takes steps
-# (the zoo's: 1,200 steps of 8 answers, ~29 min on 1 thread; `models/eagle3-tiny/train_report.json`).
-# On `tiny` the zoo's EAGLE-3 draft does **not** beat EAGLE-1's, and that is a finding, not a bug:
-# tiny has 4 layers, so "low, middle, high" are layers 1, 2 and the final state that EAGLE-1
-# already reads; there are only ~1,500 training answers; and EAGLE-3 learns its own LM head where
-# EAGLE-1 borrows the target's. What the training-time test does buy is visible in the report's
-# per-step top-1 (printed above): it is flat, because every step was trained on the inputs it will
-# see. The paper's gains come from reading a deep target whose top layer is shaped for one token
-# only, and from scaling the data (EAGLE-3 §4); the capstone (chapter 16) measures it on SmolLM2's 30
-# layers. There scale decided it: trained on a CPU (1,471 answers, 3 unrolled steps) the SmolLM2 draft
-# accepted 0.50 at depth 1 and lost to AR; trained on a GPU (10,365 answers, 7 unrolled steps, 14
-# passes: `python -m refimpl.train eagle3-smollm2-135m --device cuda`) it accepts 0.63 and is the
-# fastest lossless method there: on a 5-node tree, with the draft's weights in int8 (a draft may be
-# approximate, the target checks it) and a strong copy prior, the fastest row of
-# `bench_results/capstone/capstone_smollm2-135m.json` (docs/eagle3.md reads it by tree size). Its speed-up
-# is a ratio: it falls when our AR gets faster, and rises on a machine whose multi-token verification is cheaper.
-# Part of that is the copy prior reaching past the draft's trimmed head: 9.5% of SmolLM2's tokens on
-# the benchmark prompts are outside the draft's 8,192 kept ones (names, rare words, mostly copied from
-# the prompt), and a head without their rows can never propose them. The prior gives such a
-# candidate a column of its own at the node's best logit + the bias (`EagleProposer.children`): tau
-# 2.57 -> 2.90 on 10 nodes, summaries 2.28 -> 3.11, with no training at all.
-#
-# ## Side by side with chapter 04a's chain draft
-# The same three prompts, `NEW_TOKENS` tokens each. Greedy: autoregressive, the chain draft
-# `tiny-draft` (`gamma = 4`, `speculative.generate`), Medusa with the chosen `TREE_SIZE`-node tree
-# and EAGLE and EAGLE-3 with their dynamic trees of `TOTAL` nodes; every greedy run must be greedy decoding, token
-# for token. Sampling (temperature `TEMPERATURE`, top-`TOP_K`): the same, plus Medusa typical
-# (**lossy**); EAGLE's top-k children are deterministic guesses, verified losslessly by chapter
-# 05's walk. tau (tokens per target call) and the calls are exact counts. Nothing is timed here
-# (CI runs this notebook in Triton's interpreter): wall-clock comes from the committed benchmarks below.
-
-# %%
-configs = {"AR": lambda kw: autoregressive.generate(lm, prompts, **kw),
-           "chain (gamma 4)": lambda kw: speculative.generate(lm, prompts, draft=dr, gamma=4, **kw),
-           f"Medusa ({TREE_SIZE} nodes)": lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, **kw),
-           "Medusa typical": lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, acceptance="typical", **kw),
-           f"EAGLE ({TOTAL} nodes)": lambda kw: eagle.generate(lm, prompts, draft=draft, total=TOTAL, depth=DEPTH, topk=TOPK, **kw),
-           f"EAGLE-3 ({TOTAL} nodes)": lambda kw: eagle3.generate(lm, prompts, draft=draft3, total=TOTAL, depth=DEPTH,
-                                                                  topk=TOPK, floor=0.0, **kw)}
-table = {}
-with kernels.references():
-    for mode in ("greedy", "sampling"):
-        for name, run in [(n, r) for n, r in configs.items() if mode == "sampling" or n != "Medusa typical"]:
-            g = run(dict(max_new_tokens=NEW_TOKENS, eos_token_id=[], **({} if mode == "greedy" else dict(
-                temperature=TEMPERATURE, top_k=TOP_K, generator=torch.Generator(DEVICE).manual_seed(SEED)))))
-            assert mode == "sampling" or g.tokens == ar, name
-            table[(mode, name)] = g.stats
-            print(f"{mode:8s} {name:18s} tau {g.stats.tau:4.2f} | target calls {g.stats.target_calls:3d} | draft calls {g.stats.draft_calls:3d}")
-assert table[("greedy", f"Medusa ({TREE_SIZE} nodes)")].tau > 1.5, "the trained heads get drafts accepted"
-assert table[("greedy", f"EAGLE ({TOTAL} nodes)")].tau > table[("greedy", f"Medusa ({TREE_SIZE} nodes)")].tau, "EAGLE reads its own guesses"
-assert table[("sampling", "Medusa typical")].tau > table[("sampling", f"Medusa ({TREE_SIZE} nodes)")].tau, "typical accepts more"
-
-# %% [markdown]
-# ## Wall-clock: the committed benchmarks
-# tau counts target calls, not seconds. `python -m refimpl.bench` (30 prompts in six categories, 64 new tokens, every row in the same process, medians of repeats) ran on this
-# course's CPU (2 cores) and its results are committed in `bench_results/`; this cell reads the
-# Medusa and EAGLE runs and prints the command of each. Speed-up is against AR in the same run.
-# The last column, **step cost = tau / speed-up**, is what one draft-and-verify step costs in
-# autoregressive steps: the price of the target scoring the tree (or chain) plus the draft's work.
-
-# %%
-import glob
-
-bench, bars = os.path.join(medusa.HEADS_DIR, os.pardir, "bench_results"), []   # bars: (label, speed-up, tau)
-for path in sorted(glob.glob(os.path.join(bench, "eagle_*", "*.json")) + glob.glob(os.path.join(bench, "medusa_*", "*.json"))):
-    b, name = json.load(open(path)), os.path.basename(os.path.dirname(path))
-    a = b["args"]
-    print(f"\n{name}: python -m refimpl.bench --model {a['model']} --threads {a['threads']} --repeats {a['repeats']} "
-          f"--max-new-tokens {a['max_new_tokens']} --methods \"{a['methods']}\"  ({b['hardware']['cpu_count']} cores)")
-    for r in b["rows"]:
-        print(f"  {r['method'][:54]:54s} speed-up {r['speedup']:4.2f} | tau {r['tau']:4.2f} | step cost {r['tau'] / r['speedup']:4.2f}")
-        short = r["method"].replace("speculative greedy (gamma=4)", "chain draft, gamma 4").replace("lossless, ", "")
-        bars += [] if r["method"] == "ar (cache)" else [(f"{name}: {short.replace('acceptance T=0.7 ', '')[:50]}", r["speedup"], r["tau"])]
-fig, ax = plt.subplots(figsize=(9, 0.26 * len(bars) + 0.8))
-ax.barh(range(len(bars)), [x for _, x, _ in bars], color=[{"eagle": "#2a9d8f", "medus": "#e76f51"}.get(n.split(": ")[1][:5], "0.6") for n, _, _ in bars])
-for y, (_, x, t) in enumerate(bars):
-    ax.text(x + 0.01, y, f"tau {t:.2f}", va="center", fontsize=7)
-ax.axvline(1, color="k", lw=0.8); ax.set_yticks(range(len(bars)), [n for n, _, _ in bars], fontsize=7); ax.invert_yaxis()
-ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"); plt.tight_layout(); plt.show()
-
-# %% [markdown]
-# ## Reading the tables
-# Greedy, per target call, EAGLE accepts the most on `tiny`: its draft reads its own guesses, so
-# deep nodes stay likely (the accuracy picture), and its tree is spent where the draft is sure.
-# Medusa rivals the chain draft with no draft model at all (zero draft calls: four small matmuls
-# per step). Under sampling, lossless Medusa and EAGLE fall behind the chain: their children are
-# fixed guesses, accepted with probability `p(x)`, while the chain draft *samples* from a `q` close
-# to `p` and is accepted with `min(1, p/q)`; typical acceptance wins much of that back, at the price
-# measured above.
-#
-# **Wall-clock, on this CPU, the tree methods do not beat the chain draft on the real-size target.**
-# In the committed runs the cell above reads (`bench_results/medusa_smollm2-135m/`, `bench_results/eagle_smollm2-135m/`)
-# the chain (tau 2.58) is faster than AR on SmolLM2-135M, Medusa's 16-node tree (tau 1.73) about level with AR,
-# and EAGLE (tau 1.99) slower. The step costs say why. Medusa's heads are nearly
-# free, so its ~1.65 AR steps per step is almost all the target scoring 17 tokens (the root and 16
-# nodes) instead of one: on a CPU a forward's time grows with the tokens it scores (chapter 04c
-# measured it for 5), about 1.5-1.65x here, where a GPU scores them in about the time of one.
-# EAGLE's step costs ~2.6: the same tree scoring plus `DEPTH` draft calls, and the committed run
-# predates the draft's KV cache, so its layer re-ran over the whole context at every step (the
-# proposer now caches the committed inputs' keys and values, `EagleProposer(cache=True)`: a new
-# benchmark run would show what that buys). A draft call's *products* decide whether a feature
-# draft pays on a CPU at all: through `F.linear` an EAGLE draft's layer and head are MKL GEMMs that
-# repack each weight at every call (5 ms for EAGLE-3's 7,316-row head on 3 rows), more than the tree
-# saves. So on a target that runs the lean forward, `eagle.generate` and `eagle3.generate` put the
-# zoo's draft on the same packed kernel themselves (`target.fast_draft(draft, int8=True)`, i.e.
-# `refimpl.models.lean_draft.lean`: int8 panels, a quarter of fp32's bytes; a step from 2.99 to 2.28
-# AR steps in `bench_results/experiments/2026-11-26_eagle3_cpu_draft/`) and grow the small tree of
-# their `"cpu"` preset (`eagle3.PRESETS["cpu"]`: 5 nodes, depth 5, top-2, floor 0.1, copy prior 12).
-# That plain call is the fastest lossless method of the committed capstone table on SmolLM2
-# (`bench_results/capstone/`); `preset="paper"` (the EAGLE repository's 60-node tree, fp32 draft)
-# shows what a GPU's tree costs here (`bench_results/plain_calls/`). The chain (~2.0) pays four small draft calls but
-# verifies only 5 tokens, and its draft copies well on summaries and quotes. On `tiny` a forward is
-# mostly fixed per-call overhead, so every method lands near AR and Medusa, with nothing to run but
-# its heads, edges ahead of the chain (no EAGLE run on `tiny` is committed).
-#
 # ## Summary
 # - A Medusa head is a residual block `h + SiLU(W h + b)` followed by the (here shared, frozen)
 #   LM head; head `k` guesses token `t+k+1` from the state `h_t` alone. An untrained head is the
@@ -1114,11 +857,8 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 #   reading its own guesses, keeps being right at depth 3-5 where Medusa's blind heads fade.
 # - EAGLE-2's dynamic tree: expand the most confident nodes by cumulative confidence, re-rank,
 #   keep a fixed budget; verified like any tree, it is exact under greedy decoding.
-# - More tokens per target call is not yet more tokens per second: on a CPU the target's time
-#   grows with the tree and the draft's calls add up. A feature draft pays there only on the lean
-#   kernel and with a small tree: `eagle3.generate(target, prompts)` does both by itself (its `"cpu"`
-#   preset, the zoo's draft on int8 panels) and is the fastest lossless method on SmolLM2 here;
-#   `preset="paper"`'s 60-node trees pay off where scoring 60 tokens costs about one (a GPU).
-#
-# **Next: Jacobi decoding.** No draft at all: the target refines a guessed block in parallel
-# until it stops changing (chapter 07).
+
+# %% [markdown]
+# **Next: EAGLE-3 and the CPU fast path.** Three target layers in and a draft trained the way it
+# decodes; then tau against wall-clock for every draft of chapters 04a-06a, and what a feature
+# draft needs to pay on a CPU (chapter 06b).

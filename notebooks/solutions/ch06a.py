@@ -1,4 +1,4 @@
-"""Reference answers for chapter 06 (Medusa heads and EAGLE). Shown only when the learner asks."""
+"""Reference answers for chapter 06a (Medusa heads and EAGLE). Shown only when the learner asks."""
 import math
 
 import torch
@@ -29,13 +29,3 @@ def rerank(tokens, parents, values, depth, cap, total):
     keep = sorted(sorted(allowed, key=lambda i: -values[i])[:total])
     where = {g: i for i, g in enumerate(keep)}
     return [tokens[g] for g in keep], [-1 if parents[g] == -1 else where[parents[g]] for g in keep]
-
-
-def ttt_mask(T, j):
-    """EAGLE-3's training-time test (arXiv 2503.01840, §3.1): step j's queries see step 0's keys
-    causally and, of each step 1..j, only their own index (their chain)."""
-    import torch
-
-    blocks = [torch.ones(T, T, dtype=torch.bool, device="cpu").tril()]
-    blocks += [torch.eye(T, dtype=torch.bool, device="cpu")] * j
-    return torch.cat(blocks, 1)
