@@ -395,6 +395,6 @@ if SHOW_SOLUTIONS:
 #   is the acceptance rate, a different (smaller) number.
 # - The chapters ahead spend that slack: the autoregressive baseline and its KV cache (01),
 #   draft-then-verify (02), speculative sampling (03), better drafts and adaptive `gamma` (04),
-#   token trees (05), Medusa heads that let the target draft for itself (06), Jacobi and
+#   token trees (05), Medusa heads that let the target draft for itself (06a), Jacobi and
 #   lookahead decoding (07–08), retrieval drafts (09), and diffusion LMs that unmask many tokens
 #   per pass (10–14).

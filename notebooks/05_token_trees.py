@@ -391,7 +391,7 @@ plt.xticks(fontsize=8); plt.tight_layout(); plt.show()
 # - **re-rank**: of all grown nodes keep the `TOTAL` of highest value (`tree.keep_best`). A child is
 #   never worth more than its parent, so the kept nodes form a tree.
 #
-# Chapter 06 runs this rule with EAGLE's feature draft; `refimpl.dynamic_tree` runs it with our
+# Chapter 06a runs this rule with EAGLE's feature draft; `refimpl.dynamic_tree` runs it with our
 # ordinary chain draft `tiny-draft`. First by hand, for the first step after prompt `DEMO`
 # ("And the LORD spake unto Moses, saying"), without a cache (the draft reruns context + path, as
 # `grow` above did):
@@ -586,7 +586,7 @@ fig.suptitle(f"tiny + tiny-draft, {len(prompts)} prompts, greedy", fontsize=9); 
 # chapter 04 on the same draft: its tau is 3.38 against 2.58. Its step costs more (11 tokens to score
 # instead of 5, and up to 6 draft calls; the cell prints the step costs) and the tree earns it: where the draft is sure (math, copy: tau above 4) it goes deeper
 # than the chain's 4, where it is not (chat) its siblings lift tau from 1.59 to 1.94. EAGLE's
-# feature draft (chapter 06) grows the same kind of tree but is held back by its draft.
+# feature draft (chapter 06a) grows the same kind of tree but is held back by its draft.
 
 # %%
 import json

@@ -428,7 +428,7 @@ def check_acceptance():
     got = first_draft_acceptance(torch.tensor([0.5, 0.5, 0.0], device=DEVICE), torch.tensor([0.0, 0.5, 0.5], device=DEVICE))
     assert abs(got - 0.5) < 1e-6, f"p = (.5, .5, 0), q = (0, .5, .5): got {got}, expected 0.5"
     pred = first_draft_acceptance(p_real, q_real)
-    with kernels.references():                          # (torch references on a CPU: see chapter 06)
+    with kernels.references():                          # (torch references on a CPU: see chapter 06a)
         g = dllm_draft.generate(ar, [prompt] * SAMPLES, dlm=bdlm, gamma=1, max_new_tokens=2, temperature=1.0,
                                 generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[])
     rate = sum(g.stats.accepted[0]) / SAMPLES            # drafts accepted at the first step, over the rows

@@ -1,4 +1,4 @@
-"""An EAGLE-style feature-level draft growing EAGLE-2's dynamic token tree (chapter 06).
+"""An EAGLE-style feature-level draft growing EAGLE-2's dynamic token tree (chapter 06a).
 
 Papers:
 - Li, Wei, Zhang, Zhang, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",

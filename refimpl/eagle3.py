@@ -1,5 +1,5 @@
 """EAGLE-3: a feature draft that reads the target's low, middle and high layers, trained by running
-itself (chapter 06, part 3).
+itself (chapter 06b).
 
 Paper: Li, Wei, Zhang, Zhang, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models
 via Training-Time Test", arXiv 2503.01840.

