@@ -3,7 +3,8 @@
 - ``tiny-cllm``: ``tiny`` fine-tuned on its own greedy Jacobi trajectories with the consistency
   + AR loss (:mod:`refimpl.cllm`, CLLMs arXiv 2403.00835 §3);
 - ``tiny-bdlm-dparallel``: ``tiny-bdlm`` distilled on its own one-token-per-step trajectories with
-  certainty forcing (:mod:`refimpl.dparallel`, dParallel arXiv 2509.26488 §3);
+  certainty forcing (:mod:`refimpl.dparallel`, dParallel arXiv 2509.26488 §3), on our states (prefixes
+  of the teacher's commit order; the release's random masks are ``states="upstream"``);
 - ``learn2pd-tiny-bdlm-dparallel``, ``learn2pd-tiny-bdlm``: Learn2PD's filter (:mod:`refimpl.learn2pd`,
   arXiv 2509.25188) for each dLLM, which stays frozen.
 
