@@ -13,11 +13,11 @@ from refimpl.bench import quote
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 
-# Work-log words: a numbered session ("st" "op" 41), "this st" "op", a numbered ticket ("iss" "ue" 23), "no GPU
-# again", "this sess" "ion". Built from pieces so that this file does not match itself; written so that words
+# Work-log words: a numbered session ("st" "op" 41), "this st" "op", a numbered ticket ("iss" "ue" 23), "no
+# G" "PU again", "this sess" "ion". Built from pieces so that this file does not match itself; written so that words
 # a decoding course needs ("stop tokens", "max_new_tokens", "stops at EOS") do not match.
-_S, _I, _SE = "st" + "op", "iss" + "ue", "sess" + "ion"
-WORK_LOG = re.compile(rf"\b({_S} ?\d+|{_S}s \d+|this {_S}\b|{_I} ?#?\d+|no gpu again|this {_SE}\b)", re.I)
+_S, _I, _SE, _G = "st" + "op", "iss" + "ue", "sess" + "ion", "no g" + "pu again"
+WORK_LOG = re.compile(rf"\b({_S} ?\d+|{_S}s \d+|this {_S}\b|{_I} ?#?\d+|{_G}|this {_SE}\b)", re.I)
 
 
 def tracked() -> list[str]:
@@ -27,7 +27,7 @@ def tracked() -> list[str]:
 
 @pytest.mark.parametrize("text, bad", [
     (f"{_S} 53's run", True), (f"bench_results/learned/{_S}41_earlier_run", True), (f"in this {_S}", True),
-    (f"{_I} 23's goals", True), ("No GPU again.", True), (f"this {_SE} measured", True), (f"{_S}s 35-38", True),
+    (f"{_I} 23's goals", True), (_G.upper() + ".", True), (f"this {_SE} measured", True), (f"{_S}s 35-38", True),
     ("stop tokens end a row", False), ("max_new_tokens=64", False), ("decoding stops at EOS", False),
     ("the stop_token_ids", False), ("triton-lang/triton#11584", False), ("a tissue 3 cells", False)])
 def test_the_vocabulary_rule_catches_work_log_words_and_spares_decoding_words(text, bad):
