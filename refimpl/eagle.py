@@ -377,8 +377,8 @@ class EagleProposer:
             self.compact()
 
 
-#: ``"cpu"``: fastest on SmolLM2-135M's lean forward (bench_results/capstone/); ``"paper"``: SafeAILab/EAGLE's
-PRESETS = {"cpu": {"total": 8, "depth": 4, "topk": 2, "floor": 0.0, "copy": 0.0, "int8": True},
+#: ``"cpu"``: fastest on SmolLM2's lean forward (bench_results/plain_calls/), EAGLE-3's; ``"paper"``: SafeAILab/EAGLE's
+PRESETS = {"cpu": {"total": 5, "depth": 5, "topk": 2, "floor": 0.1, "copy": 12.0, "int8": True},
            "paper": {"total": 60, "depth": 5, "topk": 10, "floor": 0.0, "copy": 0.0, "int8": False}}
 
 
