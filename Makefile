@@ -23,11 +23,12 @@ setup: $(STAMP)
 # the lab serves the learner's own copy, work/ (git-ignored; notebooks/work_copy.py makes it from
 # notebooks/ on first run and adds new chapters later, never overwriting one), so saving there never
 # touches a tracked file. LAB_ENV: offline models, the interpreter off (the kernels' torch paths run
-# on a CPU), the exercise plumbing (solutions, figures) found in notebooks/, and OpenMP threads that
-# sleep instead of spinning while they wait (a laptop doing something else: bench_results/load/)
+# on a CPU), the exercise plumbing (solutions, figures) found in notebooks/, and no OMP_NUM_THREADS, so
+# that models.load gives torch the cores that are free (one on a laptop doing something else:
+# bench_results/load/README.md; OMP_WAIT_POLICY=PASSIVE was measured slower when idle)
 WORK    := work
 LAB_ENV := env -u TRITON_INTERPRET -u COURSE_ANSWERS -u OMP_NUM_THREADS PYTHONPATH=$(CURDIR)/notebooks \
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 lab: setup
 	$(BIN)/python notebooks/work_copy.py $(WORK)

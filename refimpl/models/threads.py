@@ -5,8 +5,9 @@ one per layer in :mod:`refimpl.models.cpu_gemv`), each ending at a barrier where
 threads wait for the slowest of them. With every core busy elsewhere, one of our threads shares a
 core with another process: it runs in that process's time slices, so every barrier waits for it,
 and the threads that arrive first spin on their cores meanwhile. One thread then decodes faster
-than two (measured in ``bench_results/load/README.md``: our AR on SmolLM2-135M at about 0.3 of
-its idle speed with 2 threads and one competing process on a 2-core machine, about 0.6 with 1).
+than two (``bench_results/load/README.md``, SmolLM2-135M on a 2-core machine next to one spinning
+process: our AR at 12.5 tok/s with 2 threads, 40.4 with 1, against 47-58 idle with 2; letting
+waiting threads sleep, ``OMP_WAIT_POLICY=PASSIVE``, also helps there but costs ~30% when idle).
 
 :func:`fit_to_load` samples ``/proc/stat`` for a fraction of a second and sets
 ``torch.set_num_threads`` to the cores of this process's affinity set that are not busy with other
