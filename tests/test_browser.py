@@ -68,6 +68,28 @@ widgets.interact(same, k=widgets.IntSlider(value=3, min=0, max=10));
 """
 
 
+# a learner's exercise, the way every chapter lays it out (the stub in one cell, its check in the
+# next), with the reference answers off in this kernel: a learner's run, not CI's
+LEARNER_CELLS = [
+    "import os\nos.environ.pop('COURSE_ANSWERS', None)   # a learner's kernel: the stubs stay stubs\n"
+    "from solutions import exercise, check",
+    '@exercise("03", "acceptance")\ndef acceptance(p, q):\n    # your code here\n    raise NotImplementedError',
+    "def check_acceptance():\n    assert abs(acceptance([0.5, 0.5], [0.5, 0.5]) - 1) < 1e-9, 'p == q: every draft is accepted'\n"
+    "    assert abs(acceptance([0.9, 0.1], [0.5, 0.5]) - 0.6) < 1e-9, 'sum of min(p, q) is 0.6 here'\n\n\n"
+    "check('Exercise 2', check_acceptance)",
+]
+#: (the stub's new body, the verdict the check cell must then show): not attempted, a wrong answer
+#: that raises (line 3 of the stub's cell), a wrong answer, the right one
+LEARNER_STEPS = [
+    ("    # your code here\n    raise NotImplementedError", "Exercise 2: not attempted yet"),
+    ("    total = sum(min(a, b) for a, b in zip(p, q))\n    return total / (len(p) - len(q))",
+     "Exercise 2: wrong: your code raised ZeroDivisionError: float division by zero (line 4 of your cell: "
+     "return total / (len(p) - len(q)))"),
+    ("    return sum(max(a, b) for a, b in zip(p, q))", "Exercise 2: wrong, because sum of min(p, q) is 0.6 here"),
+    ("    return sum(min(a, b) for a, b in zip(p, q))", "Exercise 2: correct"),
+]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +115,9 @@ def lab(tmp_path_factory):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CONSTANT_WIDGET)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "constant_widget.ipynb")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in LEARNER_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / "learner_exercise.ipynb")
     for name, text in SETTINGS.items():
         (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
         (tmp / "settings" / name).write_text(text)
@@ -306,3 +331,31 @@ def test_a_slider_that_changes_nothing_is_caught(browser, lab):
         assert v1 != v0, "the slider did not move"
         assert "never depends on k" in before
         assert after == before, "a slider's own readout counted as a change of the widget's output"
+
+
+def test_a_learner_sees_one_verdict_line_for_each_try_never_a_traceback(browser, lab):
+    """A learner's exercise in the browser: the stub as given, an answer that raises, a wrong answer,
+    the right one. Each time the stub's cell is edited and both cells re-run (Run All), and the check
+    cell shows exactly one verdict line: "not attempted yet", "wrong: your code raised ..." naming
+    the learner's own line, "wrong, because ...", "correct"; never a traceback."""
+    name, shot = "learner_exercise.ipynb", lab["dir"] / "learner.png"
+    with notebook_page(browser, lab, name) as page:
+        for body, verdict in LEARNER_STEPS:
+            page.evaluate(f"""([name, body]) => {{
+                const cell = ({PANEL})(name).content.widgets[1];
+                const src = cell.model.sharedModel.getSource();
+                cell.model.sharedModel.setSource(src.split('\\n').slice(0, 2).join('\\n') + '\\n' + body);
+                for (const c of ({PANEL})(name).content.widgets)   // so that RUN_FINISHED waits for this run
+                    if (c.model.type === 'code') {{ c.model.outputs.clear(); c.model.executionCount = null; }}
+            }}""", [name, body])
+            problems = run_all(page, name, shot)
+            assert not problems, f"{verdict!r} step: {problems} (screenshot {shot})"
+            cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+            try:
+                page.wait_for_function(f"""(name) => ({PANEL})(name).content.widgets[2].model.outputs.toJSON()
+                    .some(o => [].concat(o.text || '').join('').includes('Exercise 2:'))""", arg=name, timeout=30_000)
+            except sync_api.TimeoutError:
+                page.screenshot(path=str(shot))
+                pytest.fail(f"no verdict after {body!r} (screenshot {shot})")
+            shown = cell.locator(".jp-Cell-outputArea").inner_text().strip()
+            assert shown == verdict, f"after {body!r}: the check cell shows {shown!r} (screenshot {shot})"
