@@ -80,3 +80,11 @@ def test_the_load_benchmark_table_pairs_idle_and_loaded_runs():
         load.main(["--tokens", "0"])
     with pytest.raises(ValueError, match="engine"):
         load.measure("tiny", "vllm", 4, 1)
+
+
+def test_the_load_benchmark_labels_the_fastest_method_engine():
+    from refimpl.bench import load
+
+    rows = [dict(policy="fit to load", competitors=c, engine="best", tok_s=s, threads=2 - c)
+            for c, s in ((0, 60.0), (1, 45.0))]
+    assert "| fit to load | fastest method | 60.0 (2) | 45.0 (1) | 0.75 |" in load.table(rows)

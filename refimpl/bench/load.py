@@ -35,22 +35,30 @@ PROMPT = "Explain in a few sentences why the sky is blue."
 SPIN = "while True: pass"
 
 
+#: engine -> its label in the table: our AR, Hugging Face ``generate``, and the front door's
+#: ``method="fastest"`` (the fastest lossless method the zoo has a drafter for, at its preset)
+ENGINES = {"ours": "our AR", "hf": "HF generate", "best": "fastest method"}
+
+
 def measure(model: str, engine: str, tokens: int, repeats: int) -> dict:
-    """Tokens per second of ``engine`` ("ours": our AR, "hf": ``model.generate``) on ``model``, the
-    best of ``repeats`` runs after a warm-up, in this interpreter."""
+    """Tokens per second of ``engine`` (a key of :data:`ENGINES`) on ``model``, the best of
+    ``repeats`` runs after a warm-up, in this interpreter."""
     import torch
 
+    import refimpl
     from refimpl import autoregressive, models
     from refimpl.prompts import encode_prompt
 
-    if engine not in ("ours", "hf"):
-        raise ValueError(f"engine must be 'ours' or 'hf', got {engine!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
     lm = models.load(model) if engine == "ours" else models.load(model, prepack=False, fast=False)
     ids = encode_prompt(lm, PROMPT)
 
     def run(n):
         if engine == "ours":
             return autoregressive.generate(lm, [ids], max_new_tokens=n, eos_token_id=[])
+        if engine == "best":
+            return refimpl.generate(lm, [ids], method="fastest", max_new_tokens=n, eos_token_id=[])
         x = torch.tensor([ids])
         with torch.inference_mode():
             return lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
@@ -74,7 +82,8 @@ def one(model: str, engine: str, policy: str, tokens: int, repeats: int) -> dict
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def sweep(model: str, competitors: int, tokens: int, repeats: int, policies=None) -> list[dict]:
+def sweep(model: str, competitors: int, tokens: int, repeats: int, policies=None,
+          engines=("ours", "hf")) -> list[dict]:
     """Every policy x engine, idle and with ``competitors`` spinning processes."""
     rows = []
     for policy in policies or POLICIES:
@@ -82,7 +91,7 @@ def sweep(model: str, competitors: int, tokens: int, repeats: int, policies=None
             spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(load)]
             try:
                 time.sleep(1.0 if load else 0.0)
-                for engine in ("ours", "hf"):
+                for engine in engines:
                     r = one(model, engine, policy, tokens, repeats)
                     rows.append(dict(policy=policy, competitors=load, engine=engine, **r))
                     print(rows[-1], flush=True)
@@ -98,10 +107,10 @@ def table(rows: list[dict]) -> str:
     lines = ["| policy | engine | idle tok/s (threads) | loaded tok/s (threads) | loaded / idle |",
              "|---|---|---|---|---|"]
     for policy in dict.fromkeys(r["policy"] for r in rows):
-        for engine in ("ours", "hf"):
+        for engine in [e for e in ENGINES if any(r["engine"] == e for r in rows)]:
             idle = next(r for r in rows if (r["policy"], r["engine"], r["competitors"]) == (policy, engine, 0))
             busy = next(r for r in rows if (r["policy"], r["engine"]) == (policy, engine) and r["competitors"])
-            lines.append(f"| {policy} | {'our AR' if engine == 'ours' else 'HF generate'} | {idle['tok_s']:.1f} "
+            lines.append(f"| {policy} | {ENGINES[engine]} | {idle['tok_s']:.1f} "
                          f"({idle['threads']}) | {busy['tok_s']:.1f} ({busy['threads']}) | "
                          f"{busy['tok_s'] / idle['tok_s']:.2f} |")
     return "\n".join(lines)
@@ -115,23 +124,25 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--policies", nargs="*", choices=list(POLICIES), default=None)
     ap.add_argument("--out", default=None, help="folder for load_<model>.json and .md")
-    ap.add_argument("--worker", choices=("ours", "hf"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--engines", nargs="*", choices=list(ENGINES), default=["ours", "hf"])
+    ap.add_argument("--worker", choices=list(ENGINES), default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.tokens < 1 or a.repeats < 1 or a.competitors < 1:
         raise ValueError("--tokens, --repeats and --competitors must be >= 1")
     if a.worker:
         print(json.dumps(measure(a.model, a.worker, a.tokens, a.repeats)))
         return
-    rows = sweep(a.model, a.competitors, a.tokens, a.repeats, a.policies)
+    rows = sweep(a.model, a.competitors, a.tokens, a.repeats, a.policies, a.engines)
     md = table(rows)
     print(md)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         meta = dict(model=a.model, competitors=a.competitors, tokens=a.tokens, repeats=a.repeats,
                     cores=len(os.sched_getaffinity(0)), rows=rows)
-        with open(os.path.join(a.out, f"load_{a.model}.json"), "w") as f:
+        name = f"load_{a.model}" + ("" if a.engines == ["ours", "hf"] else "_" + "_".join(a.engines))
+        with open(os.path.join(a.out, f"{name}.json"), "w") as f:
             json.dump(meta, f, indent=1)
-        with open(os.path.join(a.out, f"load_{a.model}.md"), "w") as f:
+        with open(os.path.join(a.out, f"{name}.md"), "w") as f:
             f.write(md + "\n")
 
 
