@@ -126,3 +126,14 @@ def test_the_verdict_is_a_str_that_jupyter_does_not_echo_twice(cell):
     status = solutions.check("Exercise 1", lambda: 1)
     assert isinstance(status, str) and status == solutions.CORRECT
     assert status._ipython_display_() is None   # IPython calls this instead of showing Out[n]
+
+
+def test_the_chapters_drawing_helpers_are_plumbing_too(monkeypatch):
+    monkeypatch.delenv("COURSE_ANSWERS", raising=False)
+    import figures
+
+    def draw_nothing():
+        return figures.draw_tree(None, None, None)
+    status = solutions.check("Exercise 5", draw_nothing)
+    assert status.startswith("wrong: your code raised "), status
+    assert "figures.py" not in status and status.endswith("of test_check.py: return figures.draw_tree(None, None, None))")

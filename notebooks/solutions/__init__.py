@@ -67,6 +67,7 @@ def _plumbing_dirs() -> tuple:
     ``refimpl`` and ``kernels`` (wherever they are imported from), the standard library and
     site-packages."""
     dirs = [os.path.dirname(os.path.abspath(__file__))]
+
     for name in ("refimpl", "kernels"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
@@ -75,6 +76,14 @@ def _plumbing_dirs() -> tuple:
         with contextlib.suppress(KeyError):
             dirs.append(os.path.abspath(sysconfig.get_paths()[key]))
     return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
+def _plumbing(filename: str, dirs: tuple) -> bool:
+    """Is ``filename`` the course's plumbing or a library: under one of ``dirs`` (see
+    :func:`_plumbing_dirs`), or ``figures.py``, the chapters' drawing helpers next to this package?"""
+    path = os.path.abspath(filename)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return path.startswith(dirs) or path == os.path.join(here, "figures.py")
 
 
 def _is_cell(filename: str) -> bool:
@@ -89,7 +98,7 @@ def _learner_frame(err: BaseException):
     plumbing, found = _plumbing_dirs(), None
     for frame, lineno in traceback.walk_tb(err.__traceback__):
         name = frame.f_code.co_filename
-        if _is_cell(name) or not (name.startswith("<") or os.path.abspath(name).startswith(plumbing)):
+        if _is_cell(name) or not (name.startswith("<") or _plumbing(name, plumbing)):
             found = (name, lineno)
     return found
 
