@@ -59,11 +59,11 @@ test-gpu: setup
 	test $$a -eq 0 && test $$b -eq 0 || { echo "make test-gpu failed: checks exit $$a, notebooks exit $$b (5: no test ran, e.g. no CUDA device)"; exit 1; }
 
 bench: setup
-	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite latency --model smollm2-135m
-	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model smollm2-135m --per-category 2
-	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite lookahead-sweep --model smollm2-135m --per-category 1 --repeats 1
-	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --model tiny
-	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite dllm
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite latency --model smollm2-135m --threads 2
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite lookahead-sweep --model smollm2-135m --per-category 1 --repeats 1 --max-new-tokens 48 --threads 1 --out bench_results/lookahead_sweep
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite dllm --out bench_results/dllm_bdlm
+	# every method's plain call against its module's presets, on held-out prompts (refimpl/bench/plain_calls.py)
+	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench.plain_calls --model smollm2-135m --repeats 3 --out bench_results/plain_calls
 	# the capstone (chapter 16): every chapter's method at its defaults, same prompts, step cost + tau
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite capstone --model smollm2-135m --threads 2 --repeats 1 --out bench_results/capstone
 	env -u TRITON_INTERPRET $(BIN)/python -m refimpl.bench --suite capstone --model tiny --threads 2 --out bench_results/capstone
