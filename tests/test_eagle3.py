@@ -380,6 +380,8 @@ def test_the_upstream_position_mask_and_slot_average_equal_a_brute_force_loop(ti
         train3.train_draft(d, seqs, W[kept], steps=1, recipe="upstream", progress=False)
     with pytest.raises(ValueError, match="recipe"):
         train3.train_draft(d, seqs, W[kept], steps=1, recipe="paper", progress=False)
+    with pytest.raises(ValueError, match="train_head"):
+        train3.train_draft(d, seqs, W[kept], steps=1, recipe="upstream", full_head=W, train_head=False, progress=False)
 
 
 def test_lossless_sampling_passes_and_a_wrong_walk_fails(tiny, draft):

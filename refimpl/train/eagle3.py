@@ -188,6 +188,8 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
 
     if recipe not in ("ours", "upstream"):
         raise ValueError(f"recipe must be 'ours' or 'upstream', got {recipe!r}")
+    if recipe == "upstream" and not train_head:
+        raise ValueError("recipe='upstream' starts the head at random: it needs train_head=True")
     if recipe == "upstream" and draft.kept is not None and full_head is None:
         raise ValueError("full_head (the target's whole LM head) is needed for recipe='upstream' with a kept vocabulary")
     torch.manual_seed(seed)

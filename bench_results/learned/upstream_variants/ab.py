@@ -1,6 +1,6 @@
 """A/B of our trainers' recipes against the upstream repositories' (README.md next to this file).
 
-    python bench_results/learned/upstream_variants/ab.py {cllm,dparallel,eagle3} OUT_DIR
+    python bench_results/learned/upstream_variants/ab.py {cllm,dparallel,eagle3} OUT_DIR [VOCAB_KEEP]
 
 Each variant trains on the same data (same seed, same contexts) for the same number of steps; the
 models go to OUT_DIR (scratch, outside the repository); the reports are printed as JSON lines.
@@ -23,7 +23,7 @@ def cllm(out, contexts=256, steps=400):
         print(json.dumps(r), flush=True)
 
 
-def dparallel(out, contexts=256, steps=300):
+def dparallel(out, contexts=128, steps=300):
     from refimpl import data, models
     from refimpl.bench.dllm import ar_perplexity
     from refimpl.models import load_folder
@@ -47,7 +47,7 @@ def dparallel(out, contexts=256, steps=300):
                       "ar_perplexity_of_threshold_0_9_text": round(ar_perplexity(ar, prompts, text), 2)}), flush=True)
 
 
-def eagle3(out, steps=250, vocab_keep=1024):
+def eagle3(out, steps=200, vocab_keep=1024):
     from refimpl import models
     from refimpl.eagle3 import new_draft, save_draft
     from refimpl.train.common import answer_vocabulary
@@ -72,4 +72,5 @@ def eagle3(out, steps=250, vocab_keep=1024):
 
 if __name__ == "__main__":
     torch.set_num_threads(2)
-    {"cllm": cllm, "dparallel": dparallel, "eagle3": eagle3}[sys.argv[1]](sys.argv[2])
+    extra = {"vocab_keep": int(sys.argv[3])} if len(sys.argv) > 3 else {}  # eagle3: the kept vocabulary's size
+    {"cllm": cllm, "dparallel": dparallel, "eagle3": eagle3}[sys.argv[1]](sys.argv[2], **extra)
