@@ -28,7 +28,9 @@ and every shown token masked), ``CE + CE_rev + w * (H + H_rev)`` with ``w`` 2 (L
 the *prefixes of the teacher's commit order* (:meth:`Trajectories.sample`): the positions the teacher
 committed first are the ones shown, so every state is one the teacher's own sampler passes through, which
 is the path threshold decoding of the student follows too; the final tokens are the same teacher output.
-``rounds`` > 1 (re-recording with the student) is ours as well.
+``rounds`` > 1 (re-recording with the student) is ours as well. On ``tiny-bdlm`` (one round, 300 steps,
+the same recorded blocks) the two tie: 24.5 (ours) and 25.0 (upstream) calls per 32 tokens at threshold
+0.9, the text's perplexity under ``tiny`` 6.79 and 6.09, at 1.7x the CPU per step for upstream's two passes.
 
 The row layout is the block-diffusion model's (shifted predictions, exact block cache): a context
 of ``L`` committed tokens attends causally; the block's ``b`` slots see the whole context and the
