@@ -112,10 +112,12 @@ for th in (0.05, 0.3, 0.6):
 
 # %%
 for th in (0.05, 0.3, 0.6):
-    g = adaptive.generate(target, prompts, draft=draft, max_gamma=8, threshold=th, max_new_tokens=NEW_TOKENS)
+    g = adaptive.generate(target, prompts, draft=draft, policy="threshold", max_gamma=8, threshold=th,
+                          max_new_tokens=NEW_TOKENS)
     assert g.tokens == ref.tokens
     for p in prompts:
-        one = adaptive.generate(target, [p], draft=draft, max_gamma=8, threshold=th, max_new_tokens=9)   # one round
+        one = adaptive.generate(target, [p], draft=draft, policy="threshold", max_gamma=8, threshold=th,
+                                max_new_tokens=9)  # one round
         assert one.stats.extra["gammas"][0] == len(draft_round_by_hand(draft, p, th, 8)[0])
     print(f"threshold {th}: mean gamma {g.stats.extra['mean_gamma']:.2f}, "
           f"acceptance rate {g.stats.alpha:.2f}, tau {g.stats.tau:.2f}")

@@ -279,7 +279,8 @@ from refimpl.train.eagle import features, accept_rates
 
 host3 = {"untrained": untrained3, "FAST (ours)": fast3, "zoo": copy.deepcopy(draft3).cpu()}  # host copies, as the rows
 acc3 = {n: train3.accept_rates(d, held3, W_head, depth=DEPTH)["chain"] for n, d in host3.items()}
-eagle1 = accept_rates(eagle.load_draft(lm, EAGLE_DRAFT).cpu(), features(lm, held_rows, progress=False), DEPTH, starts=30)
+eagle1 = accept_rates(eagle.load_draft(lm, EAGLE_DRAFT).cpu(), features(lm, held_rows, progress=False), DEPTH,
+                      starts=30)  # a host copy: features() keeps the rows there
 print({n: [round(a, 2) for a in v] for n, v in acc3.items()}, "| EAGLE-1 zoo", [round(a, 2) for a in eagle1])
 assert acc3["FAST (ours)"][0] > acc3["untrained"][0] and acc3["zoo"][0] > acc3["FAST (ours)"][0]
 with open(os.path.join(EAGLE3_DRAFT or medusa.heads_folder("eagle3", lm.name), "config.json")) as f:
@@ -530,15 +531,16 @@ def quantize_rows(weight):
 def check_quantize():
     from refimpl.models import cpu_gemv
     plain, lean8 = eagle3.load_draft(fast_lm), calls["cpu preset (int8 panels)"][1]
-    gen = torch.Generator().manual_seed(SEED)
-    for w in (torch.randn(7, 5, generator=gen), torch.zeros(2, 3), plain.qkv.weight, plain.lm_head[:300]):
+    gen = torch.Generator(device="cpu").manual_seed(SEED)  # the fast path is the CPU's: tensors on the host
+    for w in (torch.randn(7, 5, generator=gen, device="cpu"), torch.zeros(2, 3, device="cpu"), plain.qkv.weight,
+              plain.lm_head[:300]):
         q, s = quantize_rows(w)
         want_q, want_s = cpu_gemv.quantize(w)
         assert q.dtype == torch.int8 and q.shape == w.shape and s.shape == w.shape[:1], f"shapes/dtype: q {q.dtype} {tuple(q.shape)}, scale {tuple(s.shape)}"
         assert torch.allclose(s.float(), want_s), f"scale differs by {float((s.float() - want_s).abs().max()):.3g} (rows of {tuple(w.shape)})"
         assert (q.int() - want_q.int()).abs().max() <= 1 and (q != want_q).float().mean() < 1e-3, "q is not the nearest integer"
     if cpu_gemv.available():
-        o = torch.randn(3, plain.hidden_size, generator=gen)
+        o = torch.randn(3, plain.hidden_size, generator=gen, device="cpu")
         q, s = quantize_rows(plain.lm_head)
         mine, fp32 = plain.norm(o) @ (s[:, None] * q.float()).T, plain.logits(o)
         assert torch.allclose(lean8.logits(o), mine, atol=1e-3), "the int8 head computes the quantized weight's products"

@@ -59,7 +59,7 @@ def measure(model: str, engine: str, tokens: int, repeats: int) -> dict:
             return autoregressive.generate(lm, [ids], max_new_tokens=n, eos_token_id=[])
         if engine == "best":
             return refimpl.generate(lm, [ids], method="fastest", max_new_tokens=n, eos_token_id=[])
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=lm.device)
         with torch.inference_mode():
             return lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
                                      do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
