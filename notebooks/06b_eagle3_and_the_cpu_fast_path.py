@@ -279,8 +279,8 @@ from refimpl.train.eagle import features, accept_rates
 
 host3 = {"untrained": untrained3, "FAST (ours)": fast3, "zoo": copy.deepcopy(draft3).cpu()}  # host copies, as the rows
 acc3 = {n: train3.accept_rates(d, held3, W_head, depth=DEPTH)["chain"] for n, d in host3.items()}
-eagle1 = accept_rates(eagle.load_draft(lm, EAGLE_DRAFT).cpu(), features(lm, held_rows, progress=False), DEPTH,
-                      starts=30)  # a host copy: features() keeps the rows there
+host1 = eagle.load_draft(lm, EAGLE_DRAFT).cpu()  # a host copy: features() keeps the rows there
+eagle1 = accept_rates(host1, features(lm, held_rows, progress=False), DEPTH, starts=30)
 print({n: [round(a, 2) for a in v] for n, v in acc3.items()}, "| EAGLE-1 zoo", [round(a, 2) for a in eagle1])
 assert acc3["FAST (ours)"][0] > acc3["untrained"][0] and acc3["zoo"][0] > acc3["FAST (ours)"][0]
 with open(os.path.join(EAGLE3_DRAFT or medusa.heads_folder("eagle3", lm.name), "config.json")) as f:

@@ -56,7 +56,7 @@ METHODS = {
 #: zoo takes SmolLM2's order (a real pretrained model), skipping methods it has no drafter for.
 FASTEST = {
     "smollm2-135m": ("eagle3", "eagle", "prompt_lookup", "speculative", "dynamic_tree", "lookahead", "ar"),
-    "tiny": ("prompt_lookup", "ar"),
+    "tiny": ("prompt_lookup", "sam+recycling", "medusa", "recycling", "sam", "ar"),
 }
 
 
