@@ -15,6 +15,8 @@ import os
 import re
 import sys
 
+from .decode import markdown_table
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench_results")
 BLOCK = re.compile(r"(<!-- quote:([\w-]+) -->\n)(.*?)(<!-- /quote -->)", re.S)
@@ -31,15 +33,9 @@ def load(rel: str) -> dict:
 
 
 def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
-    """Markdown for ``rows``; ``cols`` = [(key, header, format)], a missing or None value prints '-'."""
-    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for r in rows:
-        cells = []
-        for key, _, fmt in cols:
-            v = r.get(key)
-            cells.append("-" if v is None else format(v, fmt) if fmt else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """Markdown for ``rows``; ``cols`` = [(key, header, format)], a missing or None value prints '-'
+    (the suites' own :func:`refimpl.bench.decode.markdown_table`)."""
+    return markdown_table(rows, cols)
 
 
 CAPSTONE_COLS = [("chapter", "ch", ""), ("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"),
