@@ -40,8 +40,8 @@ def preset_row(method: str, preset: str = "cpu", **options) -> Method:
     module, kind, _ = methods.METHODS[method]
     temperature = options.get("temperature", 0.0)
     tuned = {k: v for k, v in options.items() if k != "temperature"}
-    if method != "ar":
-        preset_options(module.PRESETS, preset, None, **tuned)  # the preset exists and sets these options
+    # the options it runs with (refuses a preset that does not exist or does not set these options)
+    resolved = preset_options(module.PRESETS, preset, None, **tuned) if method != "ar" else {}
     lossy = tuned.get("acceptance") == "typical" and temperature > 0
 
     def run(ctx: Context, ids, n):
@@ -54,7 +54,7 @@ def preset_row(method: str, preset: str = "cpu", **options) -> Method:
 
     needs = ("target", kind) if kind in ("draft", "dlm", "medusa", "eagle", "eagle3") else ("target",)
     name = row_name(method, preset, options) + (" (LOSSY)" if lossy else "")
-    config = ", ".join(f"{k} {v}" for k, v in ({**module.PRESETS[preset], **tuned} if method != "ar" else {}).items())
+    config = ", ".join(f"{k} {v}" for k, v in resolved.items())
     return Method(name, run, needs=needs, exact=not temperature, method=method, preset=preset, options=dict(options),
                   config=config)
 
