@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from refimpl import autoregressive, models, prompts
+from refimpl import autoregressive, eagle, eagle3, models, prompts
 from refimpl.bench import production
 
 RESULTS = os.path.join(production.ROOT, "bench_results", "production", "production.json")
@@ -72,14 +72,25 @@ def test_the_docs_carry_the_production_map_of_the_committed_results():
     assert table.count("**verified here**") >= 5  # ar, ngram, medusa, eagle, eagle3, draft_model ran in vLLM
 
 
+#: the rows that run one of our exported drafters in vLLM next to the same algorithm here
+EXPORTED = [m[0] for m in production.METHODS if m[1] is not None]
+
+
 @pytest.mark.skipif(not os.path.exists(RESULTS), reason="no bench_results/production/production.json: `make production`")
-def test_the_exported_eagle3_draft_accepts_in_vllm_what_it_accepts_here():
-    """The same algorithm (a greedy chain of 4 from the same draft weights, the same three taps) accepts
-    the same tokens in both engines: a wrong tap order, a missing norm or a shifted d2t would give vLLM a
-    draft that proposes other tokens, and its tau would drop towards 1."""
+@pytest.mark.parametrize("name", EXPORTED)
+def test_an_exported_drafter_accepts_in_vllm_what_it_accepts_here(name):
+    """The same algorithm (vLLM's proposal, e.g. a greedy chain of 4, from the same weights) accepts the
+    same tokens in both engines: a wrong tap order, a missing norm or a shifted d2t would give vLLM a
+    draft that proposes other tokens, and its tau would drop towards 1; an option of ours left to a
+    preset (a copy prior, a confidence floor) would make ours another algorithm, and its tau would differ."""
     rows = json.load(open(RESULTS))["rows"]
-    name = next(m[0] for m in production.METHODS if m[0].startswith("eagle3"))
     ours = next(x for x in rows if x["engine"] == "ours" and x["method"] == name)
     theirs = next(x for x in rows if x["engine"] == "vllm" and x["method"] == name)
     assert "error" not in theirs, theirs.get("error")
     assert abs(theirs["tau"] - ours["tau"]) <= 0.1, (ours["tau"], theirs["tau"])
+
+
+def test_our_side_of_a_vllm_row_sets_every_option_of_its_proposal():
+    """No preset decides what the rows compared with vLLM run: the EAGLE chains pass every option."""
+    for method in (eagle, eagle3):
+        assert set(production.VLLM_EAGLE_CHAIN) >= set(method.PRESETS["cpu"]) - {"int8"}

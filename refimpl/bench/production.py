@@ -57,14 +57,19 @@ def ours_medusa_chain(ctx, ids, n):
     return medusa.generate(ctx["target"], [ids], heads=heads, choices=chain, max_new_tokens=n, eos_token_id=NO_EOS)
 
 
+#: vLLM's EAGLE proposal, every option set (none left to a preset): the draft's top-1 chain of 4, no
+#: confidence floor, no copy prior
+VLLM_EAGLE_CHAIN = {"total": 4, "depth": 4, "topk": 1, "floor": 0.0, "copy": 0.0}
+
+
 def ours_eagle_chain(ctx, ids, n):
-    return eagle.generate(ctx["target"], [ids], draft=ctx["eagle"], max_new_tokens=n, total=4, depth=4, topk=1,
-                          eos_token_id=NO_EOS)
+    return eagle.generate(ctx["target"], [ids], draft=ctx["eagle"], max_new_tokens=n, eos_token_id=NO_EOS,
+                          **VLLM_EAGLE_CHAIN)
 
 
 def ours_eagle3_chain(ctx, ids, n):
-    return eagle3.generate(ctx["target"], [ids], draft=ctx["eagle3"], max_new_tokens=n, total=4, depth=4, topk=1,
-                           floor=0.0, eos_token_id=NO_EOS)
+    return eagle3.generate(ctx["target"], [ids], draft=ctx["eagle3"], max_new_tokens=n, eos_token_id=NO_EOS,
+                           **VLLM_EAGLE_CHAIN)
 
 
 def ours_draft_model(ctx, ids, n):
