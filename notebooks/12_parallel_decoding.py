@@ -394,7 +394,7 @@ llada = [calls_and_ppl(steps=s) for s in (GEN, GEN // 2, GEN // 4)]
 thresh = [calls_and_ppl(threshold=t) for t in (0.9, 0.2, 0.1, 0.05)]
 early = [calls_and_ppl(steps=GEN, early_commit=g_) for g_ in (0.2, 0.1, 0.08, 0.06)]
 for name, pts in [("LLaDA", llada), ("threshold", thresh), ("early commit", early)]:
-    print(f"{name:13s}", [(round(n, 1), round(p, 1)) for n, p in pts])
+    print(f"{name:13s}", "; ".join(f"{n:.1f} calls, perplexity {p:.1f}" for n, p in pts))
 
 # %% [markdown]
 # On the plot, down-left is better. The tiny model is unsure of most tokens, so high
@@ -419,30 +419,29 @@ plt.xlabel("denoiser calls per prompt"); plt.ylabel("perplexity under tiny"); pl
 
 # %%
 problems = digit_reversal.synthetic_split()[: 100 if FAST else 500]
-for kw in (dict(), dict(steps=4), dict(threshold=0.9), dict(threshold=0.99), dict(factor=1.0)):
+RULES = {"LLaDA, 8 steps (one token a call)": dict(), "LLaDA, 4 steps": dict(steps=4),
+         "threshold 0.9": dict(threshold=0.9), "threshold 0.99": dict(threshold=0.99), "factor f = 1": dict(factor=1.0)}
+for rule, kw in RULES.items():
     acc, g = digit_reversal.synthetic_accuracy(rev, problems, return_generation=True, use_kernel=False, **kw)
-    print(f"{str(kw):22s} {g.stats.nfe} calls for the batch of {len(problems)}, accuracy {acc:.1%}")
+    print(f"{rule:34s} {g.stats.nfe} calls for the batch of {len(problems)}, accuracy {acc:.1%}")
 
 # %% [markdown]
 # ## Play with the threshold
 # One King James prompt decoded with threshold `t`; each token is coloured by the call that
-# committed it (tokens sharing a colour went in the same call).
+# committed it and carries that call's number (tokens sharing a colour went in the same call: every
+# call gets its own colour, successive calls contrasting ones).
 
 # %%
 import ipywidgets as widgets
-from html import escape
 from IPython.display import HTML, display
-from matplotlib import colormaps
+from figures import tokens_by_call
 
 
 def render(t=0.9, prompt_index=0):
     toks, trace = threshold_sampler(dlm, prompts[prompt_index], GEN, BLOCK, t)   # == the library (checked above)
     call_of = {start + int(i): r for r, (start, _, sel) in enumerate(trace) for i in sel.nonzero().flatten()}
-    spans = []
-    for p, x in enumerate(toks):
-        rgb = "#%02x%02x%02x" % tuple(int(255 * v) for v in colormaps["tab20"](call_of[p] % 20)[:3])
-        spans.append(f'<span style="background:{rgb}" title="call {call_of[p]}">{escape(tok.decode([x]))}</span>')
-    return f"<b>{len(trace)} calls for {GEN} tokens</b> (threshold {t})<br>" + "".join(spans)
+    spans = tokens_by_call([tok.decode([x]) for x in toks], [call_of[p] for p in range(len(toks))])
+    return f"<b>{len(trace)} calls for {GEN} tokens</b> (threshold {t})<br>" + spans
 
 # %% [markdown]
 # The widget:

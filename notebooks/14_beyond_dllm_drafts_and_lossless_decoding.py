@@ -586,26 +586,20 @@ for name, model, prompt, gen in [("digit reversal", rev, rev.tokenizer.encode(di
 # `K` times the work); `python -m refimpl.bench --suite dllm` measures both the calls and the time.
 #
 # ## Play: threshold and block length
-# Block-diffusion decoding of one prompt; each token is coloured by the call that committed it
-# (tokens sharing a colour were committed together). Move the threshold down and watch the number
+# Block-diffusion decoding of one prompt; each token is coloured by the call that committed it and
+# carries its number (tokens sharing a colour were committed together; every call has its own colour). Move the threshold down and watch the number
 # of calls fall and, at some point, the text degrade.
 
 # %%
 import ipywidgets as widgets
-from matplotlib import colormaps
-
-CMAP = colormaps["tab20"]
+from figures import tokens_by_call
 
 
 def render(prompt_index=0, threshold=0.9, block=BLOCK):
     toks, steps = decode_by_hand(prompts[prompt_index], threshold, GEN, block)
     call_of = {p: r for r, pos in enumerate(steps) for p in pos}
-    spans = []
-    for p, t in enumerate(toks):
-        c = CMAP(call_of[p] % 20)
-        rgb = "#%02x%02x%02x" % tuple(int(255 * v) for v in c[:3])
-        spans.append(f'<span style="background:{rgb}" title="call {call_of[p]}">{escape(ar.decode([t]))}</span>')
-    return f"<b>{len(steps)} calls for {GEN} tokens</b> (threshold {threshold}, blocks of {block})<br>" + "".join(spans)
+    spans = tokens_by_call([ar.decode([t]) for t in toks], [call_of[p] for p in range(len(toks))])
+    return f"<b>{len(steps)} calls for {GEN} tokens</b> (threshold {threshold}, blocks of {block})<br>" + spans
 
 
 def play(prompt_index=0, threshold=0.9, block=BLOCK):

@@ -89,3 +89,19 @@ def draw_scored_tree(labels, parents, conf, ax, root="root", green=(), fontsize:
     ax.set_xlim(-0.5, max(x for x, _ in xy.values()) + 0.9)
     ax.axis("off")
     return sc
+
+
+def call_colour(call: int) -> str:
+    """A light background colour of its own for denoiser call ``call``: hues a golden-ratio turn
+    apart never repeat, and two successive calls sit far apart on the colour wheel."""
+    from colorsys import hls_to_rgb
+
+    return "#%02x%02x%02x" % tuple(int(255 * v) for v in hls_to_rgb((call * 0.6180339887) % 1.0, 0.8, 0.75))
+
+
+def tokens_by_call(pieces: list[str], call_of: list[int]) -> str:
+    """HTML: each decoded piece on its call's colour (:func:`call_colour`), with the call's number."""
+    from html import escape
+
+    return "".join(f'<span style="background:{call_colour(c)}" title="call {c}">{escape(p)}'
+                   f'<sub style="font-size:60%">{c}</sub></span>' for p, c in zip(pieces, call_of))
