@@ -206,8 +206,8 @@ if SHOW_SOLUTIONS:
 # **implementation**. Run the rejection sampler (one draft
 # position, `gamma = 1`) on many independent rows with fresh uniforms and compare the first
 # emitted token's frequencies with `p`. On a GPU this is the Triton kernel; on CPU we use its
-# torch reference (the next cell shows both make identical draws from identical uniforms; the
-# Triton *interpreter* would need minutes for 200,000 rows).
+# torch reference (the section "Under the hood" below shows both make identical draws from
+# identical uniforms; the Triton *interpreter* would need minutes for 200,000 rows).
 
 # %%
 import os
@@ -224,42 +224,6 @@ first = torch.where(n_acc == 1, x[:, 0], nxt)
 freq = torch.bincount(first, minlength=6).double() / n_rows
 print("p    ", [round(v, 4) for v in p6.tolist()], "\nfreq ", [round(v, 4) for v in freq.tolist()])
 assert (freq - p6).abs().max() < 0.005
-
-# %% [markdown]
-# ## The kernel against torch
-# The kernel takes the uniforms as an input tensor, so the torch reference and the Triton kernel
-# consume identical randomness and must agree draw for draw. With CUDA (or `TRITON_INTERPRET=1`,
-# as in CI) the Triton kernel runs: accept tests left to right, then two passes over vocabulary
-# tiles (total residual mass, then the inverse CDF).
-
-# %%
-B, gm, V = 8, 4, target.vocab_size
-pp = torch.softmax(torch.randn(B, gm + 1, V, generator=g, device=DEVICE) * 3, -1)
-qq = torch.softmax(pp[:, :gm].log() + torch.randn(B, gm, V, generator=g, device=DEVICE), -1)
-xx = torch.multinomial(qq.view(-1, V), 1, generator=g).view(B, gm)
-uu = torch.rand(B, gm + 1, generator=g, device=DEVICE)
-ref_n, ref_t = rejection_sample_reference(xx, pp, qq, uu)
-if DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":   # a real kernel run
-    tri = rejection_sample_triton(xx, pp, qq, uu)
-    assert torch.equal(tri[0], ref_n) and torch.equal(tri[1], ref_t)
-    print("Triton kernel == torch reference, draw for draw")
-print("accepted per row:", ref_n.tolist(), "| next tokens:", ref_t.tolist())
-
-# %% [markdown]
-# The same draws by hand: after a rejection at position `n` the residual of `p_n` and `q_n`,
-# else the bonus token from `p_gamma`, both through `inverse_cdf` with the last uniform. (The
-# kernel tests in `tests/test_kernel_rejection_sample.py` fuzz Triton against the reference on
-# odd vocabulary sizes and ragged rows.)
-
-# %%
-def by_hand(b):
-    n = int(ref_n[b])
-    w = (pp[b, n] - qq[b, n]).clamp(min=0) if n < gm else pp[b, gm]   # residual, or bonus from p
-    return inverse_cdf(w, uu[b, -1])
-
-
-assert [by_hand(b) for b in range(B)] == ref_t.tolist()
-print("the by-hand residual / bonus draws agree with the kernel")
 
 # %% [markdown]
 # ## The whole algorithm by hand
@@ -321,6 +285,7 @@ ref = speculative.generate(target, prompt, draft=draft, gamma=GAMMA, max_new_tok
 assert mine == ref.tokens[0], "hand-built and refimpl must agree draw for draw"
 assert [n for n, _ in steps] == [a[0] for a in ref.stats.accepted]
 print(repr(target.decode(mine)))
+print(f"tau = {ref.stats.tau:.2f} tokens per target call (gamma {GAMMA}, seed {SEED})")
 
 # %% [markdown]
 # ## A statistical check on the real model
@@ -392,29 +357,72 @@ plt.show()
 # If each draft is accepted independently with probability `alpha`, a step emits
 # `1 + alpha + alpha^2 + ... + alpha^gamma = (1 - alpha^(gamma+1)) / (1 - alpha)` tokens
 # (Leviathan et al., eq. 1), where `alpha = E[beta] = E[sum min(p, q)]` (one minus the total
-# variation distance between `p` and `q`). Estimate `alpha` from the recorded `beta`s and compare
-# the formula with the measured tokens per step (complete steps only, i.e. `g == GAMMA`). With one
-# prompt and a few dozen tokens the measurement is noisy (set `FAST = False` for more); the formula
-# also assumes acceptances are independent, which real text is not. Measured above the formula is
-# the usual direction: `1 + a + ... + a^gamma` is convex in `a`, so stretches of easy text (high
-# `beta`, whole blocks accepted) gain more than hard stretches lose. (The `alpha` printed here is
-# the formula's `alpha`, the mean `beta` over tested positions; the widget below prints the
-# acceptance rate, a different number.)
+# variation distance between `p` and `q`). One run per `gamma`, with the seed of the run above:
+# the hand-built loop gives the `beta`s (the mean is `alpha`), the library's run of the same draws
+# gives `tau`, tokens per target call (`stats.tau`). That is the one `tau` of this chapter: the run
+# above and the widget below at its defaults print the same number as the row `gamma = GAMMA`. With one
+# prompt and a few dozen tokens the measurement is noisy (set `FAST = False` for more; the last call
+# of a run may draft fewer than `gamma` tokens); the formula also assumes acceptances are
+# independent, which real text is not. Measured above the formula is the usual direction:
+# `1 + a + ... + a^gamma` is convex in `a`, so stretches of easy text (high `beta`, whole blocks
+# accepted) gain more than hard stretches lose. (The widget also prints the acceptance rate,
+# accepted / proposed: a different number from the formula's `alpha`.)
 
 # %%
-gammas, measured, predicted = [1, 2, 4, 6] if FAST else list(range(1, 11)), [], []
+gammas, measured, predicted = sorted({1, 2, GAMMA, 6} if FAST else set(range(1, 11)) | {GAMMA}), [], []
 for gm in gammas:
-    _, st, bs = speculative_sampling(target, draft, prompt, gm, NEW_TOKENS, torch.Generator(device=DEVICE).manual_seed(SEED + gm))
-    full = [n for n, g_ in st if g_ == gm]
-    measured.append(sum(n + 1 for n in full) / len(full))
+    mine, _, bs = speculative_sampling(target, draft, prompt, gm, NEW_TOKENS, torch.Generator(device=DEVICE).manual_seed(SEED))
+    run = speculative.generate(target, prompt, draft=draft, gamma=gm, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE,
+                               top_k=TOP_K, top_p=TOP_P, generator=torch.Generator(device=DEVICE).manual_seed(SEED),
+                               eos_token_id=[])
+    assert mine == run.tokens[0], "one run, two views: the same draws"
+    measured.append(run.stats.tau)
     predicted.append(speculative.expected_tau((sum(bs) / len(bs)), gm))
     print(f"gamma {gm}: alpha {sum(bs)/len(bs):.2f}  tau measured {measured[-1]:.2f}  formula {predicted[-1]:.2f}")
+assert measured[gammas.index(GAMMA)] == ref.stats.tau
 
 fig, ax = plt.subplots(figsize=(5.5, 3.2))
 ax.plot(gammas, measured, "o-", label="measured tokens / step")
 ax.plot(gammas, predicted, "s--", label="(1 - a^(g+1)) / (1 - a)")
 ax.set_xlabel("gamma"); ax.set_ylabel("tau"); ax.grid(alpha=0.3); ax.legend()
 plt.show()
+
+# %% [markdown]
+# ## Under the hood: the rejection-sampling kernel
+# With the algorithm built and tested, the kernel that runs its accept/resample step in
+# `refimpl.speculative` on a GPU. It takes the uniforms as an input tensor, so the torch reference and the Triton kernel
+# consume identical randomness and must agree draw for draw. With CUDA (or `TRITON_INTERPRET=1`,
+# as in CI) the Triton kernel runs: accept tests left to right, then two passes over vocabulary
+# tiles (total residual mass, then the inverse CDF).
+
+# %%
+B, gm, V = 8, 4, target.vocab_size
+pp = torch.softmax(torch.randn(B, gm + 1, V, generator=g, device=DEVICE) * 3, -1)
+qq = torch.softmax(pp[:, :gm].log() + torch.randn(B, gm, V, generator=g, device=DEVICE), -1)
+xx = torch.multinomial(qq.view(-1, V), 1, generator=g).view(B, gm)
+uu = torch.rand(B, gm + 1, generator=g, device=DEVICE)
+ref_n, ref_t = rejection_sample_reference(xx, pp, qq, uu)
+if DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":   # a real kernel run
+    tri = rejection_sample_triton(xx, pp, qq, uu)
+    assert torch.equal(tri[0], ref_n) and torch.equal(tri[1], ref_t)
+    print("Triton kernel == torch reference, draw for draw")
+print("accepted per row:", ref_n.tolist(), "| next tokens:", ref_t.tolist())
+
+# %% [markdown]
+# The same draws by hand: after a rejection at position `n` the residual of `p_n` and `q_n`,
+# else the bonus token from `p_gamma`, both through `inverse_cdf` with the last uniform. (The
+# kernel tests in `tests/test_kernel_rejection_sample.py` fuzz Triton against the reference on
+# odd vocabulary sizes and ragged rows.)
+
+# %%
+def by_hand(b):
+    n = int(ref_n[b])
+    w = (pp[b, n] - qq[b, n]).clamp(min=0) if n < gm else pp[b, gm]   # residual, or bonus from p
+    return inverse_cdf(w, uu[b, -1])
+
+
+assert [by_hand(b) for b in range(B)] == ref_t.tolist()
+print("the by-hand residual / bonus draws agree with the kernel")
 
 # %% [markdown]
 # ## Play: gamma and temperature
@@ -435,7 +443,8 @@ LEGEND = " ".join(f'<span style="background:{c}">{k}</span>' for k, c in COLOURS
 def play(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
     global shown
     r = speculative.generate(target, prompt, draft=draft, gamma=gamma, max_new_tokens=NEW_TOKENS, temperature=temperature,
-                             generator=torch.Generator(device=DEVICE).manual_seed(seed), eos_token_id=[])
+                             top_k=TOP_K, top_p=TOP_P, generator=torch.Generator(device=DEVICE).manual_seed(seed),
+                             eos_token_id=[])
     spans, i, toks = [], 0, r.tokens[0]
     for (n,), g_ in zip(r.stats.accepted, r.stats.extra["gammas"]):
         for k in range(min(n + 1, len(toks) - i)):
@@ -457,6 +466,7 @@ ui = widgets.interact(play, gamma=widgets.IntSlider(value=GAMMA, min=1, max=10),
 # check that the output changed, then put the control back to its teaching default
 default = ui.children[1].value
 before = shown
+assert f"tau {ref.stats.tau:.2f}," in before, "at its defaults the widget shows the chapter's run"
 ui.children[1].value = 0.0                          # greedy: p and q become one-hot
 assert shown != before, "moving a slider must change the output"
 ui.children[1].value = default
