@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
-.PHONY: setup lab lab-reset test test-fast test-gpu bench notebooks clean production
+.PHONY: setup lab lab-reset test test-fast test-gpu bench notebooks clean production workshop-times
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,14 @@ lab-reset:
 	rm -rf $(WORK)
 	$(BIN)/python notebooks/work_copy.py $(WORK)
 
+# .pytest-times.xml (git-ignored): every test's and notebook cell's seconds, which `make workshop-times`
+# turns into notebooks/WORKSHOP.md's run-time column
 test: setup
-	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 tests notebooks --nbval-lax
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 --junitxml=.pytest-times.xml \
+		tests notebooks --nbval-lax
+
+workshop-times: setup
+	$(BIN)/python notebooks/workshop_times.py .pytest-times.xml
 
 test-fast: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests

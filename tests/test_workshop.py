@@ -5,6 +5,8 @@ import glob
 import os
 import re
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "notebooks", "WORKSHOP.md")
 
@@ -73,3 +75,30 @@ def test_the_note_check_can_fail(monkeypatch, tmp_path):
 
     with pytest.raises(AssertionError):
         test_every_chapter_has_a_teachers_note_naming_each_exercise()
+
+
+def test_workshop_times_rewrites_every_run_time_from_a_junit_file_and_refuses_a_partial_one(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+    import workshop_times
+
+    chapters = sorted(guide_rows())
+    cases = "".join(f'<testcase classname="notebooks.{c}_x.ipynb" name="Cell {k}" time="{10 + i + k / 2}" />'
+                    for i, c in enumerate(chapters) for k in range(2))
+    cases += '<testcase classname="tests.test_workshop" name="test_x" time="99" />'      # not a chapter
+    xml = tmp_path / "times.xml"
+    xml.write_text(f'<testsuites><testsuite timestamp="2031-02-03T04:05:06">{cases}</testsuite></testsuites>')
+    seconds, date = workshop_times.chapter_seconds(str(xml))
+    assert date == "2031-02-03" and seconds[chapters[0]] == 20.5
+    text = workshop_times.rewrite(open(GUIDE).read(), seconds, date)
+    rows = {}
+    for line in text.splitlines():
+        m = workshop_times.ROW.match(line)
+        if m:
+            rows[m.group(1)] = m.group(3)
+    assert rows == {c: f"{round(seconds[c])} s" for c in chapters}
+    total = sum(seconds.values()) / 60
+    assert f"Total FAST run time of all chapters: {total:.1f} min" in text and "Measured on 2031-02-03" in text
+    del seconds[chapters[-1]]
+    with pytest.raises(ValueError, match="junit_xml"):
+        workshop_times.rewrite(open(GUIDE).read(), seconds, date)
