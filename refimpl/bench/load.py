@@ -51,7 +51,8 @@ def measure(model: str, engine: str, tokens: int, repeats: int) -> dict:
 
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
-    lm = models.load(model) if engine == "ours" else models.load(model, prepack=False, fast=False)
+    # our engines on the zoo's default path (prepacked, lean forward); HF generate on the plain model
+    lm = models.load(model, prepack=False, fast=False) if engine == "hf" else models.load(model)
     ids = encode_prompt(lm, PROMPT)
 
     def run(n):
