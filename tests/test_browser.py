@@ -12,16 +12,11 @@ slider whose output never changes: the same check must report "unchanged" there,
 pass just because the slider's own readout moved."""
 import contextlib
 import os
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
+from lab_server import serve
 
 # the system Chromium: $CHROMIUM if set, else Debian's /usr/bin/chromium (or one on PATH), else
 # Google Chrome (preinstalled on GitHub's Ubuntu runners, where Debian's package does not exist)
@@ -90,18 +85,6 @@ LEARNER_STEPS = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def api(base, token, path, method="GET"):
-    req = urllib.request.Request(f"{base}{path}", method=method, headers={"Authorization": f"token {token}"})
-    with urllib.request.urlopen(req, timeout=5) as r:
-        return r.status
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """JupyterLab on a free local port, serving a temporary copy of notebooks/; stopped afterwards
@@ -121,48 +104,11 @@ def lab(tmp_path_factory):
     for name, text in SETTINGS.items():
         (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
         (tmp / "settings" / name).write_text(text)
-    env = dict(os.environ, TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
-               JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
-               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
-    env.pop("JUPYTER_PATH", None)
-    token, port = secrets.token_hex(16), free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = open(tmp / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),   # CI containers run as root
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, f"JupyterLab exited early:\n{(tmp / 'server.log').read_text()}"
-            try:
-                if api(base, token, "/api/status") == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"JupyterLab silent:\n{(tmp / 'server.log').read_text()}"
-            time.sleep(0.5)
+    env = dict(TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+    with serve("jupyterlab", root, tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
         yield {"base": base, "token": token, "dir": tmp}
-    finally:
-        try:
-            api(base, token, "/api/shutdown", method="POST")   # also shuts its kernels down
-            server.wait(timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")

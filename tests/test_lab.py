@@ -11,15 +11,11 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 
 import pytest
+from lab_server import request, serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "notebooks"))
@@ -83,51 +79,12 @@ def course_repo(tmp_path):
     return repo
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def request(base, token, path, method="GET", body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"{base}{path}", data=data, method=method,
-                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from None
-
-
 def save_through_the_server(tmp_path, root, name):
     """Start a Jupyter server on ``root``, fetch notebook ``name``, add a learner's cell, save it
     with PUT /api/contents, stop the server. Returns the file listing the server showed."""
     pytest.importorskip("jupyter_server", reason="Jupyter is missing: pip install -e '.[lab]'")
-    run = tmp_path / f"jupyter-{secrets.token_hex(4)}"
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(run / "config"), JUPYTER_DATA_DIR=str(run / "data"),
-               JUPYTER_RUNTIME_DIR=str(run / "runtime"), IPYTHONDIR=str(run / "ipython"),
-               PYTHONPATH=os.path.join(ROOT, "notebooks"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    env.pop("JUPYTER_PATH", None)
-    token, port = secrets.token_hex(16), free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "server.log", "a")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}"] + (["--allow-root"] if os.geteuid() == 0 else []),
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, f"the server exited:\n{(tmp_path / 'server.log').read_text()}"
-            try:
-                if request(base, token, "/api/status")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"the server is silent:\n{(tmp_path / 'server.log').read_text()}"
-            time.sleep(0.5)
+    env = dict(PYTHONPATH=os.path.join(ROOT, "notebooks"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    with serve("jupyter_server", root, tmp_path / f"jupyter-{secrets.token_hex(4)}", env) as (base, token):
         listing = [f["name"] for f in request(base, token, "/api/contents")[1]["content"]]
         _, model = request(base, token, f"/api/contents/{name}?content=1")
         nb = model["content"]
@@ -137,16 +94,6 @@ def save_through_the_server(tmp_path, root, name):
                                 {"type": "notebook", "format": "json", "content": nb})
         assert status == 200 and saved["name"] == name
         return listing
-    finally:
-        try:
-            request(base, token, "/api/shutdown", "POST")
-            server.wait(timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=10)
-        log.close()
 
 
 @pytest.mark.slow
