@@ -157,3 +157,33 @@ def test_bench_results_index_names_every_current_result_and_every_experiment_has
         assert re.match(r"\d{4}-\d{2}-\d{2}_\w+$", name), name
         assert os.path.exists(os.path.join(folder, "README.md")), f"{name} has no README (question, command, result)"
         assert name in index, f"bench_results/README.md does not list experiments/{name}"
+
+
+def methods_specs(index: str) -> list[str]:
+    """The ``--methods`` arguments of the decode-suite commands that bench_results/README.md names."""
+    import shlex
+
+    specs = []
+    for command in re.findall(r"`(env -u TRITON_INTERPRET python -m refimpl\.bench [^`]*)`", index):
+        args = shlex.split(command)
+        suite = args[args.index("--suite") + 1] if "--suite" in args else "decode"
+        if "--methods" in args and suite == "decode":
+            specs.append(args[args.index("--methods") + 1])
+    return specs
+
+
+def test_every_command_in_the_results_index_selects_rows_that_exist():
+    """A row renamed in refimpl.bench.rows must not leave the index with a command that silently
+    benchmarks AR alone (``--methods`` matches by substring; every part has to match some row)."""
+    from refimpl.bench.cli import pick
+    from refimpl.bench.rows import decode_rows
+
+    rows = decode_rows()
+    specs = methods_specs(open(os.path.join(ROOT, "bench_results", "README.md")).read())
+    assert len(specs) >= 5
+    for spec in specs:
+        for part in [w.strip() for w in spec.split(";" if ";" in spec else ",") if w.strip()]:
+            assert [m for m in pick(rows, part) if m.name != "ar (cache)" or part == "ar (cache)"], \
+                f"--methods {spec!r}: {part!r} selects no row of refimpl.bench.rows"
+    with pytest.raises(AssertionError):   # the check can fail: an old row name selects nothing
+        assert [m for m in pick(rows, "speculative greedy (gamma=4)") if m.name != "ar (cache)"]
