@@ -187,3 +187,27 @@ def test_every_command_in_the_results_index_selects_rows_that_exist():
                 f"--methods {spec!r}: {part!r} selects no row of refimpl.bench.rows"
     with pytest.raises(AssertionError):   # the check can fail: an old row name selects nothing
         assert [m for m in pick(rows, "speculative greedy (gamma=4)") if m.name != "ar (cache)"]
+
+
+def test_chapter_15_quotes_its_committed_comparisons():
+    """Chapter 15 reads its 8- and 24-prompt comparisons from bench_results/learned/chapter15.json
+    (re-measured with FULL = True); the figures its text quotes are that file's, so a re-measured file
+    that moves them fails here until the text follows."""
+    import json
+    import math
+
+    m = json.load(open(os.path.join(ROOT, "bench_results", "learned", "chapter15.json")))
+    text = " ".join(line.lstrip("# ").strip() for line in open(os.path.join(
+        ROOT, "notebooks", "15_learning_to_decode_in_parallel.py")) if line.startswith("#"))
+    starts = {(n, w, s): v for n, w, s, v in m["starts"]}
+    front = {a: t for a, t, _ in m["front"]}
+    policy = {(n, where): (t, math.exp(sum(map(math.log, each)) / len(each))) for n, where, t, each in m["on_policy"]}
+    others = "16 other held-out prompts"
+    quoted = [f"window 4 goes from {starts['tiny-cllm', 4, 'random']:.2f} to {starts['tiny-cllm', 4, 'lookup']:.2f}",
+              f"at {front[0.85]:.2f} instead of {front[1.0]:.2f} tokens per call",
+              f"lifts Jacobi from {policy['tiny-cllm', 'the 8 benchmark prompts'][0]:.2f} to "
+              f"~{policy['tiny-cllm-onpolicy', 'the 8 benchmark prompts'][0]:.1f}",
+              f"falls from ~{policy['tiny-cllm', others][1]:.1f} to ~{policy['tiny-cllm-onpolicy', others][1]:.1f} "
+              f"(`tiny`'s own text: {policy['tiny', others][1]:.2f})"]
+    for q in quoted:
+        assert q in text, f"chapter 15's text does not say {q!r} (bench_results/learned/chapter15.json)"
