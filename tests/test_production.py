@@ -83,15 +83,17 @@ def test_an_exported_drafter_accepts_in_vllm_what_it_accepts_here(name):
     same tokens in both engines: a wrong tap order, a missing norm or a shifted d2t would give vLLM a
     draft that proposes other tokens, and its tau would drop towards 1; an option of ours left to a
     preset (a copy prior, a confidence floor) would make ours another algorithm, and its tau would differ.
-    Compared as target steps for the same tokens: the engines end a prompt differently (ours drafts
-    only as many tokens as remain), which is worth up to two steps per prompt, a few % of tau on a short run."""
+    Compared as target steps for the same tokens, allowing 3 per prompt: the engines end a prompt
+    differently (ours drafts only as many tokens as remain), and a draft run by vLLM's fp32 kernels may
+    flip a near-tie in its argmax (measured: the draft model 98 / 93 steps on 3 prompts, 176 / 174 on 6);
+    a wrong export or another algorithm moves tens of steps (a copy prior left on: 82 / 103 on 3 prompts)."""
     r = json.load(open(RESULTS))
     ours = next(x for x in r["rows"] if x["engine"] == "ours" and x["method"] == name)
     theirs = next(x for x in r["rows"] if x["engine"] == "vllm" and x["method"] == name)
     assert "error" not in theirs, theirs.get("error")
     tokens = r["args"]["max_new_tokens"] * len(r["prompts"])
     steps = {"ours": tokens / ours["tau"], "vllm": tokens / theirs["tau"]}
-    assert abs(steps["ours"] - steps["vllm"]) <= 2 * len(r["prompts"]), (ours["tau"], theirs["tau"], steps)
+    assert abs(steps["ours"] - steps["vllm"]) <= 3 * len(r["prompts"]), (ours["tau"], theirs["tau"], steps)
 
 
 def test_our_side_of_a_vllm_row_sets_every_option_of_its_proposal():
