@@ -389,11 +389,11 @@ plt.show()
 
 # %% [markdown]
 # ## Under the hood: the rejection-sampling kernel
-# With the algorithm built and tested, the kernel that runs its accept/resample step in
-# `refimpl.speculative` on a GPU. It takes the uniforms as an input tensor, so the torch reference and the Triton kernel
-# consume identical randomness and must agree draw for draw. With CUDA (or `TRITON_INTERPRET=1`,
-# as in CI) the Triton kernel runs: accept tests left to right, then two passes over vocabulary
-# tiles (total residual mass, then the inverse CDF).
+# With the algorithm built and tested: the kernel that runs its accept/resample step in
+# `refimpl.speculative` on a GPU. It takes the uniforms as an input tensor, so the torch reference
+# and the Triton kernel consume identical randomness and must agree draw for draw. With CUDA (or
+# `TRITON_INTERPRET=1`, as in CI) the Triton kernel runs: accept tests left to right, then two
+# passes over vocabulary tiles (total residual mass, then the inverse CDF).
 
 # %%
 B, gm, V = 8, 4, target.vocab_size
