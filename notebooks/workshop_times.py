@@ -24,7 +24,10 @@ def chapter_seconds(junit_xml: str) -> tuple[dict[str, float], str]:
     """{chapter id ("03", "06a"): seconds summed over its notebook's cells} from a JUnit XML file,
     and the run's date (YYYY-MM-DD)."""
     seconds: dict[str, float] = {}
-    root = ET.parse(junit_xml).getroot()
+    try:
+        root = ET.parse(junit_xml).getroot()
+    except ET.ParseError as e:
+        raise ValueError(f"junit_xml: {junit_xml!r} is not JUnit XML ({e}): run make test first") from None
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     date = (suite.get("timestamp", "") if suite is not None else "")[:10]
     for case in root.iter("testcase"):

@@ -99,6 +99,9 @@ def test_workshop_times_rewrites_every_run_time_from_a_junit_file_and_refuses_a_
     assert rows == {c: f"{round(seconds[c])} s" for c in chapters}
     total = sum(seconds.values()) / 60
     assert f"Total FAST run time of all chapters: {total:.1f} min" in text and "Measured on 2031-02-03" in text
+    (tmp_path / "empty.xml").write_text("")
+    with pytest.raises(ValueError, match="junit_xml"):
+        workshop_times.chapter_seconds(str(tmp_path / "empty.xml"))
     del seconds[chapters[-1]]
     with pytest.raises(ValueError, match="junit_xml"):
         workshop_times.rewrite(open(GUIDE).read(), seconds, date)
