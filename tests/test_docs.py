@@ -211,3 +211,22 @@ def test_chapter_15_quotes_its_committed_comparisons():
               f"(`tiny`'s own text: {policy['tiny', others][1]:.2f})"]
     for q in quoted:
         assert q in text, f"chapter 15's text does not say {q!r} (bench_results/learned/chapter15.json)"
+
+
+def test_the_readmes_decode_fast_example_runs_and_equals_ar_greedy():
+    """The README's first code a newcomer copies runs as written (on `tiny`, which the tests load
+    quickly), and every call in it gives AR's greedy tokens."""
+    from refimpl import autoregressive
+
+    block = open(os.path.join(ROOT, "README.md")).read().split("## Decode fast", 1)[1]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'models.load("smollm2-135m")' in code
+    code = code.replace('models.load("smollm2-135m")', 'models.load("tiny")')
+    code = re.sub(r"^g = (refimpl\.generate\(.*\))", r"g = record(\1)", code, flags=re.M)
+    calls = []
+    namespace = {"record": lambda g: calls.append(g) or g}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert len(calls) == 3
+    ar = autoregressive.generate(namespace["target"], [namespace["ids"]], max_new_tokens=64).tokens
+    for g in calls:
+        assert g.tokens == ar
