@@ -230,3 +230,30 @@ def test_the_readmes_decode_fast_example_runs_and_equals_ar_greedy():
     ar = autoregressive.generate(namespace["target"], [namespace["ids"]], max_new_tokens=64).tokens
     for g in calls:
         assert g.tokens == ar
+
+
+def test_the_readmes_public_api_example_runs_and_its_greedy_calls_equal_ar():
+    """Every call of the README's API tour runs as written; each greedy `g = ...` gives a prefix of
+    AR's greedy tokens (the sampled call, with a temperature, and the dLLM samplers are only run)."""
+    import ast
+
+    from refimpl import autoregressive
+
+    block = open(os.path.join(ROOT, "README.md")).read().split("\n## The public API\n", 1)[1]
+    tree = ast.parse(block.split("```python\n", 1)[1].split("```", 1)[0])
+    calls = []
+
+    class Record(ast.NodeTransformer):   # g = f(...)  ->  g = record(f(...), sampled)
+        def visit_Assign(self, node):
+            if [getattr(t, "id", None) for t in node.targets] == ["g"] and isinstance(node.value, ast.Call):
+                sampled = any(k.arg == "temperature" for k in node.value.keywords)
+                node.value = ast.Call(ast.Name("record", ast.Load()), [node.value, ast.Constant(sampled)], [])
+            return node
+
+    namespace = {"record": lambda g, sampled: calls.append((g, sampled)) or g}
+    exec(compile(ast.fix_missing_locations(Record().visit(tree)), "README.md", "exec"), namespace)
+    assert len(calls) == 13 and [k for k, (_, s) in enumerate(calls) if s] == [2]
+    ar = autoregressive.generate(namespace["lm"], [namespace["ids"]], max_new_tokens=64).tokens[0]
+    for k, (g, sampled) in enumerate(calls):
+        if not sampled:
+            assert g.tokens[0] and g.tokens[0] == ar[:len(g.tokens[0])], f"call {k} of the README's API tour"
