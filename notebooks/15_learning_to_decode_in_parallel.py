@@ -213,7 +213,7 @@ from refimpl.train.common import encode_docs, random_windows
 stream = encode_docs(tiny.tokenizer, data.kjv_split()[0][:40], tiny.eos_token_id)  # a host token stream
 g = torch.Generator(device="cpu").manual_seed(SEED)
 t0 = time.time()
-trajs = cllm.collect(tiny.model, random_windows(stream, 8, 48, g).to(DEVICE), BLOCK, 2, g)   # 8 contexts
+trajs = cllm.collect(tiny.model, random_windows(stream, 6, 48, g).to(DEVICE), BLOCK, 2, g)   # 6 contexts
 student = copy.deepcopy(tiny.model).train()
 opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
 losses = []
