@@ -98,5 +98,6 @@ production: setup $(VLLM_STAMP)
 notebooks: setup
 	$(BIN)/jupytext --to ipynb notebooks/[0-9]*.py
 
+# what setup and test make; never bench_results/ (committed results) or work/ (the learner's copy)
 clean:
-	rm -rf $(VENV) bench_results
+	rm -rf $(VENV) .pytest_cache .pytest-times.xml
