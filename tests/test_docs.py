@@ -175,18 +175,20 @@ def methods_specs(index: str) -> list[str]:
 def test_every_command_in_the_results_index_selects_rows_that_exist():
     """A row renamed in refimpl.bench.rows must not leave the index with a command that silently
     benchmarks AR alone (``--methods`` matches by substring; every part has to match some row)."""
-    from refimpl.bench.cli import pick
+    from refimpl.bench.cli import pick, spec_parts
     from refimpl.bench.rows import decode_rows
 
     rows = decode_rows()
+
+    def selects(part):   # pick() always adds AR's row: count it only when asked for
+        return [m for m in pick(rows, part) if m.name != "ar (cache)" or part == "ar (cache)"]
+
     specs = methods_specs(open(os.path.join(ROOT, "bench_results", "README.md")).read())
     assert len(specs) >= 5
     for spec in specs:
-        for part in [w.strip() for w in spec.split(";" if ";" in spec else ",") if w.strip()]:
-            assert [m for m in pick(rows, part) if m.name != "ar (cache)" or part == "ar (cache)"], \
-                f"--methods {spec!r}: {part!r} selects no row of refimpl.bench.rows"
-    with pytest.raises(AssertionError):   # the check can fail: an old row name selects nothing
-        assert [m for m in pick(rows, "speculative greedy (gamma=4)") if m.name != "ar (cache)"]
+        for part in spec_parts(spec):
+            assert selects(part), f"--methods {spec!r}: {part!r} selects no row of refimpl.bench.rows"
+    assert not selects("speculative greedy (gamma=4)")   # the check can fail: an old row name selects nothing
 
 
 def test_chapter_15_quotes_its_committed_comparisons():
@@ -213,34 +215,17 @@ def test_chapter_15_quotes_its_committed_comparisons():
         assert q in text, f"chapter 15's text does not say {q!r} (bench_results/learned/chapter15.json)"
 
 
-def test_the_readmes_decode_fast_example_runs_and_equals_ar_greedy():
-    """The README's first code a newcomer copies runs as written (on `tiny`, which the tests load
-    quickly), and every call in it gives AR's greedy tokens."""
-    from refimpl import autoregressive
-
-    block = open(os.path.join(ROOT, "README.md")).read().split("## Decode fast", 1)[1]
-    code = block.split("```python\n", 1)[1].split("```", 1)[0]
-    assert 'models.load("smollm2-135m")' in code
-    code = code.replace('models.load("smollm2-135m")', 'models.load("tiny")')
-    code = re.sub(r"^g = (refimpl\.generate\(.*\))", r"g = record(\1)", code, flags=re.M)
-    calls = []
-    namespace = {"record": lambda g: calls.append(g) or g}
-    exec(compile(code, "README.md", "exec"), namespace)
-    assert len(calls) == 3
-    ar = autoregressive.generate(namespace["target"], [namespace["ids"]], max_new_tokens=64).tokens
-    for g in calls:
-        assert g.tokens == ar
-
-
-def test_the_readmes_public_api_example_runs_and_its_greedy_calls_equal_ar():
-    """Every call of the README's API tour runs as written; each greedy `g = ...` gives a prefix of
-    AR's greedy tokens (the sampled call, with a temperature, and the dLLM samplers are only run)."""
+def run_readme_block(heading: str, replace: tuple[str, str] | None = None):
+    """Run the first python block under README's ``## heading`` as written (``replace``: one
+    (old, new) substitution first); returns its namespace and, in order, each ``g = f(...)`` call's
+    result with whether it sampled (a ``temperature`` keyword)."""
     import ast
 
-    from refimpl import autoregressive
-
-    block = open(os.path.join(ROOT, "README.md")).read().split("\n## The public API\n", 1)[1]
-    tree = ast.parse(block.split("```python\n", 1)[1].split("```", 1)[0])
+    block = open(README).read().split(f"\n## {heading}\n", 1)[1]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    if replace:
+        assert replace[0] in code, replace[0]
+        code = code.replace(*replace)
     calls = []
 
     class Record(ast.NodeTransformer):   # g = f(...)  ->  g = record(f(...), sampled)
@@ -251,7 +236,28 @@ def test_the_readmes_public_api_example_runs_and_its_greedy_calls_equal_ar():
             return node
 
     namespace = {"record": lambda g, sampled: calls.append((g, sampled)) or g}
-    exec(compile(ast.fix_missing_locations(Record().visit(tree)), "README.md", "exec"), namespace)
+    exec(compile(ast.fix_missing_locations(Record().visit(ast.parse(code))), "README.md", "exec"), namespace)
+    return namespace, calls
+
+
+def test_the_readmes_decode_fast_example_runs_and_equals_ar_greedy():
+    """The README's first code a newcomer copies runs as written (on `tiny`, which the tests load
+    quickly), and every call in it gives AR's greedy tokens."""
+    from refimpl import autoregressive
+
+    namespace, calls = run_readme_block("Decode fast", ('models.load("smollm2-135m")', 'models.load("tiny")'))
+    assert len(calls) == 3 and not any(sampled for _, sampled in calls)
+    ar = autoregressive.generate(namespace["target"], [namespace["ids"]], max_new_tokens=64).tokens
+    for g, _ in calls:
+        assert g.tokens == ar
+
+
+def test_the_readmes_public_api_example_runs_and_its_greedy_calls_equal_ar():
+    """Every call of the README's API tour runs as written; each greedy `g = ...` gives a prefix of
+    AR's greedy tokens (the sampled call, with a temperature, and the dLLM samplers are only run)."""
+    from refimpl import autoregressive
+
+    namespace, calls = run_readme_block("The public API")
     assert len(calls) == 13 and [k for k, (_, s) in enumerate(calls) if s] == [2]
     ar = autoregressive.generate(namespace["lm"], [namespace["ids"]], max_new_tokens=64).tokens[0]
     for k, (g, sampled) in enumerate(calls):

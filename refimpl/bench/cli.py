@@ -45,10 +45,15 @@ def products(lm) -> str:
     return "onednn" if prepacked(lm.model) else "torch"
 
 
+def spec_parts(spec: str) -> list[str]:
+    """``--methods``'s substrings: comma-separated, or semicolon-separated when ``spec`` has a ``;``
+    (names with commas: "10 nodes, depth 6; ar (cache)")."""
+    return [w.strip() for w in spec.split(";" if ";" in spec else ",") if w.strip()]
+
+
 def pick(methods: list, spec: str) -> list:
-    """The rows whose names contain one of ``spec``'s substrings, and AR's: comma-separated, or
-    semicolon-separated when ``spec`` has a ``;`` (names with commas: "10 nodes, depth 6; ar (cache)")."""
-    want = [w.strip() for w in spec.split(";" if ";" in spec else ",") if w.strip()]
+    """The rows whose names contain one of ``spec``'s substrings (:func:`spec_parts`), and AR's."""
+    want = spec_parts(spec)
     return [m for m in methods if any(w in m.name for w in want) or m.name == "ar (cache)"]
 
 

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-from .decode import markdown_table
+from .decode import markdown_table as table  # (rows, [(key, header, format)]) -> markdown; None prints '-'
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench_results")
@@ -30,12 +30,6 @@ FAMILIES = [("draft model (ch 02-04)", ("02", "03", "04a", "04b")), ("token tree
 def load(rel: str) -> dict:
     with open(os.path.join(RESULTS, rel)) as f:
         return json.load(f)
-
-
-def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
-    """Markdown for ``rows``; ``cols`` = [(key, header, format)], a missing or None value prints '-'
-    (the suites' own :func:`refimpl.bench.decode.markdown_table`)."""
-    return markdown_table(rows, cols)
 
 
 CAPSTONE_COLS = [("chapter", "ch", ""), ("method", "method", ""), ("tokens_per_s", "tokens/s", ".1f"),
