@@ -67,7 +67,6 @@ def _plumbing_dirs() -> tuple:
     ``refimpl`` and ``kernels`` (wherever they are imported from), the standard library and
     site-packages."""
     dirs = [os.path.dirname(os.path.abspath(__file__))]
-
     for name in ("refimpl", "kernels"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:

@@ -37,9 +37,9 @@ available as ``train_draft(recipe="upstream")``; A/B in ``bench_results/learned/
 Measured on ``tiny`` (200 steps, one seed, a kept vocabulary holding every answer token, so the mask
 drops nothing there): upstream's averaging and random head reached held-out tau 4.75 against our 4.59
 (depth-1 acceptance 0.815 against 0.808). With 128 kept tokens, where the mask does drop positions:
-4.81 against 4.76 (0.824 against 0.816), within one seed's noise. The zoo's drafts keep ours: they were trained with it, and
-SmolLM2's CPU recipe freezes the head at the target's rows, which a random head cannot do; a
-full-length A/B decides whether the default changes.
+4.81 against 4.76 (0.824 against 0.816), within one seed's noise. The zoo's drafts keep ours: they
+were trained with it, and SmolLM2's CPU recipe freezes the head at the target's rows, which a random
+head cannot do; a full-length A/B decides whether the default changes.
 
 Report: held-out acceptance per depth of the draft's own greedy chain, ``accept_rate[d]`` =
 P(the draft's first d greedy tokens all equal the target's), from every answer position, on the
