@@ -63,6 +63,12 @@ class LM:
         self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
         self.mask_token_id = getattr(self.tokenizer, "mask_token_id", None)
         self.built = {}  # what :meth:`once` built for this target (the zoo's drafts and heads)
+        self.layer_types = self.windows = None  # a Hugging Face model's attention layers (refimpl.window_cache)
+        if hasattr(cfg, "get_text_config"):
+            from .window_cache import attention_windows, layer_types
+
+            self.layer_types, self.windows = layer_types(cfg), attention_windows(cfg)
+        self.windowed = any(w is not None for w in self.windows or ())
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -115,9 +121,24 @@ class LM:
         return out.logits.float()
 
     def new_cache(self):
+        """An empty KV cache: Hugging Face's ``DynamicCache``, or for a model with sliding-window layers a
+        :class:`refimpl.window_cache.WindowCache` (it keeps what a rejected draft needs to be undone)."""
+        if self.windowed:
+            from .window_cache import WindowCache
+
+            return WindowCache()
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
+
+    def rollback_problem(self) -> str | None:
+        """Why this model's cache cannot be rolled back past a rejected draft (a recurrent or chunked
+        layer, ...: :func:`refimpl.window_cache.rollback_problem`), or None: every method can run."""
+        if self.layer_types is None:
+            return None
+        from .window_cache import rollback_problem
+
+        return self.once(("rollback problem",), lambda: rollback_problem(self.model))
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
@@ -135,17 +156,29 @@ class LM:
         taps = None if isinstance(output_hidden_states, bool) else check_taps(output_hidden_states, self.num_layers)
         if cache is None:
             cache = self.new_cache()
-        if attention_mask is not None and attention_mask.dim() == 4:
+        positions = None
+        if self.windowed:
+            from .window_cache import WindowCache, layer_masks
+
+            if isinstance(cache, WindowCache):  # windows measured in positions, across holes
+                attention_mask, positions = layer_masks(cache, self.layer_types, self.windows, input_ids.shape[0],
+                                                        input_ids.shape[1], position_ids, attention_mask, self.dtype,
+                                                        self.device)
+                position_ids = positions
+        if attention_mask is not None and not isinstance(attention_mask, dict) and attention_mask.dim() == 4:
             attention_mask = attention_mask.to(device=self.device, dtype=self.dtype)
         out = self.model(
             input_ids=input_ids.to(self.device),
             past_key_values=cache,
             position_ids=None if position_ids is None else position_ids.to(self.device),
-            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+            attention_mask=attention_mask if attention_mask is None or isinstance(attention_mask, dict)
+            else attention_mask.to(self.device),
             use_cache=True,
             output_hidden_states=bool(output_hidden_states),
             logits_to_keep=logits_to_keep,
         )
+        if positions is not None:
+            cache.append_positions(positions)
         if output_hidden_states is True:
             return out.logits.float(), out.past_key_values, out.hidden_states[-1]
         if taps:
@@ -187,6 +220,15 @@ class LM:
             idx = src.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
             keys[:, :, dst:dst + k_new] = keys.gather(2, idx)  # gather copies first: overlaps are safe
             values[:, :, dst:dst + k_new] = values.gather(2, idx)
+
+
+def check_rollback(lm, method: str, role: str = "target") -> None:
+    """A ``ValueError`` before decoding when ``method`` would have to roll back the cache of ``lm`` (the
+    ``role``) and cannot (:meth:`LM.rollback_problem`): it names the layer and the way out."""
+    why = lm.rollback_problem() if hasattr(lm, "rollback_problem") else None
+    if why:
+        raise ValueError(f"{method} cannot run with this {role} ({getattr(lm, 'name', '?')}): {why}. Decode it "
+                         "with autoregressive.generate (method='ar'), which never rolls a cache back")
 
 
 def check_taps(taps, num_layers: int) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ import os
 from . import (adaptive, autoregressive, dllm_draft, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa, models,
                retrieval, speculative, tree)
 from .generation import Generation
+from .lm import check_rollback
 
 #: method name -> (module, what it drafts with: "draft" a draft LM, "dlm" a block-diffusion LM,
 #: "heads" / "eagle" / "eagle3" trained heads, None nothing, and the options it fixes)
@@ -73,14 +74,17 @@ def has_drafter(target, kind: str | None) -> bool:
 
 
 def available(target) -> list[str]:
-    """The methods :func:`generate` can run on ``target`` with the zoo's drafters, in :data:`METHODS` order."""
+    """The methods :func:`generate` can run on ``target`` with the zoo's drafters, in :data:`METHODS` order
+    (only ``"ar"`` when the target's cache cannot be rolled back: :meth:`refimpl.lm.LM.rollback_problem`)."""
+    if target.rollback_problem() if hasattr(target, "rollback_problem") else None:
+        return ["ar"]
     return [m for m, (_, kind, _) in METHODS.items() if has_drafter(target, kind)]
 
 
 def fastest(target) -> str:
     """The first method of ``target``'s :data:`FASTEST` order that the zoo has a drafter for."""
-    order = FASTEST.get(getattr(target, "name", ""), FASTEST["smollm2-135m"])
-    return next(m for m in order if has_drafter(target, METHODS[m][1]))
+    order, can = FASTEST.get(getattr(target, "name", ""), FASTEST["smollm2-135m"]), available(target)
+    return next(m for m in order if m in can)
 
 
 def drafter(target, kind: str):
@@ -98,6 +102,8 @@ def generate(target, prompts, method: str = "fastest", **options) -> Generation:
     if method not in METHODS:
         raise ValueError(f"method must be 'fastest' or one of {sorted(METHODS)}, got {method!r}")
     module, kind, fixed = METHODS[method]
+    if method != "ar":
+        check_rollback(target, f"method {method!r}")
     takes = list(inspect.signature(module.generate).parameters)[2:]  # after (target, prompts)
     unknown = sorted(set(options) - set(takes) | set(options) & set(fixed))
     if unknown:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .lm import check_rollback
+
 
 class SlotCache:
     """One model's KV cache plus a (B, slots) mask of valid slots and per-row valid counts.
@@ -23,6 +25,7 @@ class SlotCache:
     the physical number of slots, ``holes`` says whether any row has a 0 in ``mask``."""
 
     def __init__(self, lm, batch: int, device):
+        check_rollback(lm, "a decoder that rolls its cache back", "model")
         self.lm = lm
         self.cache = None
         self.rows, self.length, self.device = batch, 0, torch.device(device)

@@ -69,7 +69,7 @@ import kernels
 from . import sampling
 from .generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, draft_as_keyword,
                          eos_set, normalize_prompts, preset_options, required, truncate_at_eos)
-from .lm import left_pad
+from .lm import check_rollback, left_pad
 from .slot_cache import SlotCache  # noqa: F401  (re-exported: ``speculative.SlotCache`` is public)
 
 
@@ -168,6 +168,7 @@ def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: flo
     number of drafts per row and step.
     """
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
+    check_rollback(target, f"speculative decoding ({type(proposer).__name__})")
     if rule is not None and getattr(proposer, "tree_proposals", False):
         raise ValueError("rule= replaces the chain's acceptance rule; this proposer drafts token trees")
     prompts = normalize_prompts(prompts, min(target.max_length, getattr(proposer, "max_length", target.max_length)),
