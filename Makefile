@@ -94,9 +94,9 @@ production: setup $(VLLM_STAMP)
 		$(BIN)/python -m refimpl.bench.production $(PRODUCTION_ARGS)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/test_production.py
 
-# regenerate every .ipynb from its paired jupytext .py (outputs stay stripped)
+# regenerate every .ipynb from its paired jupytext .py (outputs stay stripped; --update keeps each cell's id)
 notebooks: setup
-	$(BIN)/jupytext --to ipynb notebooks/[0-9]*.py
+	$(BIN)/jupytext --update --to ipynb notebooks/[0-9]*.py
 
 # what setup and test make; never bench_results/ (committed results) or work/ (the learner's copy)
 clean:

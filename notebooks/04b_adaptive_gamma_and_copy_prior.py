@@ -427,10 +427,11 @@ for t_, d_ in ((target, draft), (big, small_plain)):
 # a draft that passes the drill still guesses there. Prompt lookup (chapter 09) copies mechanically: find the latest earlier occurrence of the
 # context's last `n` tokens and propose the token that followed -- what an induction head does,
 # as a lookup. By hand, for one position (`n` from 3 down to 2), checked on every position of a
-# drill row against `refimpl.copy_prior.copy_candidates` (all positions of a batch at once):
+# drill row against `refimpl.primitives.copy_candidates` (all positions of a batch at once):
 
 # %%
-from refimpl.copy_prior import ContextCopyLM, copy_candidates, lookup_positions
+from refimpl.copy_prior import ContextCopyLM
+from refimpl.primitives import copy_candidates, lookup_positions
 
 
 def lookup_by_hand(history, max_n=3, min_n=2):

@@ -642,12 +642,13 @@ plt.tight_layout(); plt.show()
 # rest. Deeper guesses feed `f̂` back where the true feature would be. One step by hand from the
 # zoo draft's weights, on prompt 0 followed by the target's own next token `t` (the newest input):
 # it must equal `EagleDraft.forward`. The pieces of the layer are chapter 04c's (RMSNorm modules,
-# `eagle.rotate` for RoPE); the inputs are the pairs `(x_{t+1}, f_t)` of the prompt and `t`, the
+# `primitives.rope` for RoPE); the inputs are the pairs `(x_{t+1}, f_t)` of the prompt and `t`, the
 # features from one target forward. The last output predicts the feature the target computes
 # after `t`: compare the vectors (cosine) and the tokens the LM head reads off them.
 
 # %%
 from refimpl import eagle
+from refimpl.primitives import rope                              # rotary positions, shared by every model here
 
 draft = eagle.load_draft(lm, EAGLE_DRAFT)                      # on lm's device
 
@@ -655,7 +656,7 @@ draft = eagle.load_draft(lm, EAGLE_DRAFT)                      # on lm's device
 def draft_by_hand(tok, feat):                                  # (T,) x_{t+1}, (T, H) f_t -> (T, H) predicted f_{t+1}
     T, x = len(tok), draft.fc(torch.cat([draft.embed[tok], feat], -1))                      # (T, H)
     q, k, v = draft.qkv(draft.norm1(x)).view(T, 3, draft.num_heads, -1).permute(1, 2, 0, 3)  # (heads, T, d) each
-    q, k = (eagle.rotate(z[None], torch.arange(T, device=x.device)[None], draft.rope_theta)[0] for z in (q, k))
+    q, k = (rope(z[None], torch.arange(T, device=x.device)[None], draft.rope_theta)[0] for z in (q, k))
     s = (q @ k.mT / q.shape[-1] ** 0.5).masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), -torch.inf)
     x = x + draft.o((s.softmax(-1) @ v).transpose(0, 1).reshape(T, -1))                      # causal attention + residual
     g, u = draft.gate_up(draft.norm2(x)).chunk(2, -1)

@@ -66,6 +66,7 @@ import os
 import random
 import matplotlib.pyplot as plt
 from refimpl import models, autoregressive, speculative, medusa, eagle
+from refimpl.primitives import rope                      # rotary positions, shared by every model here
 from refimpl.prompts import encode_prompt
 from refimpl.data import kjv_split
 from refimpl.train.distill_data import generate_answers
@@ -139,7 +140,7 @@ def step3_by_hand(tok, streams):                               # (T,) x_{t+1}, (
     x = torch.cat([draft3.norm_in(draft3.embed[tok]), draft3.norm_hid(g)], -1)               # (T, 2H)
     q, k, v = draft3.qkv(x).view(T, h + 2 * kv, d).transpose(0, 1).split([h, kv, kv], 0)    # (heads, T, d)
     pos = torch.arange(T, device=x.device)[None]
-    q, k = (eagle.rotate(z[None], pos, draft3.rope_theta)[0] for z in (q, k))
+    q, k = (rope(z[None], pos, draft3.rope_theta)[0] for z in (q, k))
     k, v = k.repeat_interleave(h // kv, 0), v.repeat_interleave(h // kv, 0)                  # grouped-query heads
     s = (q @ k.mT / d ** 0.5).masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), -torch.inf)
     r = g + draft3.o((s.softmax(-1) @ v).transpose(0, 1).reshape(T, -1))                    # residual: g, not x

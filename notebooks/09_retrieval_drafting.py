@@ -150,9 +150,9 @@ print(f"tau {mine.stats.tau:.2f} | target calls {mine.stats.target_calls} | draf
 # **latest** `i` with `tokens[i : i + n] == tokens[-n:]` whose occurrence ends before the last
 # position (`i + n - 1 < len(tokens) - 1`); return `i + n` (the position after it) for the first
 # `n` that has one, else `-1`. An `n` with `len(tokens) <= n` has no earlier occurrence. No index,
-# no automaton: two loops. The check compares it with `refimpl.copy_prior.lookup_positions`, the
+# no automaton: two loops. The check compares it with `refimpl.primitives.lookup_positions`, the
 # vectorised version, on random token strings. (A scan costs a pass over the history at every step;
-# the library's `PromptLookup` keeps `copy_prior.NgramIndex` instead, a dict from each n-gram to the
+# the library's `PromptLookup` keeps `primitives.NgramIndex` instead, a dict from each n-gram to the
 # position after its latest occurrence, updated as tokens arrive: one dict query a step, the same answers.)
 
 # %%
@@ -166,7 +166,7 @@ def lookup(tokens, max_ngram=3, min_ngram=1):
 
 # %%
 import random
-from refimpl import copy_prior
+from refimpl import primitives
 
 
 def check_lookup():
@@ -174,7 +174,7 @@ def check_lookup():
     for _ in range(300):
         toks, hi = [rng.randrange(3) for _ in range(rng.randrange(1, 25))], rng.randint(1, 4)
         lo = rng.randint(1, hi)
-        want = int(copy_prior.lookup_positions(torch.tensor(toks, device=DEVICE), torch.tensor([len(toks) - 1], device=DEVICE), hi, lo)[0])
+        want = int(primitives.lookup_positions(torch.tensor(toks, device=DEVICE), torch.tensor([len(toks) - 1], device=DEVICE), hi, lo)[0])
         assert lookup(toks, hi, lo) == want, f"lookup({toks}, {hi}, {lo}) returned {lookup(toks, hi, lo)}, expected {want}"
 
 

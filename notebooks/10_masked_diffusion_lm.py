@@ -53,6 +53,7 @@ from html import escape
 import matplotlib.pyplot as plt
 import torch.nn.functional as F
 from refimpl import diffusion_lm, diffusion, digit_reversal, models, data
+from refimpl.primitives import rms_norm, rope             # the pieces every model of the course shares
 from refimpl.train import encode_docs, random_windows
 
 tok = models.load("tiny", device="cpu").tokenizer
@@ -121,14 +122,14 @@ ax.set_title("forward process q(x_t | x_0): grey = MASK, right = fraction masked
 def block_by_hand(blk, h, pos, causal=False):
     B, T, H = h.shape
     nh, hs = blk.heads, H // blk.heads
-    a = diffusion_lm.rms_norm(h, blk.attn_norm.weight, blk.attn_norm.eps)
+    a = rms_norm(h, blk.attn_norm.weight, blk.attn_norm.eps)
     q, k, v = (a @ blk.qkv.weight.T).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hs)
-    q, k = diffusion_lm.rope(q, pos, blk.theta), diffusion_lm.rope(k, pos, blk.theta)
+    q, k = rope(q, pos, blk.theta), rope(k, pos, blk.theta)
     s = q @ k.transpose(-1, -2) / math.sqrt(hs)                                     # (B, nh, T, T)
     if causal:
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1), float("-inf"))
     h = h + (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H) @ blk.o.weight.T
-    g, u = (diffusion_lm.rms_norm(h, blk.mlp_norm.weight, blk.mlp_norm.eps) @ blk.gate_up.weight.T).chunk(2, -1)
+    g, u = (rms_norm(h, blk.mlp_norm.weight, blk.mlp_norm.eps) @ blk.gate_up.weight.T).chunk(2, -1)
     return h + (F.silu(g) * u) @ blk.down.weight.T                                  # SwiGLU
 
 # %% [markdown]
@@ -144,7 +145,7 @@ def denoiser_by_hand(model, ids, causal=False):
         h = h + model.pos_embed(pos)
     for blk in model.blocks:
         h = block_by_hand(blk, h, pos, causal)
-    return diffusion_lm.rms_norm(h, model.norm.weight, model.norm.eps) @ model.embed.weight.T  # (B, T, V)
+    return rms_norm(h, model.norm.weight, model.norm.eps) @ model.embed.weight.T  # (B, T, V)
 
 # %% [markdown]
 # Check it against the library on a small random network, built the way `refimpl.train` builds

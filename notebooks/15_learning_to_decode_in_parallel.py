@@ -260,7 +260,7 @@ print(repr(tiny_cllm.decode(autoregressive.generate(tiny_cllm, prompts[:1], max_
 
 # %%
 from refimpl import speculative
-from refimpl.copy_prior import scan_positions
+from refimpl.primitives import scan_positions
 
 
 def lookup_guesses(context, have, k):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .generation import (Generation, Stats, Timer, check_generate_args, eos_set, normalize_prompts)
-from .lm import left_pad, positions_from_mask
+from .primitives import left_pad, positions_from_mask
 from .sampling import sample
 
 

@@ -35,9 +35,9 @@ import torch.nn.functional as F
 
 from .diffusion_steps import check_commit_rule, check_prompts, denoise_step, never_mask, num_transfer_tokens
 from .generation import Generation, Stats, Timer, check_positive_int, eos_set, normalize_prompts, truncate_at_eos
-from .lm import left_pad
+from .primitives import additive, left_pad
 from .speculative import SlotCache
-from .tree import SIDE, Tree, additive
+from .tree import SIDE, Tree
 
 # ---------------------------------------------------------------------------------------
 # masks

@@ -39,7 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .lm import as_token_batch, positions_from_mask
+from .lm import as_token_batch
+from .primitives import RMSNorm, positions_from_mask, rope
 
 # ---------------------------------------------------------------------------------------
 # the network
@@ -57,47 +58,6 @@ class DLMConfig:
     eos_token_id: int = 0
     pad_token_id: int = 1
     abs_pos: bool = False  # add learned absolute position embeddings (helps fixed-layout synthetic tasks)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm (Zhang & Sennrich, arXiv 1910.07467), computed in float32 as Llama does."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6, device=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, device=device))
-        self.eps = eps
-
-    def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
-
-
-def inv_frequencies(d: int, theta: float, device) -> torch.Tensor:
-    """The rotary frequencies ``theta^(-2i/d)`` (D/2,) for head size ``d``, float32."""
-    return 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
-
-
-def rope_angles(pos: torch.Tensor, d: int, theta: float, dtype=torch.float32, inv: torch.Tensor | None = None):
-    """cos, sin (B, 1, Q, D/2) of the rotary angles for positions ``pos`` (B, Q), head size ``d``
-    (``inv``: :func:`inv_frequencies` computed once by a caller that steps many times)."""
-    inv = inv_frequencies(d, theta, pos.device) if inv is None else inv  # (D/2,)
-    ang = pos.to(torch.float32)[:, None, :, None] * inv  # (B, 1, Q, D/2)
-    return ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, H, Q, D) by the angles of :func:`rope_angles` (half-split convention)."""
-    d = x.size(-1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (half-split convention). x (B, H, Q, D), pos (B, Q)."""
-    return apply_rope(x, *rope_angles(pos, x.size(-1), theta, x.dtype))
 
 
 class Block(nn.Module):

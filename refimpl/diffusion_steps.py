@@ -22,7 +22,7 @@ import torch
 import kernels
 
 from .generation import check_positive_int
-from .lm import left_pad
+from .primitives import left_pad
 
 REMASKING = ("low_confidence", "random")
 CACHES = (None, "prefix", "dual")

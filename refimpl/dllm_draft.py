@@ -33,7 +33,7 @@ from . import sampling
 from .block_diffusion import block_predictions, block_step
 from .diffusion_steps import num_transfer_tokens
 from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
-from .lm import left_pad
+from .primitives import left_pad
 from .speculative import Proposal, Sampling, SlotCache, Verdict, check_same_tokenizer, decode
 
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from .diffusion_steps import denoise_step
 from .generation import check_positive_int
-from .tree import additive
+from .primitives import additive
 
 
 def block_allow(L: int, b: int, device) -> torch.Tensor:

@@ -22,9 +22,10 @@ What :class:`refimpl.tree.DraftTree` does simply, this does without recomputatio
   nothing is run twice except the accepted path (fed again as committed tokens, in the call that
   had to happen anyway for the target's token after it).
 - a draft with a copy prior (:class:`refimpl.copy_prior.ContextCopyLM`, the zoo's SmolLM2 draft)
-  cannot take a tree mask (its history is indexed by position, and siblings share one), so the
-  prior is applied here per node instead: each node's own history is the committed tokens plus its
-  path, and its copy candidate gets the prior's ``bias`` (:func:`refimpl.copy_prior.boost_nodes`).
+  cannot take a tree mask (its history is indexed by position, and siblings share one), so it hands
+  over its inner LM and the prior (:meth:`refimpl.lm.LM.tree_form`), applied here per node instead:
+  each node's own history is the committed tokens plus its path, and its copy candidate gets the
+  prior's ``bias`` (:func:`boost_columns`, which EAGLE's trees use too).
 
 Our addition to EAGLE-2's rule is ``floor``: a level whose best node has cumulative confidence
 below it is not grown (its children could add at most that many expected tokens, less than the
@@ -39,12 +40,42 @@ import math
 
 import torch
 
-from .copy_prior import ContextCopyLM, boost_nodes
 from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
-from .lm import left_pad
+from .primitives import additive, candidate_lists, left_pad, unpad
 from .slot_cache import SlotCache
 from .speculative import check_same_tokenizer, decode
-from .tree import ROOT, additive, keep_best, pack
+from .tree import ROOT, keep_best, pack
+
+
+def boost_columns(logits: torch.Tensor, histories: list[list[list[int]]], columns: list[int] | None,
+                  bias: float, max_ngram: int = 3, min_ngram: int = 2) -> tuple[torch.Tensor, list[list[int]]]:
+    """The copy prior per tree node (chapters 04b-06): ``logits`` (B, e, V') of ``e`` nodes per row;
+    ``histories[b][i]`` the tokens up to and including node i of row b (the committed tokens, then its
+    path from the root); each node's prompt-lookup candidate (:func:`refimpl.primitives.candidate_lists`)
+    gets ``+bias``. ``columns[t]``: token id -> its column of ``logits`` (-1: not scored, a draft over a
+    kept vocabulary; None: the column is the id). A candidate outside the kept columns has no logit of
+    the draft's: it gets one more column, at the node's best logit + ``bias``, so the prior ranks it
+    first as it ranks a kept candidate the draft already likes. -> ``(logits (B, e, V') or (B, e, V' + 1),
+    candidates)``, the candidates as B lists of e token ids (-1 = none): column V' (when present) is
+    each node's candidate. In place where no column is added."""
+    cand = candidate_lists(histories, max_ngram, min_ngram)  # B lists of e
+    (B, e, V), at, outside = logits.shape, [], []  # (b, i, column) of every candidate; (b, i) outside the kept
+    for b, row in enumerate(cand):
+        for i, t in enumerate(row):
+            if t >= 0:
+                col = t if columns is None else columns[t]
+                if col < 0:
+                    outside.append((b, i))
+                at.append((b, i, V if col < 0 else col))
+    if outside:
+        bo, io = zip(*outside)
+        extra = torch.full((B, e, 1), float("-inf"), device=logits.device)
+        extra[bo, io, 0] = logits[bo, io].amax(-1)
+        logits = torch.cat([logits, extra], -1)  # (B, e, V' + 1)
+    if at:
+        b, i, col = zip(*at)
+        logits[b, i, col] += bias
+    return logits, cand
 
 
 class Growth:
@@ -171,13 +202,11 @@ class DynamicDraftTree:
         self.floor = check_floor(floor)
         if target is not None:
             check_same_tokenizer(target, draft)
-        self.copy = draft if isinstance(draft, ContextCopyLM) else None
-        self.draft = draft.lm if self.copy is not None else draft  # the LM that runs (tree masks)
+        self.draft, self.copy = draft.tree_form()  # the LM that runs (tree masks), its copy prior or None
         self.max_length = draft.max_length
 
     def start(self, ids, mask, settings) -> None:
-        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.history = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed tokens
+        self.history = unpad(ids, mask)  # committed tokens
         self.device = ids.device  # the target's: proposals are built there
         self.pending = [list(h) for h in self.history]  # committed but not yet fed to the draft
         self.slots = SlotCache(self.draft, ids.shape[0], self.draft.device)
@@ -188,7 +217,8 @@ class DynamicDraftTree:
         if self.copy is None:
             return logits
         hist = [[self.history[b] + p for p in paths[b]] for b in range(len(paths))]
-        return boost_nodes(logits, hist, self.copy.max_ngram, self.copy.min_ngram, self.copy.bias)
+        bias, max_ngram, min_ngram = self.copy
+        return boost_columns(logits, hist, None, bias, max_ngram, min_ngram)[0]
 
     def settled(self, score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int]) -> bool:
         """Stop growing below level ``d``? :func:`settled` with this tree's ``total`` and ``floor``."""

@@ -42,45 +42,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .copy_prior import boost_columns
-from .dynamic_tree import Growth, check_floor, settled
+from .dynamic_tree import Growth, boost_columns, check_floor, settled
 from .generation import Generation, check_positive_int, preset_options
-from .lm import causal_after, check_width, positions_from_mask
+from .lm import check_width
 from .medusa import read_folder, write_folder, zoo_draft
+from .primitives import causal, causal_after, positions_from_mask, rope, rope_theta, unpad
 from .speculative import decode
 from .tree import Tree, pack
-
-
-def rope_tables(pos: torch.Tensor, d: int, theta: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotary tables at positions pos (B, T) for head size d: ``cos2 = [cos, cos]`` and
-    ``sin2 = [-sin, sin]``, each (B, 1, T, d)."""
-    inv = theta ** (-torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d)  # (d/2,)
-    ang = pos.to(torch.float32)[:, None, :, None] * inv  # (B, 1, T, d/2)
-    cos, sin = ang.cos(), ang.sin()
-    return torch.cat([cos, cos], -1).to(dtype), torch.cat([-sin, sin], -1).to(dtype)
-
-
-def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding of x (..., B, h, T, d) at positions pos (B, T) (Llama's rotate-half
-    form, ``[x1 cos - x2 sin, x2 cos + x1 sin]``, as ``x cos2 + roll(x) sin2``: the same bits in
-    fewer calls). Leading dims let q and k rotate in one call."""
-    d = x.shape[-1]
-    cos2, sin2 = rope_tables(pos, d, theta, x.dtype)  # (B, 1, T, d)
-    return x * cos2 + x.roll(d // 2, -1) * sin2
-
-
-def positions(mask: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, T) 1 = real input -> (B, T) each input's position: ``start`` (B,) (None: 0) + its index
-    among its row's real inputs (pads: clamped, never used)."""
-    pos = positions_from_mask(mask)
-    return pos if start is None else pos + start[:, None]
-
-
-def causal(mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) 1 = real -> (B, T, T) bool: query i sees the real keys j <= i (a pad sees itself: no empty rows)."""
-    T = mask.shape[1]
-    allow = torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()[None] & mask.bool()[:, None, :]
-    return allow | torch.eye(T, dtype=torch.bool, device=mask.device)[None]
 
 
 class EagleDraft(nn.Module):
@@ -121,7 +89,7 @@ class EagleDraft(nn.Module):
             allow = causal_after(B, T, 0 if past is None else past[0].shape[2], feat.device)
         x = self.fc(torch.cat([self.embed[tok], feat.to(self.embed.dtype)], -1))  # (B, T, H)
         qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, h, T, d)
-        (q, k), v = rotate(qkv[:2], pos, self.rope_theta), qkv[2]  # (B, h, T, d) each
+        (q, k), v = rope(qkv[:2], pos, self.rope_theta), qkv[2]  # (B, h, T, d) each
         K, V = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         a = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=allow[:, None])  # (B, h, T, d)
         x = x + self.o(a.transpose(1, 2).reshape(B, T, H))
@@ -132,7 +100,7 @@ class EagleDraft(nn.Module):
         """Teacher-forced: (B, T) tokens x_{t+1}, (B, T, H) features f_t, (B, T) 1 = real (padding
         anywhere) -> (B, T, H) predicted f_{t+1}, causal over each row's real inputs."""
         mask = torch.ones_like(tok) if mask is None else mask
-        return self.step(tok, feat, positions(mask), causal(mask))[0]
+        return self.step(tok, feat, positions_from_mask(mask), causal(mask))[0]
 
     taps = None  # the target's last (normed) layer: ``Verdict.hidden`` as it comes
 
@@ -164,8 +132,7 @@ def save_draft(draft: EagleDraft, folder: str, base_model: str, report: dict | N
 def new_draft(target, **kw) -> EagleDraft:
     """An untrained draft shaped after ``target`` (its embedding, LM head, heads, MLP width, rope)."""
     c = target.config
-    rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", 10000.0))
-    kw = {"num_heads": c.num_attention_heads, "intermediate": c.intermediate_size, "rope_theta": rope,
+    kw = {"num_heads": c.num_attention_heads, "intermediate": c.intermediate_size, "rope_theta": rope_theta(c),
           "eps": c.rms_norm_eps, **kw}
     return EagleDraft(target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight, **kw)
 
@@ -223,7 +190,7 @@ class EagleProposer:
         """The ``topk`` likeliest children of nodes whose draft outputs are ``o`` (B, e, H) -> (log-probs,
         token ids), each (B, e, topk). The copy prior (``copy`` > 0; ``hist[b][i]``: node i's tokens,
         committed + path) adds ``copy`` to each node's copy candidate
-        (:func:`refimpl.copy_prior.boost_columns`). A candidate outside the draft's kept vocabulary
+        (:func:`refimpl.dynamic_tree.boost_columns`). A candidate outside the draft's kept vocabulary
         has no logit of the draft's: it gets one more column, at the node's best logit + ``copy``, so
         the prior ranks it first, as it ranks a kept candidate the draft already likes. Those are the
         copied names and rare words: 9.5% of SmolLM2's greedy tokens on the benchmark prompts lie
@@ -240,7 +207,7 @@ class EagleProposer:
 
     def start(self, ids, mask, settings) -> None:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.toks = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]  # committed + the root
+        self.toks = unpad(ids, mask)  # committed + the root
         self.feats = None  # per row (n, H): the target's feature after each committed token but the root
         self.pmask, self.rows = real, None
         self.device = ids.device  # the target's: proposals are built there
@@ -278,7 +245,7 @@ class EagleProposer:
             allow, mask = None, torch.ones(tok.shape, dtype=torch.bool, device=dev)
         else:
             tok, feat, mask = self.context(done)  # (B, m): the inputs not in the cache, left-padded
-            pos, allow = positions(mask, torch.tensor(done, device=tok.device)), causal(mask)  # as if run from 0
+            pos, allow = positions_from_mask(mask, torch.tensor(done, device=tok.device)), causal(mask)  # as if run from 0
             if not first:  # the new inputs see the real cached keys, then each other causally
                 allow = torch.cat([self.kmask[:, None, :].expand(-1, tok.shape[1], -1), allow], -1)
         out, (k, v) = self.draft.step(tok, feat, pos, allow, None if first else past)

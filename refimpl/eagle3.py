@@ -39,10 +39,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .eagle import EagleProposer, causal, positions, rotate
+from .eagle import EagleProposer
 from .generation import Generation, preset_options
-from .lm import causal_after, check_taps, check_width
+from .lm import check_taps, check_width
 from .medusa import read_folder, write_folder, zoo_draft
+from .primitives import causal, causal_after, positions_from_mask, rope, rope_theta
 from .speculative import decode
 
 
@@ -101,7 +102,7 @@ class Eagle3Draft(nn.Module):
             allow = causal_after(B, T, 0 if past is None else past[0].shape[2], feat.device)
         x = torch.cat([self.norm_in(self.embed[tok]), self.norm_hid(feat)], -1)  # (B, T, 2H)
         t = self.qkv(x).view(B, T, h + 2 * kv, d).transpose(1, 2)  # (B, heads, T, d)
-        (q, k), v = rotate(t[:, :h + kv], pos, self.rope_theta).split([h, kv], 1), t[:, h + kv:]  # q and k in one call
+        (q, k), v = rope(t[:, :h + kv], pos, self.rope_theta).split([h, kv], 1), t[:, h + kv:]  # q and k in one call
         K, V = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         a = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=allow[:, None], enable_gqa=h != kv)
         r = feat + self.o(a.transpose(1, 2).reshape(B, T, h * d))  # (B, T, H) the residual stream
@@ -126,7 +127,7 @@ def unroll(draft: Eagle3Draft, tok: torch.Tensor, g: torch.Tensor, mask: torch.T
     keys at indices <= t and to steps 1..j's keys at index t alone. -> ``[o_0, ..., o_{steps-1}]``,
     each (B, T, H): ``logits(o_j[:, t])`` predicts the token after ``tok[t + j]``."""
     B, T = tok.shape
-    pos, allow0 = positions(mask), causal(mask)  # (B, T), (B, T, T)
+    pos, allow0 = positions_from_mask(mask), causal(mask)  # (B, T), (B, T, T)
     eye = torch.eye(T, dtype=torch.bool, device=tok.device)[None].expand(B, T, T)
     out, (k, v) = draft.step(tok, g, pos, allow0)
     outs, ks, vs = [out], [k], [v]
@@ -146,11 +147,10 @@ def new_draft(target, taps=None, kept: torch.Tensor | None = None, **kw) -> Eagl
     :func:`default_taps`."""
     c = target.config
     taps = check_taps(default_taps(c.num_hidden_layers) if taps is None else taps, c.num_hidden_layers)
-    rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", 10000.0))
     heads = c.num_attention_heads
     kw = {"num_heads": heads, "num_kv_heads": getattr(c, "num_key_value_heads", None) or heads,
           "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads, "intermediate": c.intermediate_size,
-          "rope_theta": rope, "eps": c.rms_norm_eps, **kw}
+          "rope_theta": rope_theta(c), "eps": c.rms_norm_eps, **kw}
     W = target.model.get_output_embeddings().weight.detach()
     head = W if kept is None else W[kept.long().to(W.device)]
     return Eagle3Draft(target.model.get_input_embeddings().weight, head, taps, kept=kept, **kw)

@@ -39,8 +39,8 @@ import torch
 
 import kernels
 
-from .copy_prior import NgramIndex
 from .generation import Generation, check_positive_int, int_tensor, preset_options
+from .primitives import NgramIndex, unpad
 from .speculative import Proposal, Sampling, Verdict, decode
 
 #: where a new slot's first guess comes from (:class:`Jacobi`)
@@ -67,8 +67,7 @@ class Jacobi:
         self.seed, self.init_from = seed, init
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
-        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.context = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        self.context = unpad(ids, mask)
         # with init="lookup": each row's n-gram index (it grows the row's context list itself)
         self.index = [NgramIndex(ctx, 3, 1) for ctx in self.context] if self.init_from == "lookup" else None
         if self.index is not None:

@@ -6,16 +6,35 @@
   additive float mask (B, 1, Q, past + Q) for token trees (0 = attend, -inf = blocked);
 - ``LM.crop(cache, length)``: roll the KV cache back to its first ``length`` positions.
 
-Also the batch helpers every decoder shares: :func:`left_pad` (a ragged batch as one block) and
-:func:`positions_from_mask` (position ids that skip the pads). Loading by name lives one layer up,
-in :mod:`refimpl.models`.
+Sliding-window attention under draft / verify / roll back. Models such as Mistral 7B v0.1, Phi-3,
+Gemma 2 / 3 (local layers) and gpt-oss restrict some or all attention layers to a window of the last
+``W`` positions: the query at position ``i`` sees the keys at positions ``j`` with ``i - W < j <= i``
+(Beltagy, Peters, Cohan, "Longformer", arXiv 2004.05150, §3.1; Jiang et al., "Mistral 7B", arXiv
+2310.06825, §2). Hugging Face's cache for such a layer keeps only the last ``W - 1`` keys, all plain
+decoding needs; a speculative step appends drafts and removes the rejected ones after, and once the
+window is full the keys they pushed out are gone. Token trees and ragged batches break two more of its
+assumptions: the tree's compaction indexes slots by place, and a row with holes (rejected drafts,
+:mod:`refimpl.slot_cache`) has fewer real tokens in its last ``W`` slots than the window allows. So
+:meth:`LM.new_cache` gives such a model a :class:`WindowCache`: every layer keeps every position (the
+memory of a full-attention cache: what a rejected draft needs stays until the generation ends), the
+position id of every slot is recorded, and :func:`layer_masks` measures each window in positions, not
+slots. Every method then stays AR's greedy tokens and lossless when sampling, for any window. A layer
+no cache here can roll back (a recurrent state, chunked attention, a layer reading another's cache) is
+named by :meth:`LM.rollback_problem`, and the decoders refuse it before decoding (:func:`check_rollback`).
+
+Loading by name lives one layer up, in :mod:`refimpl.models`.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+from .primitives import additive, causal_after
 
 
 def default_device() -> torch.device:
@@ -63,10 +82,8 @@ class LM:
         self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
         self.mask_token_id = getattr(self.tokenizer, "mask_token_id", None)
         self.built = {}  # what :meth:`once` built for this target (the zoo's drafts and heads)
-        self.layer_types = self.windows = None  # a Hugging Face model's attention layers (refimpl.window_cache)
+        self.layer_types = self.windows = None  # a Hugging Face model's attention layers (see the module doc)
         if hasattr(cfg, "get_text_config"):
-            from .window_cache import attention_windows, layer_types
-
             self.layer_types, self.windows = layer_types(cfg), attention_windows(cfg)
         self.windowed = any(w is not None for w in self.windows or ())
 
@@ -97,6 +114,13 @@ class LM:
         draft's products onto the same kernel (``int8``: on int8 panels)."""
         return draft
 
+    def tree_form(self):
+        """``(lm, copy)``: the LM that scores a token tree for this draft, and the copy prior it carries
+        as ``(bias, max_ngram, min_ngram)`` (None: none). Here ``(self, None)``; a draft that raises its
+        own logits by context lookups (:class:`refimpl.copy_prior.ContextCopyLM`) hands over its inner
+        LM and the prior, which a tree proposer applies per node."""
+        return self, None
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -122,22 +146,14 @@ class LM:
 
     def new_cache(self):
         """An empty KV cache: Hugging Face's ``DynamicCache``, or for a model with sliding-window layers a
-        :class:`refimpl.window_cache.WindowCache` (it keeps what a rejected draft needs to be undone)."""
-        if self.windowed:
-            from .window_cache import WindowCache
-
-            return WindowCache()
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.config)
+        :class:`WindowCache` (it keeps what a rejected draft needs to be undone)."""
+        return WindowCache() if self.windowed else DynamicCache(config=self.config)
 
     def rollback_problem(self) -> str | None:
         """Why this model's cache cannot be rolled back past a rejected draft (a recurrent or chunked
-        layer, ...: :func:`refimpl.window_cache.rollback_problem`), or None: every method can run."""
+        layer, ...: :func:`rollback_problem`), or None: every method can run."""
         if self.layer_types is None:
             return None
-        from .window_cache import rollback_problem
-
         return self.once(("rollback problem",), lambda: rollback_problem(self.model))
 
     @torch.no_grad()
@@ -157,14 +173,11 @@ class LM:
         if cache is None:
             cache = self.new_cache()
         positions = None
-        if self.windowed:
-            from .window_cache import WindowCache, layer_masks
-
-            if isinstance(cache, WindowCache):  # windows measured in positions, across holes
-                attention_mask, positions = layer_masks(cache, self.layer_types, self.windows, input_ids.shape[0],
-                                                        input_ids.shape[1], position_ids, attention_mask, self.dtype,
-                                                        self.device)
-                position_ids = positions
+        if isinstance(cache, WindowCache):  # windows measured in positions, across holes
+            attention_mask, positions = layer_masks(cache, self.layer_types, self.windows, input_ids.shape[0],
+                                                    input_ids.shape[1], position_ids, attention_mask, self.dtype,
+                                                    self.device)
+            position_ids = positions
         if attention_mask is not None and not isinstance(attention_mask, dict) and attention_mask.dim() == 4:
             attention_mask = attention_mask.to(device=self.device, dtype=self.dtype)
         out = self.model(
@@ -248,29 +261,123 @@ def check_width(role: str, width: int, target) -> None:
         raise ValueError(f"{role} was trained for hidden size {width}, the target has {target.config.hidden_size}")
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged prompts -> (ids (B, L), mask (B, L)) with pads on the left (mask 0 on pads)."""
-    L = max(len(p) for p in prompts)
-    rows = [[pad_id] * (L - len(p)) + list(p) for p in prompts]
-    mask = [[0] * (L - len(p)) + [1] * len(p) for p in prompts]
-    return (torch.tensor(rows, dtype=torch.long, device=device).view(len(prompts), L),
-            torch.tensor(mask, dtype=torch.long, device=device).view(len(prompts), L))
-
-
-def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids (B, L) that count real tokens only: 0, 1, 2, ... from each row's first token."""
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def causal_after(B: int, T: int, P: int, device) -> torch.Tensor:
-    """(B, T, P + T) bool: T new queries after P cached keys, none of them padding, see every cached
-    key and the new ones up to themselves (the EAGLE drafts' ``step`` when ``allow`` is None)."""
-    return torch.ones(T, P + T, dtype=torch.bool, device=device).tril(P)[None].expand(B, T, P + T)
-
-
 def decoder_of(model):
     """The inner decoder of a Hugging Face causal LM (``model.model`` for Llama-like models)."""
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers"):
         raise ValueError("model must be a Llama-like causal LM with model.model.layers")
     return inner
+
+
+# -- sliding windows: a cache that can always be rolled back (see the module doc) -------------------
+#: the layer types whose keys and values this cache can keep, crop and move: window None = full
+SUPPORTED = ("full_attention", "sliding_attention")
+
+
+def layer_types(config) -> list[str]:
+    """Hugging Face's attention type of every decoder layer (``full_attention``, ``sliding_attention``, ...)."""
+    return list(get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0])
+
+
+def attention_windows(config) -> list[int | None]:
+    """The window ``W`` of every decoder layer (None: full attention; a layer type this cache does not
+    support counts as full here, :func:`rollback_problem` names it)."""
+    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    return [kw.get("sliding_window") if t == "sliding_attention" else None for t, kw in zip(types, kwargs)]
+
+
+def takes_mask_mapping(model) -> bool:
+    """Does the model's decoder accept a ``{layer type: mask}`` mapping as its attention mask (the
+    transformers 5 models with mixed layers do: ``isinstance(attention_mask, dict)`` in their forward)?"""
+    inner = getattr(model, "model", model)
+    try:
+        src = inspect.getsource(type(inner).forward)
+    except (OSError, TypeError):
+        return False
+    return "attention_mask, dict)" in src
+
+
+def rollback_problem(model) -> str | None:
+    """Why the draft / verify / roll back loop cannot run on ``model`` (a Hugging Face causal LM), or None."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return None  # not a Hugging Face model (the lean forward, a test double): its cache rolls back
+    types = layer_types(config)
+    for i, t in enumerate(types):
+        if t not in SUPPORTED:
+            return (f"layer {i} is a {t!r} layer, whose cache cannot be rolled back past a rejected draft "
+                    f"(supported: {', '.join(SUPPORTED)})")
+    if len(set(attention_windows(config))) > 1 and not takes_mask_mapping(model):
+        return (f"it mixes {sorted(set(types))} layers, and {type(model).__name__}'s forward takes no "
+                "per-layer-type attention masks")
+    return None
+
+
+class WindowCache(DynamicCache):
+    """A ``DynamicCache`` whose layers all keep every position (sliding ones too) and which records
+    the position id of every cached slot of every row: ``positions`` (B, S) long.
+
+    :meth:`LM.forward` appends the new tokens' positions after each call; ``crop``,
+    ``batch_select_indices`` and :meth:`move` keep them in step with the keys and values."""
+
+    def __init__(self):
+        super().__init__()  # no config: every layer a plain DynamicLayer, which keeps everything
+        self.positions: torch.Tensor | None = None
+
+    def append_positions(self, pos: torch.Tensor) -> None:
+        """Record the position ids (B, Q) of the slots the last forward appended."""
+        self.positions = pos if self.positions is None else torch.cat([self.positions, pos], 1)
+
+    def crop(self, max_length: int) -> None:
+        super().crop(max_length)
+        if self.positions is not None:
+            self.positions = self.positions[:, : self.get_seq_length()]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.positions is not None:
+            self.positions = self.positions[indices.to(self.positions.device)]
+
+    def move(self, dst: int, src: torch.Tensor) -> bool:
+        """Copy each row's slots ``src`` (B, k) to ``dst .. dst + k - 1`` in every layer (a token tree's
+        compaction, :meth:`LM.move_slots`), positions included. Returns True (done)."""
+        k = src.shape[1]
+        for lay in self.layers:
+            if lay.keys is None or lay.keys.numel() == 0:
+                continue
+            idx = src.to(lay.keys.device)[:, None, :, None].expand(-1, lay.keys.shape[1], -1, lay.keys.shape[3])
+            lay.keys[:, :, dst:dst + k] = lay.keys.gather(2, idx)  # gather copies first: overlaps are safe
+            lay.values[:, :, dst:dst + k] = lay.values.gather(2, idx)
+        pos = self.positions
+        pos[:, dst:dst + k] = pos.gather(1, src.to(pos.device))
+        return True
+
+
+def layer_masks(cache: WindowCache, types: list, windows: list, batch: int, Q: int, position_ids, attention_mask,
+                dtype, device):
+    """The attention mask(s) for ``Q`` new tokens at ``position_ids`` (B or 1, Q) after ``cache``, and
+    the new tokens' positions (B, Q).
+
+    ``attention_mask`` is the caller's: None (causal), a 2-D padding / slot mask (B, S + Q) of 1/0, or
+    a 4-D additive mask (B, 1, Q, S + Q) (a token tree's). Every layer gets that mask; a sliding layer
+    of window ``W`` also blocks the keys whose position is ``W`` or more below the query's. Returns
+    one (B, 1, Q, S + Q) additive mask when all layers share a window, else ``{layer type: mask}``
+    (``types``, ``windows``: :func:`layer_types` and :func:`attention_windows` of the model's config)."""
+    S = cache.get_seq_length()
+    if position_ids is None:  # Hugging Face's default: the next slots
+        position_ids = torch.arange(S, S + Q, device=device)[None]
+    qpos = position_ids.to(device).expand(batch, Q)  # (B, Q)
+    past = cache.positions if cache.positions is not None else qpos.new_zeros((batch, 0))
+    kpos = torch.cat([past.to(device), qpos], 1)  # (B, S + Q)
+    if attention_mask is not None and attention_mask.dim() == 4:
+        allow = attention_mask[:, 0].to(device) == 0  # (B, Q, S + Q)
+    else:
+        allow = causal_after(batch, Q, S, device)
+        if attention_mask is not None:
+            allow = allow & attention_mask.to(device).bool()[:, None, :]
+        allow = allow.clone()
+    diag = torch.arange(Q, device=device)
+    allow[:, diag, S + diag] = True  # every new token sees itself: a pad's row is never empty
+    gap = qpos[:, :, None] - kpos[:, None, :]  # (B, Q, S + Q) how far below the query each key sits
+    masks = {t: additive(allow if w is None else allow & (gap < w), dtype) for t, w in zip(types, windows)}
+    return (next(iter(masks.values())) if len(masks) == 1 else masks), qpos

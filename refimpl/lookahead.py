@@ -31,6 +31,7 @@ import torch
 import kernels
 
 from .generation import Generation, check_positive_int, preset_options
+from .primitives import unpad
 from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, SIDE, Tree, ancestors, trie
 
@@ -79,8 +80,7 @@ class Lookahead:
         self.pool_from_prompt, self.seed = pool_from_prompt, seed
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
-        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.context = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        self.context = unpad(ids, mask)
         self.pools = [NgramPool(self.G) for _ in self.context]
         self.device = ids.device  # the target's: proposals are built there
         gen = torch.Generator(device="cpu").manual_seed(self.seed)  # host: the same first window on any device

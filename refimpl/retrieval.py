@@ -2,8 +2,8 @@
 
 Prompt lookup decoding ("Prompt lookup decoding", Saxena 2023; the same idea as "LLMA", Yang et
 al., arXiv 2304.04487): find the most recent earlier occurrence of the context's last n tokens
-(n = ``max_ngram`` down to ``min_ngram``; :class:`refimpl.copy_prior.NgramIndex`, one dict query a
-step, gives :func:`refimpl.copy_prior.lookup_positions`' answer) and propose
+(n = ``max_ngram`` down to ``min_ngram``; :class:`refimpl.primitives.NgramIndex`, one dict query a
+step, gives :func:`refimpl.primitives.lookup_positions`' answer) and propose
 the ``num_tokens`` tokens that followed it. A lookup is deterministic, so the proposal has no
 ``q``: the verification core treats it as one-hot, which keeps greedy decoding exact and
 rejection sampling lossless (accept x with probability ``p(x)``, else resample from ``p`` with x
@@ -31,8 +31,8 @@ import heapq
 
 import torch
 
-from .copy_prior import NgramIndex, check_ngrams
 from .generation import Generation, check_positive_int, preset_options
+from .primitives import NgramIndex, check_ngrams, unpad
 from .speculative import Proposal, Sampling, Verdict, decode
 from .tree import ROOT, pack
 
@@ -48,11 +48,9 @@ class PromptLookup:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
-        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         # the committed tokens of each row, on the host, with an index of their n-grams: a lookup is then
         # one dict query a step (lookup_positions over the whole history gives the same positions)
-        self.index = [NgramIndex(row[keep].tolist(), self.max_ngram, self.min_ngram)
-                      for row, keep in zip(ids.cpu(), real.cpu())]
+        self.index = [NgramIndex(row, self.max_ngram, self.min_ngram) for row in unpad(ids, mask)]
         self.device = ids.device  # the target's: proposals are built there
 
     def propose(self, caps: list[int]) -> Proposal:
@@ -187,8 +185,7 @@ class SuffixAndRecycling:
         self.k, self.template = k, recycling_template(nodes, k) if recycling else None
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
-        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        rows = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        rows = unpad(ids, mask)
         self.last = [r[-1] for r in rows]
         self.device = ids.device  # the target's: proposals are built there
         self.prompts = rows  # the recycling table starts from the prompt's own scores (first verdict)

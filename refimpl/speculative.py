@@ -69,7 +69,8 @@ import kernels
 from . import sampling
 from .generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, draft_as_keyword,
                          eos_set, normalize_prompts, preset_options, required, truncate_at_eos)
-from .lm import check_rollback, left_pad
+from .lm import check_rollback
+from .primitives import left_pad
 from .slot_cache import SlotCache  # noqa: F401  (re-exported: ``speculative.SlotCache`` is public)
 
 

@@ -44,6 +44,7 @@ import kernels
 
 from . import sampling
 from .generation import Generation, draft_as_keyword, preset_options, required
+from .primitives import additive, unpad
 from .speculative import Proposal, check_same_tokenizer, decode
 
 ROOT, SIDE = -1, -2
@@ -67,12 +68,6 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
     if not out:
         return torch.zeros((b, m, m), dtype=torch.bool, device=parents.device)
     return torch.frombuffer(out, dtype=torch.uint8).view(b, m, m).to(device=parents.device, dtype=torch.bool)
-
-
-def additive(allow: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """Bool (B, Q, K), True = may attend -> the 4-D additive float mask (B, 1, Q, K) the models take:
-    0 where allowed, -inf elsewhere."""
-    return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill(~allow, float("-inf"))[:, None]
 
 
 @dataclass
@@ -319,8 +314,7 @@ class DraftTree:
         self.draft, self.widths, self.max_length = draft, tuple(widths), draft.max_length
 
     def start(self, ids, mask, settings) -> None:
-        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-        self.ctx = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        self.ctx = unpad(ids, mask)
         self.device = ids.device
 
     def propose(self, caps: list[int]) -> Proposal:

@@ -22,7 +22,7 @@ CHAPTERS = ["autoregressive", "speculative", "tree", "drafts", "copy_prior", "ad
             "diffusion_lm", "diffusion_steps", "free_draft", "diffusion", "digit_reversal", "block_diffusion", "dllm_draft",
             "cllm", "dparallel", "learn2pd"]
 CORE_FILES = {"refimpl", "refimpl.lm", "refimpl.generation", "refimpl.sampling", "refimpl.data", "refimpl.prompts",
-              "refimpl.slot_cache", "refimpl.window_cache"}
+              "refimpl.slot_cache", "refimpl.primitives"}
 MAX_LINES = 400
 #: the one import that goes up: ``refimpl.generate`` imports the front door (layer 3) at its first
 #: call, so that ``import refimpl`` stays the core alone

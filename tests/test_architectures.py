@@ -3,7 +3,7 @@
 trained drafter, plus the draft-model methods with a random draft and with the target as its own
 draft (which accepts everything: the case that exercises acceptance and long roll-backs).
 
-Sliding-window attention is the case that needs care (:mod:`refimpl.window_cache`): Mistral-style
+Sliding-window attention is the case that needs care (:class:`refimpl.lm.WindowCache`): Mistral-style
 models window every layer, Gemma 2 alternates windowed and full layers, Qwen2 windows only its upper
 layers. The windows here (16) are smaller than the longer prompt, and prompt + new tokens reach 4x
 the window, so every roll-back happens after the window has slid. Greedy output must equal AR's token

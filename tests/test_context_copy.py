@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from refimpl import autoregressive as ar
-from refimpl import copy_prior, drafts, sampling
+from refimpl import copy_prior, drafts, primitives, sampling
 from refimpl.models.lean_llama import LeanTrimmedLM
 from refimpl import speculative as sp
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
@@ -66,7 +66,7 @@ def test_copy_candidates_match_brute_force():
         max_n = rng.randint(1, 4)
         min_n = rng.randint(1, max_n)
         ends = sorted(rng.sample(range(L), rng.randint(1, L)))
-        got = copy_prior.copy_candidates(torch.tensor(h), torch.tensor(ends), max_n, min_n).tolist()
+        got = primitives.copy_candidates(torch.tensor(h), torch.tensor(ends), max_n, min_n).tolist()
         assert got == [brute_force(h, t, max_n, min_n) for t in ends], (h, ends, max_n, min_n)
 
 
@@ -80,12 +80,12 @@ def test_the_scan_and_the_vectorised_lookup_agree():
         ends = torch.tensor([[rng.randrange(-1, L) for _ in range(rng.randint(1, 5))]] * B)
         max_n = rng.randint(1, 4)
         min_n = rng.randint(1, max_n)
-        want = copy_prior.lookup_positions(hist, ends, max_n, min_n, method="vectorised")
-        assert torch.equal(copy_prior.lookup_positions(hist, ends, max_n, min_n, method="scan"), want)
-        assert torch.equal(copy_prior.lookup_positions(hist, ends, max_n, min_n), want)  # auto
+        want = primitives.lookup_positions(hist, ends, max_n, min_n, method="vectorised")
+        assert torch.equal(primitives.lookup_positions(hist, ends, max_n, min_n, method="scan"), want)
+        assert torch.equal(primitives.lookup_positions(hist, ends, max_n, min_n), want)  # auto
 
 
-def test_node_candidates_match_the_batched_lookup():
+def test_node_candidate_lists_match_the_batched_lookup():
     """Each node's candidate, scanned over its own list, == :func:`copy_candidates` over the padded
     batch (the tensor round trip it replaced): ragged histories, unknown tokens, empty ones, and a
     candidate that must be the *latest* occurrence's follower."""
@@ -100,19 +100,19 @@ def test_node_candidates_match_the_batched_lookup():
         L = max(1, max(len(h) for h in flat))
         pad = torch.tensor([h + [-1] * (L - len(h)) for h in flat])
         ends = torch.tensor([[len(h) - 1] for h in flat])
-        want = copy_prior.copy_candidates(pad, ends, max_n, min_n).view(B, e)
-        assert torch.equal(copy_prior.node_candidates(hist, max_n, min_n), want), (hist, max_n, min_n)
-    assert copy_prior.node_candidates([[[5, 1, 2, 7, 1, 2, 9, 1, 2]]], 2, 2).tolist() == [[9]]
+        want = primitives.copy_candidates(pad, ends, max_n, min_n).view(B, e)
+        assert primitives.candidate_lists(hist, max_n, min_n) == want.tolist(), (hist, max_n, min_n)
+    assert primitives.candidate_lists([[[5, 1, 2, 7, 1, 2, 9, 1, 2]]], 2, 2) == [[9]]
     with pytest.raises(ValueError, match="min_ngram"):
-        copy_prior.node_candidates([[[1, 2]]], 2, 3)
+        primitives.candidate_lists([[[1, 2]]], 2, 3)
 
 
 def test_lookup_bad_method_or_end_raises():
     h = torch.tensor([1, 2, 1, 2])
     with pytest.raises(ValueError, match="method"):
-        copy_prior.lookup_positions(h, torch.tensor([3]), method="fast")
+        primitives.lookup_positions(h, torch.tensor([3]), method="fast")
     with pytest.raises(ValueError, match="method='scan' needs every end"):
-        copy_prior.lookup_positions(h, torch.tensor([4]), method="scan")
+        primitives.lookup_positions(h, torch.tensor([4]), method="scan")
 
 
 def test_copy_candidates_batched_rows_are_independent():
@@ -120,7 +120,7 @@ def test_copy_candidates_batched_rows_are_independent():
     hist = [[rng.randrange(4) for _ in range(30)] for _ in range(5)]
     ends = [sorted(rng.sample(range(30), 6)) for _ in range(5)]
     ends[2][0] = -1  # skipped (a padding position)
-    got = copy_prior.copy_candidates(torch.tensor(hist), torch.tensor(ends), 3, 1).tolist()
+    got = primitives.copy_candidates(torch.tensor(hist), torch.tensor(ends), 3, 1).tolist()
     want = [[brute_force(h, t, 3, 1) if t >= 0 else -1 for t in e] for h, e in zip(hist, ends)]
     assert got == want
 
@@ -128,14 +128,14 @@ def test_copy_candidates_batched_rows_are_independent():
 def test_copy_candidates_examples():
     h = torch.tensor([5, 6, 7, 8, 5, 6, 9, 5, 6])
     # ... 5 6 | latest earlier "5 6" ends at 5 -> 9; with bigrams only, position 5's "5 6" -> 7
-    assert copy_prior.copy_candidates(h, torch.tensor([8, 5]), 2, 2).tolist() == [9, 7]
+    assert primitives.copy_candidates(h, torch.tensor([8, 5]), 2, 2).tolist() == [9, 7]
     # the longest match wins: "8 5 6" occurred once (-> 9 is not it: 3-gram "9 5 6" is new)
     h2 = torch.tensor([1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3])
-    assert copy_prior.copy_candidates(h2, torch.tensor([10]), 3, 2).tolist() == [4]  # "1 2 3" -> 4
-    assert copy_prior.copy_candidates(h2, torch.tensor([10]), 2, 2).tolist() == [7]  # latest "2 3" -> 7
-    assert copy_prior.copy_candidates(h2, torch.tensor([0, 3]), 2, 1).tolist() == [-1, -1]  # nothing earlier
+    assert primitives.copy_candidates(h2, torch.tensor([10]), 3, 2).tolist() == [4]  # "1 2 3" -> 4
+    assert primitives.copy_candidates(h2, torch.tensor([10]), 2, 2).tolist() == [7]  # latest "2 3" -> 7
+    assert primitives.copy_candidates(h2, torch.tensor([0, 3]), 2, 1).tolist() == [-1, -1]  # nothing earlier
     unknown = torch.tensor([1, 2, -1, 1, 2])  # -1: a position not written yet never matches
-    assert copy_prior.copy_candidates(unknown, torch.tensor([4]), 2, 2).tolist() == [-1]
+    assert primitives.copy_candidates(unknown, torch.tensor([4]), 2, 2).tolist() == [-1]
 
 
 # ---- the wrapped draft ----------------------------------------------------------------
@@ -190,7 +190,7 @@ def test_sampling_stays_lossless_chi_square(target, copier, prompts):
     (1,200 samples): correct rule p = 0.86, inner q p = 0.0."""
     temp, top_k, samples = 1.0, 8, 1200
     prompt = target.encode("I will give thee the land of Egypt. I will give thee the")
-    cand = copy_prior.copy_candidates(torch.tensor(prompt), torch.tensor([len(prompt) - 1]), 3, 1).item()  # " land"
+    cand = primitives.copy_candidates(torch.tensor(prompt), torch.tensor([len(prompt) - 1]), 3, 1).item()  # " land"
     q_copy = sampling.probs(copier.logits(torch.tensor([prompt]))[0, -1], temp, top_k)
     q_inner = sampling.probs(copier.lm.logits(torch.tensor([prompt]))[0, -1], temp, top_k)
     assert q_copy[cand] > q_inner[cand] + 0.3  # the prior reshapes q: the control below has power
@@ -274,7 +274,7 @@ def test_on_a_lean_trimmed_draft_like_the_smollm2_one(target, gamma):
     assert g.tokens == ref
     # the copy is a token outside the kept head: scored (context vocab) and raised by the prior
     ids = torch.tensor([prompts[0]])
-    cand = copy_prior.copy_candidates(ids[0], torch.tensor([ids.shape[1] - 1]), 3, 2).item()
+    cand = primitives.copy_candidates(ids[0], torch.tensor([ids.shape[1] - 1]), 3, 2).item()
     assert cand >= 0 and cand not in set(kept.tolist())
     with_prior, _ = copier.forward(ids)
     without, _ = inner.forward(ids)

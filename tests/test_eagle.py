@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from refimpl import eagle, sampling, speculative, tree
+from refimpl.primitives import rope
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
@@ -191,8 +192,8 @@ class StaleRows(Checked):
 def test_a_wrong_draft_cache_is_caught(tiny, draft, spec_prompts, ragged, monkeypatch, wrong):
     kind = {"keeps the tree": KeepsTree, "select ignores the cache": StaleRows}.get(wrong, Checked)
     if wrong == "positions restart":  # the new inputs placed at 0, 1, ... instead of after the cached ones
-        right = eagle.positions
-        monkeypatch.setattr(eagle, "positions", lambda mask, start=None: right(mask))
+        right = eagle.positions_from_mask
+        monkeypatch.setattr(eagle, "positions_from_mask", lambda mask, start=None: right(mask))
     prop, g = cached_run(tiny, draft, spec_prompts, ragged[0], kind)
     assert g.tokens == ragged[1]  # still exact (the target verifies) ...
     assert not all(same and err < 1e-4 for same, err in prop.steps)  # ... but test 1's comparison fails
@@ -224,22 +225,23 @@ def worst_feature_error(tiny, draft, prompts, kind):
     return worst
 
 
-def test_rotate_is_the_rotate_half_rope_bit_for_bit():
-    """``rotate`` (``x cos2 + roll(x) sin2``) == Llama's rotate-half form written out, bit for bit,
+def test_rope_is_the_rotate_half_rope_bit_for_bit():
+    """``primitives.rope`` (``x cos2 + roll(x) sin2``) == Llama's rotate-half form written out (Hugging
+    Face's ``inv_freq = 1 / theta^(2i/d)``), bit for bit,
     and q and k stacked on a leading dim rotate as each alone (the draft steps rotate them in one call);
     a roll the wrong way (a sign slip in ``sin2``) fails."""
     def written_out(x, pos, theta):
         d = x.shape[-1]
-        ang = pos.float()[:, None, :, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        ang = pos.float()[:, None, :, None] * (1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
         return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
 
     g = torch.Generator().manual_seed(0)
     for T in (1, 4):
         x, pos = torch.randn(2, 3, 5, T, 16, generator=g), torch.randint(0, 5000, (3, T), generator=g)
-        got = eagle.rotate(x, pos, 10000.0)
+        got = rope(x, pos, 10000.0)
         assert torch.equal(got[0], written_out(x[0], pos, 10000.0))
-        assert torch.equal(got[1], eagle.rotate(x[1], pos, 10000.0))
+        assert torch.equal(got[1], rope(x[1], pos, 10000.0))
         assert not torch.equal(got[0], written_out(x[0].flip(-1), pos, 10000.0).flip(-1))
 
 

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from refimpl import autoregressive, copy_prior, eagle, eagle3, models, speculative, tree
+from refimpl import autoregressive, eagle, eagle3, models, primitives, speculative, tree
 from refimpl.train import eagle3 as train3
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
@@ -162,11 +162,11 @@ def test_unpadded_inputs_attend_causally_without_a_mask(tiny, draft, spec_prompt
 
 def test_causal_after_is_the_explicit_causal_mask():
     """``allow=None`` in the drafts' step means this mask: every cached key, then the new ones up to each query."""
-    from refimpl.lm import causal_after
+    from refimpl.primitives import causal_after
 
     got = causal_after(2, 3, 4, "cpu")
     cached = torch.ones(2, 3, 4, dtype=torch.bool, device="cpu")  # every cached key, for every query
-    want = torch.cat([cached, eagle.causal(torch.ones(2, 3, device="cpu"))], -1)
+    want = torch.cat([cached, primitives.causal(torch.ones(2, 3, device="cpu"))], -1)
     assert torch.equal(got, want) and got.shape == (2, 3, 7)
 
 
@@ -201,7 +201,7 @@ class FirstChild(eagle.EagleProposer):
             for h, (chain, _) in zip(hist, self.rows):
                 for d, tok in enumerate(chain):
                     full = torch.tensor(h + chain[:d])
-                    self.log.append((int(copy_prior.copy_candidates(full, torch.tensor([len(full) - 1]))[0]), tok))
+                    self.log.append((int(primitives.copy_candidates(full, torch.tensor([len(full) - 1]))[0]), tok))
         return out
 
 
@@ -221,8 +221,12 @@ class KeptOnly(FirstChild):
     def children(self, o, hist):
         if not self.copy:
             return super().children(o, hist)
-        column = None if self.columns is None else torch.tensor(self.columns)  # (V,) token id -> column, -1 = none
-        logits = copy_prior.boost_nodes(self.draft.logits(o), hist, 3, 2, self.copy, column)
+        logits = self.draft.logits(o)  # (B, e, V')
+        for b, row in enumerate(primitives.candidate_lists(hist, 3, 2)):
+            for i, t in enumerate(row):
+                col = -1 if t < 0 else t if self.columns is None else self.columns[t]
+                if col >= 0:  # a candidate outside the kept columns is dropped
+                    logits[b, i, col] += self.copy
         lp, idx = torch.log_softmax(logits, -1).topk(self.topk, -1)
         return lp, self.draft.full(idx)
 

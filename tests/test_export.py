@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from refimpl import eagle, export, medusa, models, prompts
-from refimpl.eagle import rotate
+from refimpl.primitives import rope
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def vllm_eagle(w: dict, cfg: dict, tok: torch.Tensor, feat: torch.Tensor, embed:
         q = (h @ w[p + "self_attn.q_proj.weight"].T).view(T, nh, -1).transpose(0, 1)[None]
         k = (h @ w[p + "self_attn.k_proj.weight"].T).view(T, nkv, -1).transpose(0, 1)[None]
         v = (h @ w[p + "self_attn.v_proj.weight"].T).view(T, nkv, -1).transpose(0, 1)[None]
-        q, k = rotate(q, pos, theta), rotate(k, pos, theta)
+        q, k = rope(q, pos, theta), rope(k, pos, theta)
         k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
         a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)[0].transpose(0, 1).reshape(T, -1)
         h = a @ w[p + "self_attn.o_proj.weight"].T + w.get(p + "self_attn.o_proj.bias", 0)
@@ -182,7 +182,7 @@ def vllm_eagle3(w: dict, cfg: dict, tok: torch.Tensor, aux: torch.Tensor, embed:
     k = (x @ w[p + "self_attn.k_proj.weight"].T).view(T, nkv, hd).transpose(0, 1)[None]
     v = (x @ w[p + "self_attn.v_proj.weight"].T).view(T, nkv, hd).transpose(0, 1)[None]
     pos = torch.arange(T)[None]
-    q, k = rotate(q, pos, theta), rotate(k, pos, theta)
+    q, k = rope(q, pos, theta), rope(k, pos, theta)
     k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
     a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)[0].transpose(0, 1).reshape(T, -1)
     res = a @ w[p + "self_attn.o_proj.weight"].T + res

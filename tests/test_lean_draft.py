@@ -165,7 +165,7 @@ def test_the_draft_layer_runs_in_one_kernel_call(tiny, monkeypatch):
 def test_rope_rows_are_the_tables_at_those_positions():
     """The kept table gives rope_tables' numbers bit for bit, before and after it grows; a row off by
     one position does not."""
-    from refimpl.eagle import rope_tables
+    from refimpl.primitives import rope_tables
 
     lean_draft.TABLES.clear()
     for hi in (10, 300, 5000):  # the table grows past 256, then past 512

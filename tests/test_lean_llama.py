@@ -385,7 +385,7 @@ def test_load_picks_the_lean_forward_with_an_off_switch(tiny):
 
 def hf_greedy(lm, prompts, n):
     """Hugging Face ``generate`` greedy on a left-padded batch, cut at EOS as ours."""
-    from refimpl.lm import left_pad
+    from refimpl.primitives import left_pad
 
     ids, mask = left_pad(prompts, lm.pad_token_id)
     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,

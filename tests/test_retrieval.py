@@ -10,7 +10,7 @@ import torch
 from refimpl import autoregressive as ar
 from refimpl import retrieval, sampling, tree
 from refimpl import speculative as sp
-from refimpl.copy_prior import NgramIndex, lookup_positions, scan_positions
+from refimpl.primitives import NgramIndex, lookup_positions, scan_positions
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
 REPEAT = "And God said, Let there be light: and there was light. And God said, Let there be"

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..eagle import EagleDraft, rope_tables
+from ..eagle import EagleDraft
+from ..primitives import rope_tables
 from ..eagle3 import Eagle3Draft
 from . import cpu_gemv
 
@@ -92,7 +93,7 @@ TABLES: dict = {}  # (head size, theta) -> the rotary tables cos2, sin2 (positio
 
 
 def rope_rows(pos: torch.Tensor, d: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`refimpl.eagle.rope_tables` at positions pos (B, T) as (B, T, d) rows of a table computed
+    """:func:`refimpl.primitives.rope_tables` at positions pos (B, T) as (B, T, d) rows of a table computed
     once per head size and theta (grown by doubling when a position falls past it): the same numbers (each
     row is computed from its position alone) in two calls instead of ~15."""
     table = TABLES.get((d, theta))

@@ -45,9 +45,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..diffusion_lm import inv_frequencies, rms_norm, rope_angles
 from ..drafts import TrimmedLM
 from ..lm import LM, as_token_batch, check_taps
+from ..primitives import inv_frequencies, rms_norm, rope_tables, rope_theta, rotate
 from . import cpu_gemv
 from .cpu_linear import PrepackedLinear, pack_weight, packed_linear
 from .kv_cache import CacheLayer, KVCache  # noqa: F401  (lean_llama.KVCache: the chapters' name for it)
@@ -133,7 +133,7 @@ class Projections:
 
 #: What a step reads from a model's config, read once per model (:func:`dims`; the config's attribute
 #: lookups cost ~30 us a step): head counts and size, MLP width, RMSNorm epsilon, attention scale,
-#: rotary base and frequencies (D/2,) (:func:`refimpl.diffusion_lm.inv_frequencies`).
+#: rotary base and frequencies (D/2,) (:func:`refimpl.primitives.inv_frequencies`).
 Dims = NamedTuple("Dims", [("H", int), ("Hkv", int), ("D", int), ("inter", int), ("eps", float), ("scale", float),
                            ("theta", float), ("inv", torch.Tensor)])
 
@@ -151,7 +151,7 @@ def dims(model) -> Dims:
         cfg = model.config
         H = cfg.num_attention_heads
         D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-        theta = (cfg.rope_parameters or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        theta = rope_theta(cfg)
         have = DIMS[model] = Dims(H, cfg.num_key_value_heads, D, cfg.intermediate_size, cfg.rms_norm_eps,
                                   model.model.layers[0].self_attn.scaling, theta,
                                   inv_frequencies(D, theta, model.lm_head.weight.device))
@@ -238,13 +238,6 @@ def whole_layers(model, proj: Projections, x, P, cos2, sin2, attention_mask) -> 
     return cpu_gemv.LayerStep(B, Q, P, hidden, H, Hkv, D, dm.inter, dm.eps, dm.scale, *tables, mask=mask)
 
 
-def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
-    """:func:`refimpl.diffusion_lm.apply_rope` in four calls instead of eight, with the same bits:
-    x (B, h, Q, D) with ``cos2 = [cos, cos]`` and ``sin2 = [-sin, sin]`` (B, 1, Q, D) gives
-    ``[x1 cos - x2 sin, x2 cos + x1 sin]`` (a negation is exact; a sum of two terms commutes)."""
-    return x * cos2 + x.roll(x.shape[-1] // 2, -1) * sin2
-
-
 def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim as ``LlamaRMSNorm`` computes it: torch's fused ``F.rms_norm`` in
     fp32 (the same bits, fewer calls), the float32 round trip otherwise."""
@@ -278,8 +271,7 @@ def forward(model, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.
     with stage("embed"):
         x = inner.embed_tokens(input_ids)  # (B, Q, hidden)
     with stage("rope"):
-        cos, sin = rope_angles(position_ids, D, dm.theta, x.dtype, dm.inv)  # (B, 1, Q, D/2), once for all layers
-        cos2, sin2 = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (B, 1, Q, D)
+        cos2, sin2 = rope_tables(position_ids, D, dm.theta, x.dtype, dm.inv)  # (B, 1, Q, D), once for all layers
     scale = dm.scale
     step = None if probe else whole_layers(model, layers[0], x, P, cos2, sin2, attention_mask)
     mask = None if step is not None else _mask(Q, P, attention_mask, x.device, x.dtype)  # stage by stage

@@ -33,7 +33,8 @@ import time
 import torch
 
 from .. import autoregressive
-from ..lm import decoder_of, left_pad, positions_from_mask
+from ..lm import decoder_of
+from ..primitives import left_pad, positions_from_mask
 from ..models import load
 from ..prompts import encode_prompt
 from .distill_prompts import (ASK_KINDS, ASK_PROMPT, TOPICS, bench_texts, clean_question, human_copy_prompts,

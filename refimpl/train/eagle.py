@@ -42,7 +42,7 @@ import zlib
 import torch
 
 from ..eagle import EagleDraft, new_draft, save_draft
-from ..lm import left_pad
+from ..primitives import left_pad
 from .common import cosine_lr, write_report
 
 

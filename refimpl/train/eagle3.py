@@ -56,7 +56,7 @@ import zlib
 import torch
 
 from ..eagle3 import Eagle3Draft, new_draft, save_draft, unroll
-from ..lm import left_pad
+from ..primitives import left_pad
 from .common import answer_vocabulary, cosine_lr, write_report
 
 
