@@ -311,8 +311,9 @@ print(f"kept nodes {keep} -> slots {L}..{L + len(keep) - 1}; next-token logits =
 
 # %% [markdown]
 # ## A tree proposer for the verification core
-# `speculative.decode` drives any proposer with `start / propose / accept / select` (chapter 02).
-# A tree proposer returns `tree.pack(rows, device)`: per row `(tokens, parents)`, padded into a
+# `speculative.decode` drives any `speculative.Proposer` with `start / propose / accept / select`
+# (its docstring is the contract, with shapes); `start` returns what the proposer needs from the loop,
+# here `speculative.Needs(trees=True)`. A tree proposer returns `tree.pack(rows, device)`: per row `(tokens, parents)`, padded into a
 # `Proposal(tokens, valid, q=None, calls, tree=Tree(parents))` on the target's device (`start`
 # reads it off the prompt ids); the core then does what we did by hand: `Tree.feed` (one forward
 # with the ancestor mask), `Tree.verify` (the walk) and `Tree.compact` (move_slots). `accept` gets
@@ -320,7 +321,7 @@ print(f"kept nodes {keep} -> slots {L}..{L + len(keep) - 1}; next-token logits =
 # The tree's depth is capped by what a row still needs (`caps`).
 
 # %%
-class TopKTree:
+class TopKTree(speculative.Proposer):
     def __init__(self, draft, widths=WIDTHS):
         self.draft, self.widths = draft, widths
 
@@ -328,6 +329,7 @@ class TopKTree:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.ctx = [row[k].tolist() for row, k in zip(ids, real)]
         self.device = ids.device                           # the target's: the proposal is built there
+        return speculative.Needs(trees=True)               # what it needs from the loop: tree verification
 
     def propose(self, caps):
         self.rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]

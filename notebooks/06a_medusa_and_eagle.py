@@ -70,6 +70,7 @@ import os
 import random
 import matplotlib.pyplot as plt
 from refimpl import models, autoregressive, speculative, tree, sampling
+from refimpl.models import drafters                              # trained drafters' files, by the target they belong to
 from refimpl.prompts import encode_prompt
 from solutions import exercise, check, show
 
@@ -219,7 +220,7 @@ assert sum(curve[-1]) < 0.8 * sum(curve[0]), "a few steps should already lower t
 import copy
 from refimpl.train.medusa import rank_accuracy, answer_tokens
 
-zoo = medusa.load_heads(lm, HEADS)                              # on lm's device
+zoo = drafters.load(lm, "medusa", HEADS)                              # on lm's device
 Hh, toks = torch.cat([r[2] for r in held_rows]).float(), answer_tokens(held_rows).to(DEVICE)
 
 
@@ -650,7 +651,7 @@ plt.tight_layout(); plt.show()
 from refimpl import eagle
 from refimpl.primitives import rope                              # rotary positions, shared by every model here
 
-draft = eagle.load_draft(lm, EAGLE_DRAFT)                      # on lm's device
+draft = drafters.load(lm, "eagle", EAGLE_DRAFT)                      # on lm's device
 
 
 def draft_by_hand(tok, feat):                                  # (T,) x_{t+1}, (T, H) f_t -> (T, H) predicted f_{t+1}
@@ -716,7 +717,7 @@ eagle_acc = {n: accept_rates(drafts[n], held_seqs, DEPTH, starts=30) for n in ("
 i = sources(held_rows, K)                                      # answer positions with K more tokens
 ans = answer_tokens(held_rows).to(DEVICE)                      # (n,) the held-out answer tokens, as Hh's rows
 right = torch.stack([zoo(Hh[i])[k - 1].argmax(-1) == ans[i + k] for k in range(1, K + 1)]).float()  # (K, n)
-folder = EAGLE_DRAFT or os.path.join(medusa.HEADS_DIR, f"eagle-{MODEL}")
+folder = EAGLE_DRAFT or drafters.folder(lm, "eagle")
 report = json.load(open(os.path.join(folder, "config.json")))["report"]["accept_rate_per_depth"]
 fig, ax = plt.subplots(figsize=(9, 3.4))
 for (n, v), c in zip(eagle_acc.items(), ("#f4a261", "#2a9d8f")):
@@ -737,7 +738,7 @@ ax.set_title(f"{len(held_rows)} held-out answers of tiny", fontsize=9); plt.tigh
 # top-`TOPK` children, for `DEPTH` levels (one draft call per level, the expanded nodes attending
 # to the context and their ancestors: chapter 05's mask on the draft's own attention). **Re-rank**:
 # of all grown nodes keep the `TOTAL` of highest value. A child is never worth more than its
-# parent, so what is kept is a tree. `eagle.EagleProposer(draft, TOTAL, DEPTH, TOPK)` is a
+# parent, so what is kept is a tree. `eagle.EagleProposer(draft, TOTAL, DEPTH, TOPK, floor, copy)` is a
 # proposer on the verification core; a small subclass below logs every step of a real greedy
 # decode of prompt `DEMO` (the refrain "Blessed are ..."): the tree, its values and the path the
 # target accepted. The picture is the step (of the first half) that accepted the most; disc size
@@ -754,7 +755,7 @@ class Recorder(eagle.EagleProposer):                           # the library's p
         super().accept(v)
 
 
-rec = Recorder(draft, TOTAL, DEPTH, TOPK); rec.log = []
+rec = Recorder(draft, TOTAL, DEPTH, TOPK, floor=0.0, copy=0.0); rec.log = []   # EAGLE-2's rule, no copy prior
 run = speculative.decode(lm, rec, prompts[DEMO:DEMO + 1], max_new_tokens=NEW_TOKENS, eos_token_id=[])
 assert run.tokens[0] == ar[DEMO], "EAGLE emits exactly greedy decoding"
 j = max(range(len(rec.log) // 2), key=lambda s: len(rec.log[s][3]))          # log[j] = decode step j + 1

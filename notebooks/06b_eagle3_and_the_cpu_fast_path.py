@@ -17,7 +17,8 @@
 # layers, not its top feature) and how it is trained (on its own outputs, the way it decodes).
 # Then the question every draft of chapters 04a-06a meets on a CPU: more tokens per target call
 # is not yet more tokens per second. A feature draft pays here only when its own matrix products
-# are cheap and its tree is small, and `eagle3.generate(target, prompts)` arranges both itself.
+# are cheap and its tree is small, and the front door (`refimpl.generate(target, prompts,
+# method="eagle3")`) arranges both itself.
 
 # %% [markdown]
 # **After this chapter you can**
@@ -66,6 +67,7 @@ import os
 import random
 import matplotlib.pyplot as plt
 from refimpl import models, autoregressive, speculative, medusa, eagle
+from refimpl.models import drafters                      # the trained drafters' files, by the target they belong to
 from refimpl.primitives import rope                      # rotary positions, shared by every model here
 from refimpl.prompts import encode_prompt
 from refimpl.data import kjv_split
@@ -123,7 +125,7 @@ print(f"{len(rows)} answers, held out {len(held_rows)} | prompt lengths {[len(p)
 from refimpl import eagle3
 from refimpl.train import eagle3 as train3
 
-draft3 = eagle3.load_draft(lm, EAGLE3_DRAFT)                   # on lm's device
+draft3 = drafters.load(lm, "eagle3", EAGLE3_DRAFT)                   # on lm's device
 ids3 = torch.tensor([prompts[0] + ar[0][:1]], device=DEVICE)   # the prompt, then the target's token t
 _, _, streams = lm.forward(ids3, output_hidden_states=draft3.taps)  # (1, L + 1, 3H): three layers, one call
 print(f"taps {draft3.taps}: streams {tuple(streams.shape)} from the same forward as the logits")
@@ -280,11 +282,11 @@ from refimpl.train.eagle import features, accept_rates
 
 host3 = {"untrained": untrained3, "FAST (ours)": fast3, "zoo": copy.deepcopy(draft3).cpu()}  # host copies, as the rows
 acc3 = {n: train3.accept_rates(d, held3, W_head, depth=DEPTH)["chain"] for n, d in host3.items()}
-host1 = eagle.load_draft(lm, EAGLE_DRAFT).cpu()  # a host copy: features() keeps the rows there
+host1 = drafters.load(lm, "eagle", EAGLE_DRAFT).cpu()  # a host copy: features() keeps the rows there
 eagle1 = accept_rates(host1, features(lm, held_rows, progress=False), DEPTH, starts=30)
 print({n: [round(a, 2) for a in v] for n, v in acc3.items()}, "| EAGLE-1 zoo", [round(a, 2) for a in eagle1])
 assert acc3["FAST (ours)"][0] > acc3["untrained"][0] and acc3["zoo"][0] > acc3["FAST (ours)"][0]
-with open(os.path.join(EAGLE3_DRAFT or medusa.heads_folder("eagle3", lm.name), "config.json")) as f:
+with open(os.path.join(EAGLE3_DRAFT or drafters.folder(lm, "eagle3"), "config.json")) as f:
     rep_zoo = json.load(f)["report"]                           # what the trainer measured, saved with the draft
 print("zoo EAGLE-3, held-out top-1 of draft step 1..7 on a true prefix:", rep_zoo["heldout_top1_per_step"])
 
@@ -336,7 +338,7 @@ plt.tight_layout(); plt.show()
 # by chapter 05's walk. tau (tokens per target call) and the calls are exact counts.
 
 # %%
-zoo, draft = medusa.load_heads(lm), eagle.load_draft(lm, EAGLE_DRAFT)   # chapter 06a's heads and EAGLE draft
+zoo, draft = drafters.load(lm, "medusa"), drafters.load(lm, "eagle", EAGLE_DRAFT)   # chapter 06a's heads and EAGLE draft
 configs = {"AR": lambda kw: autoregressive.generate(lm, prompts, **kw),
            "chain (gamma 4)": lambda kw: speculative.generate(lm, prompts, draft=dr, gamma=4, **kw),
            f"Medusa ({TREE_SIZE} nodes)": lambda kw: medusa.generate(lm, prompts, heads=zoo, tree_size=TREE_SIZE, **kw),
@@ -378,7 +380,7 @@ assert table[("sampling", "Medusa typical")].tau > table[("sampling", f"Medusa (
 # %%
 import glob
 
-bench, bars = os.path.join(medusa.HEADS_DIR, os.pardir, "bench_results"), []   # bars: (label, speed-up, tau)
+bench, bars = os.path.join(models.MODELS_DIR, os.pardir, "bench_results"), []   # bars: (label, speed-up, tau)
 for path in sorted(glob.glob(os.path.join(bench, "eagle_*", "*.json")) + glob.glob(os.path.join(bench, "medusa_*", "*.json"))):
     b, name = json.load(open(path)), os.path.basename(os.path.dirname(path))
     a = b["args"]
@@ -421,9 +423,8 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # almost all the target scoring 17 tokens (the root and 16 nodes) instead of one: on a CPU a
 # forward's time grows with the tokens it scores (chapter 04c measured it for 5), about 1.5-1.65x
 # here, where a GPU scores them in about the time of one. EAGLE's step costs ~2.6: the same tree
-# scoring plus `DEPTH` draft calls, and the committed run predates the draft's KV cache, so its
-# layer re-ran over the whole context at every step (the proposer now caches the committed inputs'
-# keys and values, `EagleProposer(cache=True)`: a new benchmark run would show what that buys).
+# scoring plus `DEPTH` draft calls (the draft keeps its own KV cache of the committed inputs, so each
+# call runs its layer on the new nodes only).
 # The chain (~2.0) pays four small draft calls but verifies only 5 tokens, and its draft copies
 # well on summaries and quotes. On `tiny` a forward is mostly fixed per-call overhead, so every
 # method lands near AR and Medusa, with nothing to run but its heads, edges ahead of the chain (no
@@ -433,10 +434,10 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # ## The CPU fast path: a feature draft's products
 # A draft call's *products* decide whether a feature draft pays on a CPU at all: through `F.linear`
 # an EAGLE draft's layer and head are MKL GEMMs that repack each weight at every call (5 ms for
-# EAGLE-3's 7,316-row head on 3 rows), more than the tree saves. So on a target that runs the lean
-# forward (`refimpl.models.lean_llama.LeanLM`, chapter 04c), `eagle.generate` and `eagle3.generate`
-# put the zoo's draft on the same packed kernel themselves: `target.fast_draft(draft, int8=True)`,
-# i.e. `refimpl.models.lean_draft.lean`, the layer in one kernel call and every weight on int8
+# EAGLE-3's 8,192-row head on 3 rows), more than the tree saves. So on a target that runs the lean
+# forward (`refimpl.models.lean_llama.LeanLM`, chapter 04c), the front door puts the zoo's draft on
+# the same packed kernel itself (`models.drafters.zoo`: `refimpl.models.lean_draft.lean(draft,
+# int8=True)`), the layer in one kernel call and every weight on int8
 # panels, a quarter of fp32's bytes (a step from 2.99 to 2.28 AR steps in
 # `bench_results/experiments/2026-11-26_eagle3_cpu_draft/`). And they grow the small tree of their
 # `"cpu"` preset, `eagle3.PRESETS["cpu"]`: 5 nodes, depth 5, top-2, floor 0.1, copy prior 12. That
@@ -479,36 +480,36 @@ def timed(d, run):                                             # -> (run()'s Gen
     return g, spent[0] / max(1, g.stats.target_calls - 1)
 
 # %% [markdown]
-# Compare three calls with the same `"cpu"` tree: the plain call (`preset="cpu"`: the zoo's draft on
-# int8 panels), the same with `int8=False` (the lean draft on fp16 panels: the zoo's weights are fp16
-# numbers) and a plain `Eagle3Draft` passed in (`draft=`: it runs as given, through `F.linear`).
-# `medusa.zoo_draft` hands back the very draft `generate` loaded and made lean for this target
-# (once per target: `LM.once`). Each call runs once untimed first (the panels are packed on the first
-# product). All three must be greedy decoding, token for token: the target verifies every token.
+# Compare three drafts under the same `"cpu"` tree: the front door's (`refimpl.generate(...,
+# method="eagle3")`: the zoo's draft, which `models.drafters.zoo` puts on int8 panels beside a target on
+# the lean forward, once per target), the same draft on fp16 panels (`lean_draft.lean(draft,
+# int8=False)`: the zoo's weights are fp16 numbers) and a plain `Eagle3Draft` passed in (`draft=`: it
+# runs as given, through `F.linear`). Each call runs once untimed first (the panels are packed on the
+# first product). All three must be greedy decoding, token for token: the target verifies every token.
 
 # %%
 from refimpl.models import lean_draft
 
-calls = {"cpu preset (int8 panels)": (dict(preset="cpu"), medusa.zoo_draft(fast_lm, eagle3.load_draft, True)),
-         "int8=False (fp16 panels)": (dict(preset="cpu", int8=False), medusa.zoo_draft(fast_lm, eagle3.load_draft, False)),
-         "plain draft (F.linear)": (dict(preset="cpu", draft=eagle3.load_draft(fast_lm)), None)}
+calls = {"front door (int8 panels)": drafters.zoo(fast_lm, "eagle3"),
+         "fp16 panels": lean_draft.lean(drafters.load(fast_lm, "eagle3"), int8=False),
+         "plain draft (F.linear)": drafters.load(fast_lm, "eagle3")}
 fast_runs = {}
 with kernels.references():
-    for name, (kw, d) in calls.items():
-        d = kw.get("draft", d)
-        run = lambda: eagle3.generate(fast_lm, fast_prompts, max_new_tokens=NEW_TOKENS, eos_token_id=[], **kw)
+    for name, d in calls.items():
+        run = lambda: eagle3.generate(fast_lm, fast_prompts, draft=d, max_new_tokens=NEW_TOKENS, eos_token_id=[],
+                                      preset="cpu")
         run()                                                  # warm: packs the panels
         g, per_step = timed(d, run)
         assert g.tokens == fast_ar, f"{name}: not greedy decoding"
         fast_runs[name] = (type(d).__name__, g.stats, per_step)
         print(f"{name:26s} {type(d).__name__:16s} {g.stats.seconds * 1e3:6.0f} ms | tau {g.stats.tau:.2f} | draft {per_step * 1e3:5.2f} ms a step")
-assert isinstance(calls["cpu preset (int8 panels)"][1], lean_draft.LeanEagle3Draft) and fast_runs["plain draft (F.linear)"][0] == "Eagle3Draft"
+assert isinstance(calls["front door (int8 panels)"], lean_draft.LeanEagle3Draft) and fast_runs["plain draft (F.linear)"][0] == "Eagle3Draft"
 
 # %% [markdown]
 # **Read the numbers.** The three calls grow the same tree (tau equal up to a near-tie: the kernel
 # sums in another order), so the differences are the draft's. On `tiny` (H = 256) every product is
 # small and a draft step is mostly per-call overhead, which the one-call kernel layer removes; on
-# SmolLM2 (`FAST = False`) the head's 7,316 x 576 product dominates, and the int8 panels read a
+# SmolLM2 (`FAST = False`) the head's 8,192 x 576 product dominates, and the int8 panels read a
 # quarter of fp32's bytes. These are wall-clock numbers of one run on a shared machine: run the
 # cell again to see their noise. None of them is a benchmark; `python -m refimpl.bench` is.
 
@@ -531,7 +532,7 @@ def quantize_rows(weight):
 # %%
 def check_quantize():
     from refimpl.models import cpu_gemv
-    plain, lean8 = eagle3.load_draft(fast_lm), calls["cpu preset (int8 panels)"][1]
+    plain, lean8 = drafters.load(fast_lm, "eagle3"), calls["front door (int8 panels)"]
     gen = torch.Generator(device="cpu").manual_seed(SEED)  # the fast path is the CPU's: tensors on the host
     for w in (torch.randn(7, 5, generator=gen, device="cpu"), torch.zeros(2, 3, device="cpu"), plain.qkv.weight,
               plain.lm_head[:300]):
@@ -563,8 +564,8 @@ if SHOW_SOLUTIONS:
 #   EAGLE-1; on SmolLM2 with a GPU's training it is the fastest lossless method.
 # - More tokens per target call is not yet more tokens per second: on a CPU the target's time
 #   grows with the tree and the draft's calls add up (step cost = tau / speed-up). A feature draft
-#   pays there only on the lean kernel and with a small tree: `eagle3.generate(target, prompts)` does
-#   both by itself (its `"cpu"` preset, the zoo's draft on int8 panels via `target.fast_draft`),
+#   pays there only on the lean kernel and with a small tree: `refimpl.generate(target, prompts,
+#   method="eagle3")` does both by itself (the `"cpu"` preset; the zoo's draft on int8 panels, `models.drafters.zoo`),
 #   exactly greedy either way; `preset="paper"`'s 60-node trees pay off where scoring 60 tokens
 #   costs about one (a GPU).
 # - int8 panels hold `round(w / scale)` per output row: the draft computes with the quantized weight,

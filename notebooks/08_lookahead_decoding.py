@@ -40,7 +40,7 @@ FAST = True                        # CI default: short runs, small samples
 MODEL = "tiny"                     # the zoo's 4-layer Llama trained on the King James Bible
 DEVICE = default_device()          # a torch.device: CUDA when present, $REFIMPL_DEVICE overrides
 W, N, G = 7, 5, 7                  # window, n-gram size, guesses
-SMALL = dict(window=4, ngram=4, guesses=3)
+SMALL = dict(window=4, ngram=4, guesses=3, pool_from_prompt=False)
 NEW_TOKENS = 32 if FAST else 96
 SAMPLES = 300 if FAST else 3000    # for the sampling check
 SEED = 0
@@ -156,7 +156,8 @@ print("key 0 ->", ref.get(0))
 # %%
 class Recorder(lookahead.Lookahead):
     def start(self, ids, mask, settings):
-        super().start(ids, mask, settings); self.log = []
+        self.log = []
+        return super().start(ids, mask, settings)       # what the proposer needs from the loop, passed on
 
     def propose(self, caps):
         prop = super().propose(caps)
@@ -362,7 +363,7 @@ plt.show()
 # from a pooled n-gram, the others are the target's own token at the end of each step.
 
 # %%
-rec = Recorder(W, N, G)
+rec = Recorder(W, N, G, pool_from_prompt=False)   # the paper's setting: the pool starts empty
 r_rec = speculative.decode(lm, rec, prompts[2:], max_new_tokens=NEW_TOKENS, eos_token_id=[])
 steps = range(len(rec.log))
 fig, ax = plt.subplots(figsize=(9, 2.8))
@@ -439,7 +440,7 @@ def tokens_scored(levels, width, guesses):
 
 # %%
 def proposal_size(levels, width, guesses):           # a real proposer, put in that state by hand
-    la = lookahead.Lookahead(width, levels + 1, max(1, len(guesses)))
+    la = lookahead.Lookahead(width, levels + 1, max(1, len(guesses)), pool_from_prompt=False)
     la.start(torch.tensor([prompts[1]], device=DEVICE), None, speculative.Sampling())
     la.levels = [[[5 + j for j in range(width)] for _ in range(levels)]]
     [la.pools[0].add([prompts[1][-1], *g]) for g in guesses]

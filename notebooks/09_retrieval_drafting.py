@@ -96,13 +96,14 @@ class NgramIndex:
 
 # %% [markdown]
 # ## A proposer for the verification core
-# `speculative.decode` drives any object with four methods (chapter 02): `start` gets the
-# left-padded prompts, `propose(caps)` returns a `Proposal` of at most `caps[b]` tokens per row,
+# `speculative.decode` drives any `speculative.Proposer`, four methods: `start` gets the
+# left-padded prompts and returns what the proposer needs from the loop (`speculative.Needs()`:
+# nothing here), `propose(caps)` returns a `Proposal` of at most `caps[b]` tokens per row,
 # `accept(verdict)` learns how many were accepted plus the target's next token, and `select(rows)`
 # drops finished rows. A lookup is deterministic, so there is no `q` (the core treats it as one-hot).
 
 # %%
-class HandLookup:
+class HandLookup(speculative.Proposer):
     def __init__(self, num_tokens=10, max_ngram=3, min_ngram=1):
         self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
 
@@ -110,6 +111,7 @@ class HandLookup:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.rows = [NgramIndex(self.max_ngram, row[keep].tolist()) for row, keep in zip(ids, real)]
         self.device = ids.device                          # the target's: proposals are built there
+        return speculative.Needs()                        # no features, no prompt logits, chains
 
     def propose(self, caps):
         self.x = [ix.text[a: a + min(self.num_tokens, c)] if (a := ix.lookup(self.min_ngram)) >= 0 else []
@@ -305,7 +307,7 @@ plt.show()
 # revisits tokens the target has already scored, drafts appear.
 
 # %%
-recycler = retrieval.SuffixAndRecycling(sam=False, recycling=True)
+recycler = retrieval.SuffixAndRecycling(sam=False, recycling=True, num_tokens=16, min_match=None, k=8, nodes=80)
 run = speculative.decode(lm, recycler, [ids["psalm 136"]], max_new_tokens=NEW_TOKENS - 8, eos_token_id=[])
 table = recycler.tables[0]                                # a RecyclingTable: token -> its latest top-8 successors
 context = ids["psalm 136"] + run.tokens[0]
@@ -329,7 +331,7 @@ from refimpl import tree
 
 prop = tree.pack([(draft_tokens, draft_parents)], DEVICE)            # on the target's device
 slots = speculative.SlotCache(lm, 1, lm.device)
-logits = prop.tree.feed(slots, torch.tensor([context], device=DEVICE), None, prop.tokens, prop.valid)
+logits = prop.tree.feed(slots, torch.tensor([context], device=DEVICE), None, prop.tokens, prop.valid).logits
 n, nxt, path = prop.tree.verify(prop.tokens, logits, prop.valid, None, speculative.Sampling(0.0))
 accepted = [draft_tokens[i] for i in path[0].tolist()]
 greedy = autoregressive.generate(lm, [context], max_new_tokens=len(accepted) + 1, eos_token_id=[]).tokens[0]
@@ -424,7 +426,8 @@ COLOURS = {"copied": "#b7e4c7", "recycled": "#d7c6f5", "target": "#f1f1f1"}
 def make_proposer(method, num_tokens=None, min_match=None):
     if method == "prompt_lookup":
         return retrieval.PromptLookup(num_tokens or 10, max(3, min_match or 1), min_match or 1)
-    return retrieval.SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens or 16, min_match)
+    return retrieval.SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens or 16,
+                                        min_match or ((5 if "recycling" in method else 1) if "sam" in method else None), 8, 80)
 
 
 class Recorder:                                        # passes everything through, remembers the draft's source
@@ -481,7 +484,7 @@ refrain = lm.encode("for his mercy endureth for ever. O give thanks unto the LOR
 
 
 def pair_pvalue(rule):
-    r = speculative.decode(lm, retrieval.PromptLookup(), [refrain] * SAMPLES, max_new_tokens=3, temperature=1.0,
+    r = speculative.decode(lm, retrieval.PromptLookup(10, 3, 1), [refrain] * SAMPLES, max_new_tokens=3, temperature=1.0,
                            generator=torch.Generator(device=DEVICE).manual_seed(SEED), eos_token_id=[], rule=rule)
     pairs = Counter(tuple(t[:2]) for t in r.tokens)
     firsts = sorted({a for a, _ in pairs})

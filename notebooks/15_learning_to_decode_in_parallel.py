@@ -73,6 +73,7 @@ import json
 import os
 import matplotlib.pyplot as plt
 from refimpl import models, autoregressive, jacobi, lookahead, cllm, dparallel, block_diffusion, data
+from refimpl.models import drafters
 from refimpl.bench import dllm as dllm_bench
 from solutions import exercise, check, show
 import kernels
@@ -638,7 +639,7 @@ import matplotlib.ticker
 
 TAUS = (0.7, 0.6, 0.5)
 for name, lm in (("tiny-bdlm", bdlm), ("tiny-bdlm-dparallel", bdlm_dp)):
-    rule_filter = learn2pd.load_filter(lm)
+    rule_filter = drafters.load(lm, "learn2pd")
     for t in TAUS:
         outs, calls = [], 0
         for p in prompts:

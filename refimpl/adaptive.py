@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
+from .generation import Generation, check_positive_int, preset_options, required
 from .speculative import DraftModel, decode
 
 POLICIES = ("threshold", "cumulative", "ucb")
@@ -128,10 +128,8 @@ def generate(target, prompts, draft=None, max_gamma: int | None = None, threshol
     ``bandit`` to keep its statistics across calls). Other arguments as
     :func:`refimpl.speculative.generate`. ``stats.extra["gammas"]`` lists each step's draft calls,
     ``stats.extra["mean_gamma"]`` the mean draft length per row and step. ``policy``, ``threshold``
-    and ``max_gamma`` left None come from ``preset`` (:data:`PRESETS`). The old order
-    ``(target, draft, prompts)`` still works.
+    and ``max_gamma`` left None come from ``preset`` (:data:`PRESETS`).
     """
-    prompts, draft = draft_as_keyword(prompts, draft)
     required(draft, "draft", "adaptive")
     o = preset_options(PRESETS, preset, target, policy=policy, threshold=threshold, max_gamma=max_gamma)
     policy, threshold, max_gamma = o["policy"], o["threshold"], o["max_gamma"]

@@ -32,15 +32,15 @@ import kernels
 from . import sampling
 from .block_diffusion import block_predictions, block_step
 from .diffusion_steps import num_transfer_tokens
-from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
+from .generation import Generation, check_positive_int, preset_options, required
 from .primitives import left_pad
-from .speculative import Proposal, Sampling, SlotCache, Verdict, check_same_tokenizer, decode
+from .speculative import Needs, Proposal, Proposer, Sampling, SlotCache, Verdict, check_same_tokenizer, decode
 
 
-class DiffusionDraft:
+class DiffusionDraft(Proposer):
     """Proposer: ``dlm`` (a block-diffusion LM) drafts ``gamma`` tokens in ``draft_steps`` forwards."""
 
-    def __init__(self, dlm, gamma: int = 4, draft_steps: int = 1, target=None):
+    def __init__(self, dlm, gamma: int, draft_steps: int, target=None):
         self.gamma = check_positive_int("gamma", gamma)
         self.draft_steps = check_positive_int("draft_steps", draft_steps)
         if draft_steps > gamma:
@@ -51,10 +51,11 @@ class DiffusionDraft:
             check_same_tokenizer(target, dlm)
         self.dlm, self.max_length = dlm, dlm.max_length
 
-    def start(self, ids, mask, settings: Sampling) -> None:
+    def start(self, ids, mask, settings: Sampling) -> Needs:
         dev = self.dlm.device
         self.settings, self.sc = settings, SlotCache(self.dlm, ids.shape[0], dev)
         self.pending, self.pmask = ids.to(dev), None if mask is None else mask.to(dev)  # left-padded
+        return Needs(max_length=self.max_length)
 
     def propose(self, caps: list[int]) -> Proposal:
         dev, s, mask_id = self.dlm.device, self.settings, self.dlm.mask_token_id
@@ -114,8 +115,7 @@ def generate(target, prompts, dlm=None, gamma: int | None = None, max_new_tokens
     """Speculative decoding of ``target`` with the block-diffusion ``dlm`` drafting ``gamma`` tokens
     per step in ``draft_steps`` forwards (each None: ``preset``'s, :data:`PRESETS`). Greedy: exactly
     ``autoregressive.generate``'s tokens; sampling: distributed exactly as sampling from ``target``
-    (see the module doc). The old order ``(target, dlm, prompts)`` still works."""
-    prompts, dlm = draft_as_keyword(prompts, dlm, "dlm")
+    (see the module doc)."""
     required(dlm, "dlm", "dllm_draft")
     o = preset_options(PRESETS, preset, target, gamma=gamma, draft_steps=draft_steps)
     gamma, draft_steps = o["gamma"], o["draft_steps"]

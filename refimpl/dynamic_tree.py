@@ -40,10 +40,10 @@ import math
 
 import torch
 
-from .generation import Generation, check_positive_int, draft_as_keyword, preset_options, required
+from .generation import Generation, check_positive_int, preset_options, required
 from .primitives import additive, candidate_lists, left_pad, unpad
 from .slot_cache import SlotCache
-from .speculative import check_same_tokenizer, decode
+from .speculative import Needs, Proposer, check_same_tokenizer, decode
 from .tree import ROOT, keep_best, pack
 
 
@@ -182,7 +182,7 @@ def settled(score: torch.Tensor, lvl: tuple[int, int], d: int, caps: list[int], 
     return True
 
 
-class DynamicDraftTree:
+class DynamicDraftTree(Proposer):
     """Proposer: EAGLE-2's dynamic tree grown by a draft LM with its KV cache (see the module doc).
 
     ``total`` nodes at most, ``depth`` levels, ``topk`` children per expanded node and ``topk``
@@ -193,10 +193,9 @@ class DynamicDraftTree:
     ~0.12 of one. After :meth:`propose`, ``rows`` holds each row's ``(tokens, parents)`` and
     ``scores`` the kept nodes' cumulative log-confidence."""
 
-    tree_proposals = True
     prune = True  # stop growing once deeper nodes cannot enter the kept tree, or are too unlikely (:meth:`settled`)
 
-    def __init__(self, draft, total: int = 10, depth: int = 6, topk: int = 3, floor: float = 0.1, target=None):
+    def __init__(self, draft, total: int, depth: int, topk: int, floor: float, target=None):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
         self.topk = check_positive_int("topk", topk)
         self.floor = check_floor(floor)
@@ -205,11 +204,12 @@ class DynamicDraftTree:
         self.draft, self.copy = draft.tree_form()  # the LM that runs (tree masks), its copy prior or None
         self.max_length = draft.max_length
 
-    def start(self, ids, mask, settings) -> None:
+    def start(self, ids, mask, settings) -> Needs:
         self.history = unpad(ids, mask)  # committed tokens
         self.device = ids.device  # the target's: proposals are built there
         self.pending = [list(h) for h in self.history]  # committed but not yet fed to the draft
         self.slots = SlotCache(self.draft, ids.shape[0], self.draft.device)
+        return Needs(trees=True, max_length=self.max_length)
 
     def boost(self, logits: torch.Tensor, paths: list[list[list[int]]]) -> torch.Tensor:
         """The copy prior on ``logits`` (B, e, V): node (b, i)'s history is row b's committed tokens
@@ -233,7 +233,7 @@ class DynamicDraftTree:
         dev = self.draft.device
         feed, fmask = left_pad(self.pending, 0, dev)  # (B, L) each
         fmask = None if bool(fmask.all()) else fmask  # (a feed mask means holes to SlotCache)
-        root = self.slots.feed(feed, fmask)[:, -1:]  # (B, 1, V) the draft's logits after the root
+        root = self.slots.feed(feed, fmask).logits[:, -1:]  # (B, 1, V) the draft's logits after the root
         self.pending = [[] for _ in range(B)]
         P0, pos0 = self.slots.length, self.slots.count - 1  # committed slots; the root's position (B,)
         lp, ch = torch.log_softmax(self.boost(root, [[[]] for _ in range(B)]), -1)[:, 0].topk(k, -1)  # (B, k)
@@ -286,8 +286,7 @@ def generate(target, prompts, draft=None, max_new_tokens: int = 64, temperature:
     nodes, ``depth`` levels, ``topk`` children, no level grown below cumulative confidence
     ``floor``; 0 = EAGLE-2's rule exactly; each None: ``preset``'s, :data:`PRESETS`). Greedy: exactly
     ``autoregressive.generate``'s tokens; sampling: distributed exactly as sampling from ``target``
-    (SpecInfer's walk). The old order ``(target, draft, prompts)`` still works."""
-    prompts, draft = draft_as_keyword(prompts, draft)
+    (SpecInfer's walk)."""
     required(draft, "draft", "dynamic_tree")
     o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor)
     return decode(target, DynamicDraftTree(draft, o["total"], o["depth"], o["topk"], o["floor"], target), prompts, max_new_tokens, temperature,

@@ -43,12 +43,11 @@ import torch
 from torch import nn
 
 from .dynamic_tree import Growth, boost_columns, check_floor, settled
-from .generation import Generation, check_positive_int, preset_options
-from .lm import check_width
-from .medusa import read_folder, write_folder, zoo_draft
+from .generation import Generation, check_positive_int, preset_options, required
+from .lm import check_vocab, check_width
 from .primitives import causal, causal_after, positions_from_mask, rope, rope_theta, unpad
-from .speculative import decode
-from .tree import Tree, pack
+from .speculative import Needs, Proposer, decode
+from .tree import pack
 
 
 class EagleDraft(nn.Module):
@@ -117,18 +116,6 @@ class EagleDraft(nn.Module):
         return idx if self.kept is None else self.kept[idx]
 
 
-def save_draft(draft: EagleDraft, folder: str, base_model: str, report: dict | None = None) -> None:
-    """``folder/eagle.safetensors`` (fp16, the trained layer only) + ``config.json``."""
-    state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items()}
-    cfg = {"architecture": "eagle-1 style: fc(concat(embed, feature)) + 1 decoder layer, target's frozen "
-                           "embedding and LM head (not stored)", "base_model": base_model,
-           "hidden_size": draft.hidden_size, "num_heads": draft.num_heads, "intermediate_size": draft.intermediate,
-           "rope_theta": draft.rope_theta, "vocab_kept": None if draft.kept is None else int(draft.kept.numel()),
-           "feature": "target's last hidden state AFTER its final norm",
-           "report": report or {}}
-    write_folder(folder, "eagle", state, draft.kept, cfg)
-
-
 def new_draft(target, **kw) -> EagleDraft:
     """An untrained draft shaped after ``target`` (its embedding, LM head, heads, MLP width, rope)."""
     c = target.config
@@ -137,52 +124,30 @@ def new_draft(target, **kw) -> EagleDraft:
     return EagleDraft(target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight, **kw)
 
 
-def load_draft(target, folder: str | None = None) -> EagleDraft:
-    """The trained draft for ``target`` from ``folder`` (default ``models/eagle-<target.name>``)."""
-    state, kept, cfg = read_folder(target, "eagle", "EAGLE draft", folder)
-    draft = new_draft(target, num_heads=cfg["num_heads"], intermediate=cfg["intermediate_size"],
-                      rope_theta=cfg["rope_theta"], kept=kept)
-    draft.load_state_dict({k: v.float() for k, v in state.items()})
-    return draft.to(target.device).eval()
-
-
 # -- the proposer -------------------------------------------------------------------------
-class EagleProposer:
+class EagleProposer(Proposer):
     """Proposer: the draft reads every row's committed (token, feature) pairs, then grows EAGLE-2's
     dynamic tree below the next token (the root). The first call (the prefill) proposes nothing:
     the prompt's features do not exist yet.
 
-    ``cache`` (default): keep the draft layer's keys / values of the committed inputs across steps
-    and run the layer only on the new ones; ``cache=False`` re-runs it over every row's whole
-    context at every step (the reference the cache is tested against: the same trees). Growth stops
-    early (:func:`refimpl.dynamic_tree.settled`): once deeper nodes could not enter the kept tree
-    (exact: same tree, fewer draft calls), or no node of a level reaches cumulative confidence
-    ``floor`` (0, the default here: EAGLE-2's rule; EAGLE-3 uses the chain tree's 0.1). The draft may
-    be an :class:`EagleDraft` or an EAGLE-3 draft (:mod:`refimpl.eagle3`): the proposer asks it for
-    the target layers it reads (``taps``) and fuses them (``fuse``) as it stores the features."""
+    The draft layer's keys / values of the committed inputs stay cached across steps, and each step
+    runs the layer only on the new ones (a run from an empty cache grows the same trees: tested).
+    Growth stops early (:func:`refimpl.dynamic_tree.settled`): once deeper nodes could not enter the
+    kept tree (exact: same tree, fewer draft calls), or no node of a level reaches cumulative
+    confidence ``floor`` (0: EAGLE-2's rule). ``draft`` is an :class:`EagleDraft` or an EAGLE-3 draft
+    (:mod:`refimpl.eagle3`): the proposer asks it for the target layers it reads (``taps``; None: the
+    last, normed) and fuses them (``fuse``) as it stores the features. The tree's settings are
+    explicit: :data:`PRESETS` names them."""
 
-    tree_proposals = True
-    wants_hidden = True  # the target's features; a draft's ``taps`` (EAGLE-3) set layer ids (:meth:`use`)
-    kind = Tree  # the Tree class the proposals use (a test swaps in a wrong walk)
     compact_at = 0.25  # squeeze the cache's padding out once every row has this fraction of it
-    plain_causal = True  # inputs without padding attend causally, no mask built (False: the mask; tests compare)
 
-    def __init__(self, draft, total: int = 16, depth: int = 5, topk: int = 4, cache: bool = True, floor: float = 0.0,
-                 copy: float = 0.0):
+    def __init__(self, draft, total: int, depth: int, topk: int, floor: float, copy: float):
         self.total, self.depth = check_positive_int("total", total), check_positive_int("depth", depth)
-        self.topk = check_positive_int("topk", topk)
-        self.cache, self.floor = cache, check_floor(floor)
+        self.topk, self.floor = check_positive_int("topk", topk), check_floor(floor)
         if not (isinstance(copy, (int, float)) and not isinstance(copy, bool) and 0.0 <= copy < float("inf")):
             raise ValueError(f"copy must be a logit bias >= 0 (0: no copy prior), got {copy!r}")
         self.copy = float(copy)  # the copy prior per node: its 3..2-gram candidate's logit + copy
-        self.use(draft)
-
-    def use(self, draft) -> None:
-        """Grow trees with ``draft`` (an :class:`EagleDraft` or :class:`refimpl.eagle3.Eagle3Draft`):
-        it reads the target layers its ``taps`` name (None: the last, normed)."""
-        self.draft = draft
-        self.wants_hidden = getattr(draft, "taps", None) or True
-        kept = getattr(draft, "kept", None)
+        self.draft, kept = draft, draft.kept
         self.columns = None if kept is None else torch.full((draft.embed.shape[0],), -1, device="cpu").index_copy_(
             0, kept.cpu(), torch.arange(len(kept), device="cpu")).tolist()  # token id -> its column, -1 = not kept
 
@@ -205,7 +170,7 @@ class EagleProposer:
             ids = torch.where(idx == V, torch.tensor(cand, device=idx.device)[..., None].expand_as(idx), ids)
         return lp, ids
 
-    def start(self, ids, mask, settings) -> None:
+    def start(self, ids, mask, settings) -> Needs:
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         self.toks = unpad(ids, mask)  # committed + the root
         self.feats = None  # per row (n, H): the target's feature after each committed token but the root
@@ -215,6 +180,7 @@ class EagleProposer:
         self.kmask = None  # (B, P) bool: which cached keys are real (left padding, gaps left by ragged steps)
         self.done = None  # per row: inputs in the cache (= the position of the next one)
         self.dense = True  # every cached key is real (no padding): the next inputs may attend causally
+        return Needs(hidden=self.draft.taps or True, trees=True)
 
     def context(self, skip: list[int] | None = None):
         """Left-padded draft inputs, each row's first ``skip[r]`` left out (None: none): tokens
@@ -229,15 +195,19 @@ class EagleProposer:
             tok[r, L - n:], feat[r, L - n:], mask[r, L - n:] = torch.tensor(t[1 + s:], device=dev), f[s:], 1
         return tok, feat, mask
 
+    def unmasked(self, first: bool, new: set) -> bool:
+        """Can the new inputs attend causally with no mask built? Yes when every row brings as many
+        (``new``: the set of counts) and no padding is cached (one row, say)."""
+        return (first or self.dense) and len(new) == 1 and min(new) > 0
+
     def encode(self):
-        """Run the draft layer over the inputs not in the cache yet (``cache=False``: over all) ->
-        the root's predicted feature (B, H), keys / values ``(k, v)`` (B, heads, P, d) of every row's
-        whole context, which of them are real (B, P) and the inputs per row (B,). Rows with as many
-        new inputs each and no padding cached (one row, say) attend causally: no mask to build."""
-        first = self.kv is None or not self.cache
+        """Run the draft layer over the inputs not in the cache yet -> the root's predicted feature
+        (B, H), keys / values ``(k, v)`` (B, heads, P, d) of every row's whole context, which of them
+        are real (B, P) and the inputs per row (B,)."""
+        first = self.kv is None
         done = [0] * len(self.feats) if first else self.done
         new, dev, past = {f.shape[0] - s for f, s in zip(self.feats, done)}, self.draft.embed.device, self.kv
-        if self.plain_causal and (first or self.dense) and len(new) == 1 and min(new) > 0:
+        if self.unmasked(first, new):
             m = new.pop()
             tok = torch.tensor([t[1 + s:] for t, s in zip(self.toks, done)], device=dev)  # (B, m)
             feat = torch.stack([f[s:] for f, s in zip(self.feats, done)])  # (B, m, H)
@@ -252,13 +222,11 @@ class EagleProposer:
         kv, kmask = (k, v), mask.bool()
         if not first:
             kv, kmask = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)), torch.cat([self.kmask, kmask], 1)
-        n = [f.shape[0] for f in self.feats]
-        if self.cache:
-            self.kv, self.kmask, self.done = kv, kmask, n
-            if allow is not None:  # padding may have come in: squeezed out when it is worth it
-                self.compact()
-            kv, kmask, self.dense = self.kv, self.kmask, allow is None or bool(self.kmask.all())
-        return out[:, -1], kv, kmask, torch.tensor(n, device=tok.device)
+        self.kv, self.kmask, self.done = kv, kmask, [f.shape[0] for f in self.feats]
+        if allow is not None:  # padding may have come in: squeezed out when it is worth it
+            self.compact()
+        self.dense = allow is None or bool(self.kmask.all())
+        return out[:, -1], self.kv, self.kmask, torch.tensor(self.done, device=tok.device)
 
     def compact(self) -> None:
         """Move each row's real cached keys to the right end and drop the columns no row uses."""
@@ -281,10 +249,7 @@ class EagleProposer:
         self.calls = D  # (fewer when growth settles early)
         rows, self.scores = self.grow(root, past, kmask, n, caps, D)
         self.rows = rows
-        prop = pack(rows, self.device, calls=self.calls)
-        if prop.tree is not None and self.kind is not Tree:
-            prop = prop._replace(tree=self.kind(prop.tree.parents, prop.tree.depth, prop.tree.see))
-        return prop
+        return pack(rows, self.device, calls=self.calls)
 
     def grow(self, root, past, kmask, n, caps, D):
         """EAGLE-2's tree below the root: ``root`` (B, H) its predicted feature; the context's
@@ -345,23 +310,22 @@ class EagleProposer:
 
 
 #: ``"cpu"``: fastest on SmolLM2's lean forward (bench_results/plain_calls/), EAGLE-3's; ``"paper"``: SafeAILab/EAGLE's
-PRESETS = {"cpu": {"total": 5, "depth": 5, "topk": 2, "floor": 0.1, "copy": 12.0, "int8": True},
-           "paper": {"total": 60, "depth": 5, "topk": 10, "floor": 0.0, "copy": 0.0, "int8": False}}
+PRESETS = {"cpu": {"total": 5, "depth": 5, "topk": 2, "floor": 0.1, "copy": 12.0},
+           "paper": {"total": 60, "depth": 5, "topk": 10, "floor": 0.0, "copy": 0.0}}
 
 
 def generate(target, prompts, draft: EagleDraft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              eos_token_id=None, total: int | None = None, depth: int | None = None, topk: int | None = None,
-             floor: float | None = None, copy: float | None = None, int8: bool | None = None,
-             preset: str | None = None) -> Generation:
+             floor: float | None = None, copy: float | None = None, preset: str | None = None) -> Generation:
     """EAGLE decoding: ``draft`` grows EAGLE-2's dynamic tree (``total`` nodes, ``depth`` levels, ``topk``
     children and expanded nodes per level, none below cumulative confidence ``floor``; ``copy``: the copy
-    prior); options left None: ``preset``'s (:data:`PRESETS`); ``draft=None``: the zoo's in its fast form
-    (:func:`refimpl.medusa.zoo_draft`). Greedy: exactly AR's tokens; sampling: exactly the target's."""
-    o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor, copy=copy,
-                       int8=int8)
-    proposer = EagleProposer(draft, o["total"], o["depth"], o["topk"], floor=o["floor"], copy=o["copy"])
-    draft = zoo_draft(target, load_draft, o["int8"]) if draft is None else draft
+    prior); options left None: ``preset``'s (:data:`PRESETS`). ``draft`` is required
+    (``refimpl.generate(target, prompts, method="eagle")`` takes the zoo's for the target, in its fast form).
+    Greedy: exactly AR's tokens; sampling: exactly the target's."""
+    required(draft, "draft", "eagle")
     check_width("draft", draft.hidden_size, target)
-    proposer.use(draft.to(target.device).eval())
+    check_vocab("draft", draft.embed.shape[0], target)
+    o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor, copy=copy)
+    proposer = EagleProposer(draft.to(target.device).eval(), o["total"], o["depth"], o["topk"], o["floor"], o["copy"])
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

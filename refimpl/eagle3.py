@@ -40,9 +40,8 @@ import torch
 from torch import nn
 
 from .eagle import EagleProposer
-from .generation import Generation, preset_options
-from .lm import check_taps, check_width
-from .medusa import read_folder, write_folder, zoo_draft
+from .generation import Generation, preset_options, required
+from .lm import check_taps, check_vocab, check_width
 from .primitives import causal, causal_after, positions_from_mask, rope, rope_theta
 from .speculative import decode
 
@@ -156,57 +155,32 @@ def new_draft(target, taps=None, kept: torch.Tensor | None = None, **kw) -> Eagl
     return Eagle3Draft(target.model.get_input_embeddings().weight, head, taps, kept=kept, **kw)
 
 
-def save_draft(draft: Eagle3Draft, folder: str, base_model: str, report: dict | None = None) -> None:
-    """``folder/eagle3.safetensors`` (fp16: fc, the layer, its norms and head) + ``config.json``."""
-    state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items()}
-    cfg = {"architecture": "eagle-3: fc(target layers taps) -> 1 decoder layer on [norm(embed); norm(g)], own "
-                           "final norm and LM head over the kept vocabulary; target's frozen embedding (not stored)",
-           "base_model": base_model, "taps": list(draft.taps), "hidden_size": draft.hidden_size,
-           "num_heads": draft.num_heads, "num_kv_heads": draft.num_kv_heads, "head_dim": draft.head_dim,
-           "intermediate_size": draft.intermediate, "rope_theta": draft.rope_theta,
-           "vocab_kept": None if draft.kept is None else int(draft.kept.numel()), "report": report or {}}
-    write_folder(folder, "eagle3", state, draft.kept, cfg)
-
-
-def load_draft(target, folder: str | None = None) -> Eagle3Draft:
-    """The trained EAGLE-3 draft for ``target`` from ``folder`` (default ``models/eagle3-<target.name>``)."""
-    state, kept, cfg = read_folder(target, "eagle3", "EAGLE-3 draft", folder)
-    draft = new_draft(target, taps=tuple(cfg["taps"]), kept=kept, num_heads=cfg["num_heads"],
-                      num_kv_heads=cfg["num_kv_heads"], head_dim=cfg["head_dim"], intermediate=cfg["intermediate_size"],
-                      rope_theta=cfg["rope_theta"])
-    draft.load_state_dict({k: v.float() for k, v in state.items()})
-    return draft.to(target.device).eval()
-
-
 #: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, the fastest lossless
 #: configuration measured on SmolLM2-135M with the lean forward (``bench_results/capstone/``: a 5-node
-#: tree of depth 5 from the top-2 nodes, floor 0.1, a strong copy prior, the draft on int8 kernel
-#: panels); ``"paper"``, the EAGLE repository's defaults for EAGLE-3 (SafeAILab/EAGLE
-#: ``EaModel.from_pretrained``: 60 nodes, depth 7, top-10, no floor, no copy prior), fp32 draft
-PRESETS = {"cpu": {"total": 5, "depth": 5, "topk": 2, "floor": 0.1, "copy": 12.0, "int8": True},
-           "paper": {"total": 60, "depth": 7, "topk": 10, "floor": 0.0, "copy": 0.0, "int8": False}}
+#: tree of depth 5 from the top-2 nodes, floor 0.1, a strong copy prior); ``"paper"``, the EAGLE
+#: repository's defaults for EAGLE-3 (SafeAILab/EAGLE ``EaModel.from_pretrained``: 60 nodes, depth 7,
+#: top-10, no floor, no copy prior)
+PRESETS = {"cpu": {"total": 5, "depth": 5, "topk": 2, "floor": 0.1, "copy": 12.0},
+           "paper": {"total": 60, "depth": 7, "topk": 10, "floor": 0.0, "copy": 0.0}}
 
 
 def generate(target, prompts, draft: Eagle3Draft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              eos_token_id=None, total: int | None = None, depth: int | None = None, topk: int | None = None,
-             floor: float | None = None, copy: float | None = None, int8: bool | None = None,
-             preset: str | None = None) -> Generation:
+             floor: float | None = None, copy: float | None = None, preset: str | None = None) -> Generation:
     """EAGLE-3 decoding: ``draft`` grows EAGLE-2's dynamic tree (``total`` nodes, ``depth`` levels,
     ``topk`` children and expanded nodes per level, no level grown below cumulative confidence
     ``floor``; ``copy`` > 0: the copy prior per node, :class:`refimpl.eagle.EagleProposer`). Options
-    left None come from ``preset`` (:data:`PRESETS`; None: the target's device's). ``draft=None``:
-    the zoo's (:func:`load_draft`), loaded once per target in its fast form (``int8``: int8 panels
-    where the target runs on the lean CPU forward, :meth:`refimpl.lm.LM.fast_draft`); a draft passed
-    in runs as given. Greedy: exactly ``autoregressive.generate``'s tokens; sampling: distributed
-    exactly as sampling from ``target``."""
-    o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor, copy=copy,
-                       int8=int8)
-    proposer = EagleProposer(None, o["total"], o["depth"], o["topk"], floor=o["floor"], copy=o["copy"])
-    draft = zoo_draft(target, load_draft, o["int8"]) if draft is None else draft
+    left None come from ``preset`` (:data:`PRESETS`; None: the target's device's). ``draft`` is required
+    (``refimpl.generate(target, prompts, method="eagle3")`` takes the zoo's for the target, in its fast
+    form); a draft passed in runs as given. Greedy: exactly ``autoregressive.generate``'s tokens;
+    sampling: distributed exactly as sampling from ``target``."""
+    required(draft, "draft", "eagle3")
     if not isinstance(draft, Eagle3Draft):
         raise ValueError(f"draft must be an Eagle3Draft, got {type(draft).__name__}")
     check_width("draft", draft.hidden_size, target)
+    check_vocab("draft", draft.embed.shape[0], target)
     check_taps(draft.taps, target.num_layers)
-    proposer.use(draft.to(target.device).eval())
+    o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor, copy=copy)
+    proposer = EagleProposer(draft.to(target.device).eval(), o["total"], o["depth"], o["topk"], o["floor"], o["copy"])
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

@@ -90,6 +90,55 @@ class Generation:
         return [tokenizer.decode(t) for t in self.tokens]
 
 
+class Outputs:
+    """The outputs and counters of one draft-and-verify call (:func:`refimpl.speculative.decode`): each row's
+    tokens, which rows still decode (``rows``: current batch index -> original row), the :class:`Stats`."""
+
+    def __init__(self, prompts, max_new_tokens: int, eos: frozenset):
+        self.out: list[list[int]] = [[] for _ in prompts]
+        self.rows, self.max_new, self.eos = list(range(len(prompts))), max_new_tokens, eos
+        self.stats, self.gammas, self.lengths = Stats(rows=len(prompts)), [], []
+
+    def caps(self) -> list[int]:
+        """The most drafts each row may take: what it still needs, less the target's own token."""
+        return [self.max_new - len(self.out[r]) - 1 for r in self.rows]
+
+    def emit(self, target, prop, n, nxt, valid, accepted):
+        """After one verification: ``n`` (b,) drafts accepted of ``prop`` (a Proposal), the target's ``nxt``
+        (b,), the candidates per row ``valid`` (b,) and the ``accepted`` tokens (b, max n). Appends each row's
+        accepted drafts and the target's token, stopping at EOS / max_new_tokens (one host copy, through
+        ``target.host``) -> ``(n_list, finished batch indices, mean tokens emitted per row)``."""
+        s = self.stats
+        s.target_calls, s.draft_calls, s.row_steps = s.target_calls + 1, s.draft_calls + prop.calls, s.row_steps + len(self.rows)
+        self.gammas.append(prop.tokens.shape[1])
+        n_list, nxt, valid, accepted = target.host(n[:, None], nxt[:, None], valid[:, None], accepted)
+        step, finished, emitted = [0] * len(self.out), [], []
+        for i, r in enumerate(self.rows):
+            k, left = n_list[i][0], self.max_new - len(self.out[r])
+            step[r], s.drafted = k, s.drafted + valid[i][0]
+            self.lengths.append(valid[i][0])
+            new, done = truncate_at_eos(accepted[i][:k] + nxt[i], self.eos, left)
+            self.out[r].extend(new)
+            emitted.append(len(new))
+            if done or len(self.out[r]) >= self.max_new:
+                finished.append(i)
+        s.accepted.append(step)
+        return [k[0] for k in n_list], finished, sum(emitted) / len(emitted)
+
+    def drop(self, finished: list[int]) -> list[int]:
+        """Take the ``finished`` batch indices out of the batch -> the batch indices that go on."""
+        keep = [i for i in range(len(self.rows)) if i not in finished]
+        self.rows = [self.rows[i] for i in keep]
+        return keep
+
+    def result(self) -> Generation:
+        s = self.stats
+        s.nfe, s.new_tokens = s.target_calls + s.draft_calls, sum(len(o) for o in self.out)
+        s.extra["gammas"] = self.gammas
+        s.extra["mean_gamma"] = sum(self.lengths) / len(self.lengths) if self.lengths else 0.0
+        return Generation(self.out, s)
+
+
 class Timer:
     """``with Timer(stats): ...`` records wall time into ``stats.seconds``."""
 
@@ -228,16 +277,3 @@ def required(model, role: str, method: str):
         raise ValueError(f"{role} is required: pass {role}=... (refimpl.generate(target, prompts, "
                          f"method={method!r}) loads the zoo's {role} for the target)")
     return model
-
-
-def draft_as_keyword(prompts, draft, role: str = "draft"):
-    """``(prompts, draft)`` for a ``generate(target, prompts, draft=...)`` called the old way,
-    ``generate(target, draft, prompts)``: then ``prompts`` holds a model and ``draft`` the prompts,
-    and they are swapped with a ``DeprecationWarning`` (the old order works for one release)."""
-    if prompts is not None and not isinstance(prompts, (list, tuple, torch.Tensor, str)):  # a model
-        import warnings
-
-        warnings.warn(f"generate(target, {role}, prompts) is deprecated: call generate(target, prompts, "
-                      f"{role}=...)", DeprecationWarning, stacklevel=3)
-        return draft, prompts
-    return prompts, draft

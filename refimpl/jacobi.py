@@ -41,13 +41,13 @@ import kernels
 
 from .generation import Generation, check_positive_int, int_tensor, preset_options
 from .primitives import NgramIndex, unpad
-from .speculative import Proposal, Sampling, Verdict, decode
+from .speculative import Needs, Proposal, Proposer, Sampling, Verdict, decode
 
 #: where a new slot's first guess comes from (:class:`Jacobi`)
 INITS = ("random", "lookup")
 
 
-class Jacobi:
+class Jacobi(Proposer):
     """Proposer: the window of guesses, updated by the target's own predictions after every call.
 
     ``window`` guesses per iteration; initial guesses are tokens drawn uniformly from the row's
@@ -57,7 +57,7 @@ class Jacobi:
     speed changes.
     """
 
-    def __init__(self, window: int = 8, seed: int = 0, init: str = "random", min_window: int | None = None):
+    def __init__(self, window: int, seed: int = 0, init: str = "random", min_window: int | None = None):
         self.window = check_positive_int("window", window)
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
@@ -66,7 +66,7 @@ class Jacobi:
             raise ValueError(f"min_window must be <= window = {self.window}, got {min_window}")
         self.seed, self.init_from = seed, init
 
-    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> Needs:
         self.context = unpad(ids, mask)
         # with init="lookup": each row's n-gram index (it grows the row's context list itself)
         self.index = [NgramIndex(ctx, 3, 1) for ctx in self.context] if self.init_from == "lookup" else None
@@ -77,6 +77,7 @@ class Jacobi:
         self.init = torch.Generator(device="cpu").manual_seed(self.seed)
         self.guess: list[list[int]] = [[] for _ in self.context]  # y_1..y_k per row
         self.p_old: list[list[torch.Tensor | None]] = [[] for _ in self.context]  # q of each guess; None = one-hot
+        return Needs()
 
     def fresh(self, row: int, k: int) -> list[int]:
         """First guesses for (at most) the ``k`` slots after the row's ``len(self.guess[row])`` current

@@ -51,7 +51,6 @@ from .block_diffusion import generate as block_generate
 from .diffusion_steps import most_confident, never_mask, predict
 from .dparallel import Trajectories, block_logits
 from .generation import check_positive_int
-from .medusa import read_folder, write_folder
 
 NUM_FEATURES = 3  # confidence, top-1 - top-2 gap, same argmax as the previous step
 
@@ -185,20 +184,3 @@ def oracle_generate(dllm, prompts, gen_length: int = 32, block_length: int = 8):
     final = block_generate(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[]).tokens
     return block_generate(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[],
                           rule=OracleRule(final))
-
-
-def save_filter(filt: Filter, folder: str, base_model: str, report: dict | None = None) -> None:
-    """``folder/learn2pd.safetensors`` (fp32, ~1 K numbers) + ``config.json``."""
-    state = {k: v.detach().float().contiguous() for k, v in filt.state_dict().items()}
-    cfg = {"architecture": f"learn2pd filter: MLP {NUM_FEATURES} x block_length -> hidden -> block_length",
-           "base_model": base_model, "block_length": filt.block_length, "hidden": filt.hidden,
-           "features": ["confidence", "top1 - top2 gap", "same argmax as the previous step"], "report": report or {}}
-    write_folder(folder, "learn2pd", state, None, cfg)
-
-
-def load_filter(dllm, folder: str | None = None) -> Filter:
-    """The trained filter for the block-diffusion LM ``dllm`` (default folder ``models/learn2pd-<dllm.name>``)."""
-    state, _, cfg = read_folder(dllm, "learn2pd", "Learn2PD filter", folder)
-    filt = Filter(cfg["block_length"], cfg["hidden"])
-    filt.load_state_dict(state)
-    return filt.eval()

@@ -108,18 +108,23 @@ class LM:
             self.built[key] = build()
         return self.built[key]
 
-    def fast_draft(self, draft, int8: bool = False):
-        """``draft`` (an EAGLE draft) in the form that runs fastest beside this target: here, as it
-        is. A target on the lean CPU forward (:class:`refimpl.models.lean_llama.LeanLM`) moves the
-        draft's products onto the same kernel (``int8``: on int8 panels)."""
-        return draft
-
     def tree_form(self):
         """``(lm, copy)``: the LM that scores a token tree for this draft, and the copy prior it carries
         as ``(bias, max_ngram, min_ngram)`` (None: none). Here ``(self, None)``; a draft that raises its
         own logits by context lookups (:class:`refimpl.copy_prior.ContextCopyLM`) hands over its inner
         LM and the prior, which a tree proposer applies per node."""
         return self, None
+
+    def host(self, *columns: torch.Tensor) -> tuple:
+        """Small integer tensors (b, k_i) as lists of rows on the host, with one device sync per call (on
+        an accelerator one concatenation, one copy); on a CPU, with nothing to sync, each its own list."""
+        if self.device.type == "cpu":
+            return tuple(c.tolist() for c in columns)
+        rows, out, at = torch.cat([c.long() for c in columns], 1).tolist(), [], 0
+        for c in columns:
+            out.append([r[at:at + c.shape[1]] for r in rows])
+            at += c.shape[1]
+        return tuple(out)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -259,6 +264,13 @@ def check_width(role: str, width: int, target) -> None:
     """A drafter trained on a target's hidden states (Medusa heads, an EAGLE draft) must match its width."""
     if width != target.config.hidden_size:
         raise ValueError(f"{role} was trained for hidden size {width}, the target has {target.config.hidden_size}")
+
+
+def check_vocab(role: str, vocab: int, target, exact: bool = True) -> None:
+    """A drafter scores ``vocab`` token ids (``exact``: the whole vocabulary; else the largest id + 1 of the
+    subset it keeps): it must fit the target's."""
+    if vocab != target.vocab_size if exact else vocab > target.vocab_size:
+        raise ValueError(f"{role} was trained for a vocabulary of {vocab} tokens, the target has {target.vocab_size}")
 
 
 def decoder_of(model):

@@ -32,7 +32,7 @@ import kernels
 
 from .generation import Generation, check_positive_int, preset_options
 from .primitives import unpad
-from .speculative import Proposal, Sampling, Verdict, decode
+from .speculative import Needs, Proposal, Proposer, Sampling, Verdict, decode
 from .tree import ROOT, SIDE, Tree, ancestors, trie
 
 
@@ -65,12 +65,11 @@ class NgramPool:
         return list(self.grams.get(key, []))
 
 
-class Lookahead:
+class Lookahead(Proposer):
     """Proposer: lookahead window (side nodes) + verification trie of pooled n-grams."""
 
-    tree_proposals = True
 
-    def __init__(self, window: int = 7, ngram: int = 5, guesses: int = 7, pool_from_prompt: bool = False,
+    def __init__(self, window: int, ngram: int, guesses: int, pool_from_prompt: bool,
                  seed: int = 0):
         self.W = check_positive_int("window", window)
         self.N = check_positive_int("ngram", ngram)
@@ -79,7 +78,7 @@ class Lookahead:
         self.G = check_positive_int("guesses", guesses)
         self.pool_from_prompt, self.seed = pool_from_prompt, seed
 
-    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> Needs:
         self.context = unpad(ids, mask)
         self.pools = [NgramPool(self.G) for _ in self.context]
         self.device = ids.device  # the target's: proposals are built there
@@ -91,6 +90,7 @@ class Lookahead:
             if self.pool_from_prompt:
                 for i in range(len(ctx) - self.N + 1):
                     pool.add(ctx[i: i + self.N])
+        return Needs(trees=True)
 
     def propose(self, caps: list[int]) -> Proposal:
         L = len(self.levels[0])

@@ -22,7 +22,7 @@ Our layout, and how it maps to Medusa's. On a CPU the K extra LM heads would cos
 whole 135 M target (4 x 576 x 49152 multiply-adds per token), so every head *shares the target's
 frozen LM head* (``W2^(k) = W_lm``, Medusa's initialisation, never updated) and only the residual
 blocks train; a head may score only a kept subset of the vocabulary (``kept``, rows of ``W_lm``).
-Saved as safetensors (:func:`save_heads`) under Medusa's own key names
+Saved as safetensors (:func:`refimpl.models.drafters.save`) under Medusa's own key names
 ``medusa_head.{k}.0.linear.weight`` / ``.bias`` (k from 0); the LM-head key
 ``medusa_head.{k}.1.weight`` is *not* stored: an exporter copies the base model's ``lm_head.weight``
 into it. vLLM's Medusa model names the same tensors ``blocks.{k}.layers.0.weight`` / ``.bias`` and
@@ -38,23 +38,19 @@ Medusa's typical acceptance (lossy).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import torch
 from torch import nn
 
 from . import sampling
-from .generation import Generation, check_positive_int, preset_options
-from .lm import check_width
-from .speculative import decode
+from .generation import Generation, check_positive_int, preset_options, required
+from .lm import check_vocab, check_width
+from .speculative import Needs, Proposer, decode
 from .tree import ROOT, Tree, pack
 
 #: Medusa's typical-acceptance defaults (posterior_threshold, posterior_alpha)
 TYPICAL_EPS, TYPICAL_DELTA = 0.09, 0.3
-#: where the zoo keeps weights trained on a frozen target: models/medusa-<target name>, models/eagle-<name>
-HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
 
 class MedusaHeads(nn.Module):
@@ -94,85 +90,6 @@ class MedusaHeads(nn.Module):
         """(b, H) -> (b, K, k) each head's top-k token ids (full-vocabulary ids)."""
         idx = self.forward(h).topk(k, dim=-1).indices.permute(1, 0, 2)  # (b, K, k)
         return idx if self.kept is None else self.kept[idx]
-
-
-def heads_folder(kind: str, target_name: str) -> str:
-    """The zoo's folder for ``kind`` weights (``"medusa"``, ``"eagle"``) on a target: models/<kind>-<name>."""
-    return os.path.join(HEADS_DIR, f"{kind}-{target_name}")
-
-
-def weights_file(folder: str, kind: str) -> str:
-    """Where :func:`write_folder` puts the ``kind`` weights (``"medusa"``, ``"eagle"``) in ``folder``."""
-    return os.path.join(folder, f"{kind}.safetensors")
-
-
-def write_folder(folder: str, kind: str, state: dict, kept: torch.Tensor | None, cfg: dict) -> None:
-    """``folder/<kind>.safetensors`` (``state`` plus ``kept_ids`` if any) and ``folder/config.json``:
-    how the zoo stores weights trained on top of a frozen target (Medusa heads, the EAGLE draft)."""
-    from safetensors.torch import save_file
-
-    os.makedirs(folder, exist_ok=True)
-    if kept is not None:
-        state = {**state, "kept_ids": kept.int().cpu().contiguous()}
-    save_file(state, weights_file(folder, kind), metadata={"format": "pt"})
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-
-
-def zoo_draft(target, load, int8: bool = False):
-    """The zoo's EAGLE draft for ``target`` (``load(target)``) in its fast form
-    (:meth:`refimpl.lm.LM.fast_draft`), loaded once per target and kept (:meth:`refimpl.lm.LM.once`)."""
-    return target.once((load.__module__, "draft", int8), lambda: target.fast_draft(load(target), int8=int8))
-
-
-def read_folder(target, kind: str, what: str, folder: str | None = None):
-    """-> ``(state, kept or None, cfg)`` from ``folder`` (default ``models/<kind>-<target.name>``), as
-    :func:`write_folder` wrote them; ``FileNotFoundError`` naming ``what`` and how to train it."""
-    from safetensors.torch import load_file
-
-    folder = folder or heads_folder(kind, target.name)
-    path = weights_file(folder, kind)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no {what} for {target.name!r} at {folder}; train with "
-                                f"`python -m refimpl.train {kind}-{target.name}`")
-    with open(os.path.join(folder, "config.json")) as f:
-        cfg = json.load(f)
-    state = load_file(path)
-    kept = state.pop("kept_ids").long() if "kept_ids" in state else None
-    return state, kept, cfg
-
-
-def save_heads(heads: MedusaHeads, folder: str, base_model: str, report: dict | None = None) -> None:
-    """``folder/medusa.safetensors`` (Medusa's key names, see the module doc) + ``config.json``."""
-    state = {}
-    for k, b in enumerate(heads.blocks):
-        state[f"medusa_head.{k}.0.linear.weight"] = b.weight.detach().half().contiguous()
-        state[f"medusa_head.{k}.0.linear.bias"] = b.bias.detach().half().contiguous()
-    cfg = {"architecture": "medusa-1 (frozen base, shared frozen LM head)", "base_model": base_model,
-           "medusa_num_heads": heads.num_heads, "medusa_num_layers": 1, "hidden_size": heads.lm_head.shape[1],
-           "vocab_kept": None if heads.kept is None else int(heads.kept.numel()),
-           "lm_head": "not stored: medusa_head.{k}.1.weight = the base model's lm_head.weight (rows kept_ids if any)",
-           "vllm": {"config": {"model_type": "medusa", "architectures": ["MedusaModel"],
-                               "num_heads": heads.num_heads, "num_hidden_layers": 1,
-                               "hidden_size": heads.lm_head.shape[1], "original_lm_head": True,
-                               "medusa_fc_bias": True, "truncated_vocab_size": "the base vocabulary (ours propose "
-                               "only kept_ids tokens; over the full vocabulary a top-k can differ)"},
-                    "weights": {"blocks.{k}.layers.0.weight": "medusa_head.{k}.0.linear.weight",
-                                "blocks.{k}.layers.0.bias": "medusa_head.{k}.0.linear.bias",
-                                "lm_heads.{k}.weight": "the base model's lm_head.weight (original_lm_head: shared)"}},
-           "accuracy": heads.accuracy, "report": report or {}}
-    write_folder(folder, "medusa", state, heads.kept, cfg)
-
-
-def load_heads(target, folder: str | None = None) -> MedusaHeads:
-    """Heads for ``target`` from ``folder`` (default ``models/medusa-<target.name>``), on its device."""
-    state, kept, cfg = read_folder(target, "medusa", "Medusa heads", folder)
-    W = target.model.get_output_embeddings().weight.detach().float()
-    heads = MedusaHeads(W if kept is None else W[kept.to(W.device)], cfg["medusa_num_heads"], kept, cfg.get("accuracy"))
-    for k, b in enumerate(heads.blocks):
-        b.weight.data.copy_(state[f"medusa_head.{k}.0.linear.weight"].float())
-        b.bias.data.copy_(state[f"medusa_head.{k}.0.linear.bias"].float())
-    return heads.to(target.device).eval()
 
 
 # ---------------------------------------------------------------------------------------
@@ -250,15 +167,13 @@ class TypicalTree(Tree):
 # ---------------------------------------------------------------------------------------
 # the proposer
 # ---------------------------------------------------------------------------------------
-class MedusaDraft:
+class MedusaDraft(Proposer):
     """Proposer: the heads read the target's hidden state at the last accepted node and propose the
     ``choices`` tree below the next token (deterministic children, ``q = None``). The first call
     (the prefill) proposes nothing: there is no hidden state yet."""
 
-    tree_proposals = True
-    wants_hidden = True
 
-    def __init__(self, heads: MedusaHeads, choices=None, tree_size: int = 16, acceptance: str = "lossless"):
+    def __init__(self, heads: MedusaHeads, choices, tree_size: int, acceptance: str):
         if acceptance not in ("lossless", "typical"):
             raise ValueError(f"acceptance must be 'lossless' or 'typical', got {acceptance!r}")
         if choices is None:
@@ -269,8 +184,9 @@ class MedusaDraft:
         self.width = 1 + max(max(c) for c in self.choices)  # top-k needed from every head
         self.kind = TypicalTree if acceptance == "typical" else Tree
 
-    def start(self, ids, mask, settings) -> None:
+    def start(self, ids, mask, settings) -> Needs:
         self.h, self.device = None, ids.device
+        return Needs(hidden=True, trees=True)
 
     def propose(self, caps: list[int]) -> object:
         if self.h is None or max(caps) <= 0:
@@ -309,8 +225,8 @@ def generate(target, prompts, heads: MedusaHeads | None = None, acceptance: str 
              tree_size: int | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              eos_token_id=None, preset: str | None = None) -> Generation:
-    """Medusa decoding: ``heads`` (None: the zoo's, :func:`load_heads`, loaded once per target)
-    propose the ``choices`` tree (None: :func:`choose_tree` of ``tree_size`` nodes from the heads'
+    """Medusa decoding: ``heads`` (required: ``refimpl.generate(target, prompts, method="medusa")`` takes
+    the zoo's for the target) propose the ``choices`` tree (None: :func:`choose_tree` of ``tree_size`` nodes from the heads'
     measured accuracies; ``tree_size`` and ``acceptance`` left None come from ``preset``, :data:`PRESETS`).
 
     ``acceptance="lossless"``: greedy output identical to ``autoregressive.generate``; sampling
@@ -318,8 +234,10 @@ def generate(target, prompts, heads: MedusaHeads | None = None, acceptance: str 
     acceptance, LOSSY under sampling (identical to greedy at temperature 0)."""
     o = preset_options(PRESETS, preset, target, tree_size=tree_size, acceptance=acceptance)
     tree_size, acceptance = o["tree_size"], o["acceptance"]
-    heads = target.once(("medusa",), lambda: load_heads(target)) if heads is None else heads
+    required(heads, "heads", "medusa")
     check_width("heads", heads.lm_head.shape[1], target)
+    check_vocab("heads", heads.lm_head.shape[0] if heads.kept is None else int(heads.kept.max()) + 1, target,
+                exact=heads.kept is None)
     return decode(target, MedusaDraft(heads, choices, tree_size, acceptance), prompts, max_new_tokens, temperature,
                   top_k, top_p, generator, eos_token_id)
 

@@ -31,6 +31,7 @@ from . import (adaptive, autoregressive, dllm_draft, dynamic_tree, eagle, eagle3
                retrieval, speculative, tree)
 from .generation import Generation
 from .lm import check_rollback
+from .models import drafters
 
 #: method name -> (module, what it drafts with: "draft" a draft LM, "dlm" a block-diffusion LM,
 #: "heads" / "eagle" / "eagle3" trained heads, None nothing, and the options it fixes)
@@ -52,6 +53,9 @@ METHODS = {
     "dllm_draft": (dllm_draft, "dlm", {}),
 }
 
+#: what a method's ``generate`` calls the drafter it takes, by kind
+DRAFTER_ARG = {"draft": "draft", "dlm": "dlm", "medusa": "heads", "eagle": "draft", "eagle3": "draft"}
+
 #: per zoo target, the lossless methods faster than AR, fastest first, at their default presets
 #: (greedy, ``bench_results/capstone/capstone_<target>.json``); then ``"ar"``. A target outside the
 #: zoo takes SmolLM2's order (a real pretrained model), skipping methods it has no drafter for.
@@ -62,15 +66,15 @@ FASTEST = {
 
 
 def has_drafter(target, kind: str | None) -> bool:
-    """Does the zoo hold ``kind``'s drafter for ``target`` (see :data:`METHODS`)?"""
-    name = getattr(target, "name", "")
+    """Does the zoo hold ``kind``'s drafter (see :data:`METHODS`) trained for ``target``'s weights? A target is
+    known by its weights, never by its folder's name (:func:`refimpl.models.drafters.zoo_name`)."""
     if kind is None:
         return True
-    if kind == "draft":
-        return name in models.DRAFT_FOR and models.in_zoo(models.DRAFT_FOR[name])
-    if kind == "dlm":
-        return name in models.DLLM_FOR and models.in_zoo(models.DLLM_FOR[name])
-    return os.path.exists(medusa.weights_file(medusa.heads_folder(kind, name), kind))
+    if kind in ("draft", "dlm"):
+        table, name = models.DRAFT_FOR if kind == "draft" else models.DLLM_FOR, drafters.zoo_name(target)
+        return name in table and models.in_zoo(table[name]) and drafters.trained_for(
+            os.path.join(models.MODELS_DIR, table[name]), target)
+    return drafters.folder(target, kind) is not None
 
 
 def available(target) -> list[str]:
@@ -82,15 +86,19 @@ def available(target) -> list[str]:
 
 
 def fastest(target) -> str:
-    """The first method of ``target``'s :data:`FASTEST` order that the zoo has a drafter for."""
-    order, can = FASTEST.get(getattr(target, "name", ""), FASTEST["smollm2-135m"]), available(target)
+    """The first method of ``target``'s :data:`FASTEST` order (by the zoo target it is; another model takes
+    SmolLM2's order) that it can run."""
+    order, can = FASTEST.get(drafters.zoo_name(target), FASTEST["smollm2-135m"]), available(target)
     return next(m for m in order if m in can)
 
 
 def drafter(target, kind: str):
-    """The zoo's draft LM (``"draft"``) or block-diffusion drafter (``"dlm"``) for ``target``, loaded once."""
+    """The zoo's drafter of ``kind`` for ``target``, loaded once and kept with it: a draft LM (``"draft"``), a
+    block-diffusion drafter (``"dlm"``), Medusa heads or an EAGLE / EAGLE-3 draft in its fast form."""
+    if kind not in ("draft", "dlm"):
+        return drafters.zoo(target, kind)
     table = models.DRAFT_FOR if kind == "draft" else models.DLLM_FOR
-    return target.once(("zoo", kind), lambda: models.load(table[target.name], device=target.device))
+    return target.once(("zoo", kind), lambda: models.load(table[drafters.zoo_name(target)], device=target.device))
 
 
 def generate(target, prompts, method: str = "fastest", **options) -> Generation:
@@ -109,13 +117,11 @@ def generate(target, prompts, method: str = "fastest", **options) -> Generation:
     if unknown:
         allowed = sorted(set(takes) - set(fixed))
         raise ValueError(f"method {method!r} does not take {unknown}; it takes {allowed}")
-    if kind in ("draft", "dlm") and options.get(kind) is None:
+    slot = DRAFTER_ARG.get(kind)
+    if slot is not None and options.get(slot) is None:
         if not has_drafter(target, kind):
-            raise ValueError(f"the zoo has no {kind} for target {getattr(target, 'name', '?')!r}; pass {kind}=... "
-                             f"or pick one of the methods it can run: {available(target)}")
-        options[kind] = drafter(target, kind)
-    elif kind in ("medusa", "eagle", "eagle3") and options.get("heads" if kind == "medusa" else "draft") is None:
-        if not has_drafter(target, kind):
-            raise ValueError(f"the zoo has no {kind} drafter for target {getattr(target, 'name', '?')!r} "
-                             f"(models/{kind}-<target>); the methods it can run: {available(target)}")
+            raise ValueError(f"the zoo has no {kind} drafter for this target ({getattr(target, 'name', '?')!r}: "
+                             f"the zoo's drafters belong to its targets' weights); pass {slot}=... or pick one of "
+                             f"the methods it can run: {available(target)}")
+        options[slot] = drafter(target, kind)
     return module.generate(target, prompts, **fixed, **options)

@@ -33,25 +33,26 @@ import torch
 
 from .generation import Generation, check_positive_int, preset_options
 from .primitives import NgramIndex, check_ngrams, unpad
-from .speculative import Proposal, Sampling, Verdict, decode
+from .speculative import Needs, Proposal, Proposer, Sampling, Verdict, decode
 from .tree import ROOT, pack
 
 METHODS = ("prompt_lookup", "sam", "recycling", "sam+recycling")
 
 
-class PromptLookup:
+class PromptLookup(Proposer):
     """Proposer (:mod:`refimpl.speculative`): the continuation of the latest earlier n-gram match."""
 
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, num_tokens: int, max_ngram: int, min_ngram: int):
         self.num_tokens = check_positive_int("num_tokens", num_tokens)
         check_ngrams(max_ngram, min_ngram)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> Needs:
         # the committed tokens of each row, on the host, with an index of their n-grams: a lookup is then
         # one dict query a step (lookup_positions over the whole history gives the same positions)
         self.index = [NgramIndex(row, self.max_ngram, self.min_ngram) for row in unpad(ids, mask)]
         self.device = ids.device  # the target's: proposals are built there
+        return Needs()
 
     def propose(self, caps: list[int]) -> Proposal:
         at = [ix.find() for ix in self.index]  # (b,) where the continuation starts, -1 = no match
@@ -173,24 +174,24 @@ class RecyclingTable:
             self.succ[t] = succ
 
 
-class SuffixAndRecycling:
+class SuffixAndRecycling(Proposer):
     """Proposer for ``sam``, ``recycling`` and ``sam+recycling`` (see the module doc)."""
 
-    def __init__(self, sam: bool = True, recycling: bool = True, num_tokens: int = 16, min_match: int | None = None,
-                 k: int = 8, nodes: int = 80):
+    def __init__(self, sam: bool, recycling: bool, num_tokens: int, min_match: int | None, k: int, nodes: int):
+        """``min_match``: the SAM match length (tokens) that drafts a chain; None (recycling alone): unused."""
         self.sam, self.recycling = sam, recycling
-        self.tree_proposals = self.wants_fed = recycling  # (recycling seeds its table with the prompt's logits)
         self.num_tokens = check_positive_int("num_tokens", num_tokens)
-        self.min_match = (5 if recycling else 1) if min_match is None else check_positive_int("min_match", min_match)
+        self.min_match = check_positive_int("min_match", min_match) if sam else None
         self.k, self.template = k, recycling_template(nodes, k) if recycling else None
 
-    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> None:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> Needs:
         rows = unpad(ids, mask)
         self.last = [r[-1] for r in rows]
         self.device = ids.device  # the target's: proposals are built there
         self.prompts = rows  # the recycling table starts from the prompt's own scores (first verdict)
         self.automata = [SuffixAutomaton(r) for r in rows] if self.sam else None
         self.tables = [RecyclingTable(self.template) for _ in rows] if self.recycling else None
+        return Needs(fed=self.recycling, trees=self.recycling)  # (recycling seeds its table with the prompt's logits)
 
     def propose(self, caps: list[int]) -> Proposal:
         rows = []
@@ -236,13 +237,12 @@ def retrieval_preset(method: str, num_tokens: int, min_match: int | None = None)
             "recycle_k": 8, "tree_nodes": 80}
 
 
-#: named configurations (:func:`refimpl.generation.preset_options`), one per drafting rule, plus
-#: ``"cpu"``: prompt lookup, the fastest retrieval rule measured on SmolLM2-135M
-#: (``bench_results/capstone/``), which is also ``"paper"``: the original prompt-lookup script's
-#: settings (n-grams of 3 down to 1, 10 tokens); SAM decoding's 16 tokens; Token Recycling's
-#: 80-node tree of each token's 8 latest successors
-PRESETS = {"cpu": retrieval_preset("prompt_lookup", 10), "paper": retrieval_preset("prompt_lookup", 10),
-           "prompt_lookup": retrieval_preset("prompt_lookup", 10), "sam": retrieval_preset("sam", 16, 1),
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, prompt lookup, the fastest
+#: retrieval rule measured on SmolLM2-135M (``bench_results/capstone/``) and the original prompt-lookup
+#: script's settings too (n-grams of 3 down to 1, 10 tokens); then one per other rule: SAM decoding's 16
+#: tokens (a chain from a match of 1+ tokens; 5+ beside recycling); Token Recycling's 80-node tree of each
+#: token's 8 latest successors
+PRESETS = {"cpu": retrieval_preset("prompt_lookup", 10), "sam": retrieval_preset("sam", 16, 1),
            "recycling": retrieval_preset("recycling", 16), "sam+recycling": retrieval_preset("sam+recycling", 16, 5)}
 
 
@@ -262,17 +262,15 @@ def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0
 
     Greedy output equals ``autoregressive.generate``'s; sampling is lossless (deterministic
     drafts: one-hot ``q``). Options left None come from ``preset`` (:data:`PRESETS`; None: the
-    preset named by ``method`` when given, else the target's device's).
+    preset named by ``method`` when there is one, else the target's device's).
     """
     if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    o = preset_options(PRESETS, method if preset is None else preset, target, method=method, num_tokens=num_tokens,
-                       max_ngram=max_ngram, min_ngram=min_ngram, min_match=min_match, recycle_k=recycle_k,
-                       tree_nodes=tree_nodes)
+    name = preset if preset is not None or method not in PRESETS else method
+    o = preset_options(PRESETS, name, target, method=method, num_tokens=num_tokens, max_ngram=max_ngram,
+                       min_ngram=min_ngram, min_match=min_match, recycle_k=recycle_k, tree_nodes=tree_nodes)
     method, num_tokens, max_ngram, min_ngram = o["method"], o["num_tokens"], o["max_ngram"], o["min_ngram"]
     min_match, recycle_k, tree_nodes = o["min_match"], o["recycle_k"], o["tree_nodes"]
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     check_positive_int("recycle_k", recycle_k)
     check_positive_int("tree_nodes", tree_nodes)
     if recycle_k > target.vocab_size:

@@ -8,14 +8,24 @@ dLLM drafter and block diffusion use the same cache.
 
 While every slot of every row is valid (one row, or rows that always accept the same counts), the
 mask is all ones and each row's count is the physical length: the cache then keeps only that
-length and builds ``mask`` / ``count`` when someone reads them. A chain step on a CPU then costs a
-few small tensor operations less (each ~3-7 us; a small model's step is ~2 ms).
+length and builds ``mask`` / ``count`` when someone reads them (a chain step then runs a few small
+tensor operations fewer, which a small model's step on a CPU notices).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from .lm import check_rollback
+
+
+class Scored(NamedTuple):
+    """What one forward over new tokens returns: ``logits`` (B, Q or keep, V) and ``hidden`` (B, Q, H or
+    taps x H) when it was asked for, else None."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
 
 
 class SlotCache:
@@ -61,33 +71,42 @@ class SlotCache:
             self.explicit_mask = self.mask
         self.explicit_count = value
 
-    def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None, hidden=False, keep: int = 0):
-        """Append ``tokens`` (B, Q) (``fmask`` (B, Q) marks real ones; None = all) -> logits (B, Q, V),
-        or ``(logits, h)`` with the last layer's (normed) hidden states h (B, Q, H) when ``hidden``
-        (a tuple of layer ids: those layers' residual streams side by side, :meth:`refimpl.lm.LM.forward`).
-        ``keep`` > 0: logits for the last ``keep`` positions only (B, keep, V) (the model's
-        ``logits_to_keep``; h stays (B, Q, H))."""
-        B, Q = tokens.shape
+    def next_positions(self, fmask: torch.Tensor | None, Q: int) -> torch.Tensor:
+        """Position ids (B or 1, Q) of ``Q`` tokens appended next (``fmask`` (B, Q) marks real ones; None =
+        all): each row counts only its valid slots, so pads and holes take no position."""
         if fmask is None and self.dense:  # positions length .. length + Q - 1 in every row
-            pos = torch.arange(self.length, self.length + Q, device=tokens.device)[None]  # (1, Q)
-            pos = pos if B == 1 else pos.expand(B, Q)
-            self.length += Q  # (set before the forward: the positions above are already taken)
-        elif fmask is None:
-            pos = self.count[:, None] + torch.arange(Q, device=tokens.device)  # (B, Q)
-            self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
-            self.count = self.count + Q
-        else:
-            pos = self.count[:, None] + (fmask.cumsum(-1) - 1).clamp(min=0)
-            self.holes = True  # callers pass a feed mask only when it has holes (pads)
-            self.mask = torch.cat([self.mask, fmask], dim=1)
-            self.count = self.count + fmask.sum(-1)
+            pos = torch.arange(self.length, self.length + Q, device=self.device)[None]  # (1, Q)
+            return pos if self.rows == 1 else pos.expand(self.rows, Q)
+        if fmask is None:
+            return self.count[:, None] + torch.arange(Q, device=self.device)  # (B, Q)
+        return self.count[:, None] + (fmask.cumsum(-1) - 1).clamp(min=0)
+
+    def append(self, Q: int, valid: torch.Tensor | None = None, holes: bool = False) -> None:
+        """Record ``Q`` new slots, ``valid`` (B, Q) marking the real ones (None: all); ``holes``: some of
+        them stay invalid (pads), so every later call passes the slot mask."""
+        if valid is None and self.dense:
+            self.length += Q
+            return
+        valid = torch.ones((self.rows, Q), dtype=torch.long, device=self.device) if valid is None else valid
+        self.mask = torch.cat([self.mask, valid.long()], dim=1)
+        self.count = self.mask.sum(-1)
+        self.holes = self.holes or holes
+
+    def feed(self, tokens: torch.Tensor, fmask: torch.Tensor | None = None, hidden=False, keep: int = 0) -> Scored:
+        """Append ``tokens`` (B, Q) (``fmask`` (B, Q) marks real ones; None = all) -> :class:`Scored`: the
+        logits (B, Q, V), and the last layer's (normed) hidden states (B, Q, H) when ``hidden`` (a tuple of
+        layer ids: those layers' residual streams side by side, :meth:`refimpl.lm.LM.forward`). ``keep`` > 0:
+        logits for the last ``keep`` positions only (B, keep, V) (the model's ``logits_to_keep``; the
+        hidden states stay (B, Q, H))."""
+        pos = self.next_positions(fmask, tokens.shape[1])
+        self.append(tokens.shape[1], fmask, holes=fmask is not None)  # (callers pass a feed mask only for pads)
         extra = {"output_hidden_states": hidden} if hidden else {}  # (any LM-like object works without these)
         if keep:
             extra["logits_to_keep"] = keep
         out = self.lm.forward(tokens, self.cache, position_ids=pos, attention_mask=self.mask if self.holes else None,
                               **extra)
         self.cache = out[1]
-        return (out[0], out[2]) if hidden else out[0]
+        return Scored(out[0], out[2] if hidden else None)
 
     def keep(self, block: int, keep: torch.Tensor, length: int, new_holes: bool) -> None:
         """Of the last ``block`` slots, keep those where ``keep`` (B, block) is 1; crop to ``length`` slots."""

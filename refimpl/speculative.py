@@ -9,7 +9,7 @@ Papers:
 - Stern, Shazeer, Uszkoreit, "Blockwise Parallel Decoding for Deep Autoregressive Models",
   arXiv 1811.03115: the greedy case (accept the longest prefix that equals the target argmax).
 
-The seam. A *proposer* drafts; :func:`decode` verifies. One step, for each row of the batch:
+The seam. A *proposer* (:class:`Proposer`) drafts; :func:`decode` verifies. One step, for each row:
 
 1. the proposer returns a :class:`Proposal`: draft tokens ``x_1..x_g`` (each row may propose
    fewer, ``valid``) and the distributions ``q_i`` they were drawn from, or ``q = None`` for a
@@ -17,64 +17,49 @@ The seam. A *proposer* drafts; :func:`decode` verifies. One step, for each row o
 2. ONE target call scores what the target has not processed (the last committed token, or the
    prompt) followed by the drafts: ``p_1..p_{g+1}``;
 3. greedy (temperature 0): keep the longest prefix with ``x_i == argmax p_i`` and append the
-   target's argmax after it (:func:`kernels.verify_greedy`); sampling: accept ``x_i`` with
-   probability ``min(1, p_i(x_i) / q_i(x_i))``, at the first rejection draw from
-   ``norm(max(0, p_i - q_i))``, and if every draft was accepted draw a bonus token from
-   ``p_{g+1}`` (:func:`kernels.rejection_sample`). ``p`` and ``q`` get the same temperature /
-   top-k / top-p processing (:func:`refimpl.sampling.probs`), so the output is distributed
-   exactly as plain sampling from the target with those settings;
+   target's argmax after it (:func:`kernels.verify_greedy.verify_greedy`); sampling: accept ``x_i``
+   with probability ``min(1, p_i(x_i) / q_i(x_i))``, at the first rejection draw from
+   ``norm(max(0, p_i - q_i))``, and if every draft was accepted draw a bonus token from ``p_{g+1}``
+   (:func:`kernels.rejection_sample.rejection_sample`). ``p`` and ``q`` get the same temperature /
+   top-k / top-p processing (:func:`refimpl.sampling.probs`), so the output is distributed exactly as
+   plain sampling from the target with those settings;
 4. the target's KV cache is rolled back past the rejected drafts, and the proposer is told what
    was accepted (:meth:`Proposer.accept`) so it can roll back its own state.
 
-A proposer is any object with four methods (:class:`DraftModel` is the one for a draft LM;
-adaptive lengths, early exit and the copy prior are draft LMs or length policies on it; prompt
-lookup lives in :mod:`refimpl.retrieval`)::
-
-    start(ids (B, L), mask (B, L) or None, sampling)   # the left-padded prompts
-    propose(caps: list[int]) -> Proposal                 # at most caps[b] drafts for row b
-    accept(verdict: Verdict) -> None                     # n accepted + the next token, per row
-    select(rows: LongTensor) -> None                     # finished rows leave the batch
-
-A proposer that reads the logits over the fed tokens before the root (``Verdict.fed``: the prompt's,
-at the first step; token recycling seeds its table with them) sets ``wants_fed = True``. Otherwise
-the target computes logits from the root on only (``logits_to_keep``): a prefill skips the output
-projection over the prompt (~57 ms of a 100-token prompt's 294 on SmolLM2-135M, 2 CPU cores).
-
-A proposer with ``wants_hidden = True`` (Medusa's heads, :mod:`refimpl.medusa`) also receives the
-target's last hidden states at the root and every draft (``Verdict.hidden``): its features. A tuple
-of layer ids instead (EAGLE-3, :mod:`refimpl.eagle3`) gets those layers' streams side by side.
+A proposal is a chain or a token tree (``Proposal.tree``, chapter 05): its *shape* (:class:`Chain`, or
+:class:`refimpl.tree.Tree`) does steps 2-4 its own way (a tree: ancestor mask, position = depth,
+SpecInfer's walk, compaction of the accepted path), so the loop reads the same for both.
 
 Ragged batches (rows accept different counts). The target's cache keeps one *physical* length
 for the whole batch, and a 2-D slot mask (B, slots) marks which slots hold a row's real tokens
-(:class:`SlotCache`). After a verification it is cropped to the longest row; in the other rows
-the slots of rejected drafts stay behind as *holes* (mask 0) that are never attended to. Position
-ids count only a row's valid slots, so every row computes exactly what it would compute alone.
-At batch 1 there are never holes and no mask is passed at all.
+(:class:`~refimpl.slot_cache.SlotCache`). After a verification it is cropped to the longest row; in the
+other rows the slots of rejected drafts stay behind as *holes* (mask 0) that are never attended to.
+Position ids count only a row's valid slots, so every row computes exactly what it would compute
+alone. At batch 1 there are never holes and no mask is passed at all.
 
-Trees. A proposal with ``tree=`` (a :class:`refimpl.tree.Tree`) holds the nodes of a token tree
-instead of a chain; the loop then lets the tree feed itself (ancestor mask, position = depth),
-walk itself (greedy or SpecInfer's multi-candidate rule) and compact the cache to the accepted
-path. Every verdict also returns the target's logits at every scored position (``Verdict.logits``,
-``Verdict.fed``): self-drafting proposers (Jacobi, lookahead, token recycling) draft from them.
+Every verdict also hands the proposer the target's logits at every scored position
+(``Verdict.logits``): self-drafting proposers (Jacobi, lookahead, token recycling) draft from them.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-import kernels
+from kernels.rejection_sample import rejection_sample
+from kernels.verify_greedy import argmax, verify_greedy
 
 from . import sampling
-from .generation import (Generation, Stats, Timer, check_generate_args, check_positive_int, draft_as_keyword,
-                         eos_set, normalize_prompts, preset_options, required, truncate_at_eos)
+from .generation import (Generation, Outputs, Timer, check_generate_args, check_positive_int, eos_set,
+                         normalize_prompts, preset_options, required)
 from .lm import check_rollback
 from .primitives import left_pad
-from .slot_cache import SlotCache  # noqa: F401  (re-exported: ``speculative.SlotCache`` is public)
+from .slot_cache import Scored, SlotCache  # noqa: F401  (re-exported: ``speculative.SlotCache`` is public)
 
-
-SAME_VOCAB: dict = {}  # (id(target tokenizer), id(draft tokenizer)) pairs already compared
+#: (id(target tokenizer), id(draft tokenizer)) -> weak references to both, for pairs already compared
+SAME_VOCAB: dict = {}
 
 
 def check_same_tokenizer(target, draft) -> None:
@@ -82,19 +67,23 @@ def check_same_tokenizer(target, draft) -> None:
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"draft has {draft.vocab_size} output tokens but the target has {target.vocab_size}: "
                          "speculative decoding needs a draft with the target's tokenizer")
-    key = (id(target.tokenizer), id(draft.tokenizer))
-    if key in SAME_VOCAB or target.tokenizer is draft.tokenizer:
+    a, b = target.tokenizer, draft.tokenizer
+    seen = SAME_VOCAB.get((id(a), id(b)))
+    if a is b or (seen is not None and seen[0]() is a and seen[1]() is b):  # (an id can be reused: check who)
         return
-    tv = target.tokenizer.get_vocab() if hasattr(target.tokenizer, "get_vocab") else None
-    dv = draft.tokenizer.get_vocab() if hasattr(draft.tokenizer, "get_vocab") else None
+    tv = a.get_vocab() if hasattr(a, "get_vocab") else None
+    dv = b.get_vocab() if hasattr(b, "get_vocab") else None
     if tv != dv:
         raise ValueError("draft tokenizer differs from the target tokenizer (different vocabularies): "
                          "speculative decoding needs a draft with the target's tokenizer")
-    SAME_VOCAB[key] = True
+    try:
+        SAME_VOCAB[(id(a), id(b))] = (weakref.ref(a), weakref.ref(b))
+    except TypeError:  # an object without weak references: compared again next time
+        pass
 
 
 # ---------------------------------------------------------------------------------------
-# what passes between a proposer and the verifier
+# the contract: what passes between a proposer and the verifier
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Sampling:
@@ -117,6 +106,17 @@ class Sampling:
         return torch.rand(shape, generator=self.generator, device=gdev).to(device)
 
 
+class Needs(NamedTuple):
+    """What a proposer needs from the loop, returned by its :meth:`Proposer.start`."""
+
+    hidden: bool | tuple = False  # the target's features at the root and every draft (Verdict.hidden): True =
+    # the last layer's (normed), a tuple of layer ids = those layers' residual streams side by side (EAGLE-3)
+    fed: bool = False  # the logits over the fed tokens before the root too (Verdict.fed: the prompt's, at first);
+    # otherwise a prefill asks the target for the logits from the root on only (``logits_to_keep``)
+    trees: bool = False  # it proposes token trees (``rule=`` replaces only the chain's acceptance rule)
+    max_length: int | None = None  # its own context limit, when it has one (a draft model's)
+
+
 class Proposal(NamedTuple):
     tokens: torch.Tensor  # (b, g) draft tokens (columns past a row's ``valid`` are ignored)
     valid: torch.Tensor  # (b,) drafts each row proposes, <= g
@@ -132,10 +132,39 @@ class Verdict(NamedTuple):
     emitted: float  # mean tokens emitted per row this step (for length policies)
     logits: torch.Tensor | None = None  # (b, g + 1, V) the target's logits after the root and each draft
     path: torch.Tensor | None = None  # (b, max n) accepted node indices of a tree proposal (-1 = none)
-    fed: torch.Tensor | None = None  # (b, F - 1, V) logits after the fed tokens before the root (the prompt, at first);
-    # (b, 0, V) unless the proposer sets ``wants_fed = True``
-    hidden: torch.Tensor | None = None  # (b, g + 1, H or taps x H) the target's features there (``wants_hidden``)
-    fed_hidden: torch.Tensor | None = None  # (b, F - 1, H) and after the fed tokens before the root (as ``fed``)
+    fed: torch.Tensor | None = None  # (b, F - 1, V) logits after the fed tokens before the root (Needs.fed),
+    # else (b, 0, V)
+    hidden: torch.Tensor | None = None  # (b, g + 1, H or taps x H) the target's features there (Needs.hidden)
+    fed_hidden: torch.Tensor | None = None  # (b, F - 1, H) and after the fed tokens before the root
+
+
+class Proposer:
+    """The contract every drafter implements (a draft model, trees, Medusa, EAGLE, Jacobi, lookahead,
+    retrieval, a diffusion drafter); :func:`decode` calls these four methods and nothing else. Rows are
+    the batch's rows still decoding, in order; ``b`` is their number.
+
+    - ``start(ids (B, L), mask (B, L) or None, sampling: Sampling) -> Needs``: the left-padded prompts
+      (``mask`` 1 = real token; None = no padding) on the target's device, and the decoding settings
+      (a sampling drafter draws ``q`` with ``sampling.probs``). Returns what it needs from the loop
+      (:class:`Needs`); a wrapper that delegates ``start`` passes its inner proposer's needs on.
+    - ``propose(caps: list[int]) -> Proposal``: at most ``caps[r]`` drafts for row r (a row that needs
+      ``k`` more tokens gets ``caps = k - 1``: the target adds one itself), on the target's device.
+    - ``accept(verdict: Verdict)``: row r accepted ``verdict.n_list[r]`` drafts (a tree: the nodes in
+      ``verdict.path[r]``), then the target's ``verdict.next[r]``; roll back whatever the proposer keeps.
+    - ``select(rows: LongTensor)``: only these rows go on (the others finished).
+    """
+
+    def start(self, ids: torch.Tensor, mask: torch.Tensor | None, settings: Sampling) -> Needs:
+        raise NotImplementedError
+
+    def propose(self, caps: list[int]) -> Proposal:
+        raise NotImplementedError
+
+    def accept(self, verdict: Verdict) -> None:
+        raise NotImplementedError
+
+    def select(self, rows: torch.Tensor) -> None:
+        raise NotImplementedError
 
 
 # ---------------------------------------------------------------------------------------
@@ -144,121 +173,100 @@ class Verdict(NamedTuple):
 def verify(x, logits, valid, q, settings: Sampling, rule=None):
     """Accepted counts and next tokens (b,), (b,) for drafts ``x`` (b, g) under target ``logits``
     (b, g + 1, V). ``q`` None = deterministic drafts (one-hot). ``rule`` replaces the lossless
-    sampling rule (:func:`kernels.rejection_sample`), e.g. to study a lossy or a wrong one."""
+    sampling rule (:func:`kernels.rejection_sample.rejection_sample`), e.g. a lossy or a wrong one."""
     if settings.greedy:
-        return kernels.verify_greedy(x, logits, valid)
+        return verify_greedy(x, logits, valid)
     p = settings.probs(logits)  # (b, g + 1, V)
     if q is None:
         q = torch.nn.functional.one_hot(x, p.size(-1)).to(p.dtype)  # (b, g, V)
     u = settings.uniforms((x.size(0), x.size(1) + 1), logits.device)  # (b, g + 1)
-    return (rule or kernels.rejection_sample)(x, p, q.to(p.device), u, valid)
+    return (rule or rejection_sample)(x, p, q.to(p.device), u, valid)
+
+
+class Chain:
+    """The shape of a chain proposal, with a :class:`refimpl.tree.Tree`'s three steps: ``feed`` the
+    unprocessed tokens and the drafts in one target call, ``verify`` the longest accepted prefix,
+    ``compact`` (roll back) the rejected drafts' slots."""
+
+    @staticmethod
+    def feed(slots, feed, fmask, x, valid, full=True, hidden=False, keep=0) -> Scored:
+        fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
+        return slots.feed(torch.cat([feed, x], 1), fm, hidden=hidden, keep=keep)  # (b, F + g or keep, V)
+
+    @staticmethod
+    def verify(x, logits, valid, q, settings, rule=None):
+        return (*verify(x, logits, valid, q, settings, rule), None)  # (n, next, no path)
+
+    @staticmethod
+    def candidates(valid):
+        return valid
+
+    @staticmethod
+    def compact(slots, g, path, n, n_list) -> None:
+        slots.keep_accepted(g, n, n_list)
 
 
 @torch.no_grad()
-def decode(target, proposer, prompts, max_new_tokens: int = 64, temperature: float = 0.0,
+def decode(target, proposer: Proposer, prompts, max_new_tokens: int = 64, temperature: float = 0.0,
            top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
            eos_token_id=None, rule=None) -> Generation:
     """The draft / verify / roll-back loop shared by every proposer (see the module doc).
 
     Greedy (``temperature=0``) returns exactly ``autoregressive.generate``'s tokens; otherwise the
     tokens are distributed exactly as sampling from ``target`` with the same settings (seeded by
-    ``generator``). ``rule(x, p, q, u, valid) -> (n, next)`` replaces the sampling rule
-    ``kernels.rejection_sample`` (lossless) by another, e.g. a lossy or a deliberately wrong one.
+    ``generator``). ``rule(x, p, q, u, valid) -> (n, next)`` replaces the chain's sampling rule
+    (:func:`kernels.rejection_sample.rejection_sample`, lossless), e.g. by a lossy or a wrong one.
     ``stats.accepted[step][row]``: drafts row ``row`` accepted at that step (0 once finished);
     ``stats.extra["gammas"][step]``: the step's draft length; ``extra["mean_gamma"]``: the mean
-    number of drafts per row and step.
-    """
+    number of drafts per row and step."""
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
     check_rollback(target, f"speculative decoding ({type(proposer).__name__})")
-    if rule is not None and getattr(proposer, "tree_proposals", False):
-        raise ValueError("rule= replaces the chain's acceptance rule; this proposer drafts token trees")
-    prompts = normalize_prompts(prompts, min(target.max_length, getattr(proposer, "max_length", target.max_length)),
-                                max_new_tokens, target.vocab_size)
-    eos = eos_set(eos_token_id, target.eos_token_id)
-    settings = Sampling(temperature, top_k, top_p, generator)
-    device, B = target.device, len(prompts)
-    want_h = getattr(proposer, "wants_hidden", False) or False  # True / layer ids: the drafter reads features
-    want_fed = getattr(proposer, "wants_fed", False)  # logits before the root too (else a prefill skips them)
-    stats = Stats(rows=B)
-    out: list[list[int]] = [[] for _ in prompts]
-    step_gammas, row_lengths = [], []
-    with Timer(stats):
-        ids, pmask = left_pad(prompts, target.pad_token_id, device)  # (B, L)
-        padded = bool((pmask == 0).any())
-        tgt = SlotCache(target, B, device)
-        proposer.start(ids, pmask if padded else None, settings)
-        feed, fmask = ids, (pmask if padded else None)  # what the target has not processed yet
-        rows = list(range(B))  # current batch index -> original row
-        while rows:
-            remaining = [max_new_tokens - len(out[r]) for r in rows]
-            # 1. draft: never past what a row still needs (the target adds one token itself)
-            prop = proposer.propose([m - 1 for m in remaining])
-            x, valid = prop.tokens.to(device), prop.valid.to(device)  # (b, g), (b,)
-            g = x.shape[1]
-            stats.draft_calls += prop.calls
-            step_gammas.append(g)
-            # 2. one target call over the unprocessed tokens + the drafts
-            F = feed.shape[1]
-            keep = 0 if want_fed or F == 1 else g + 1  # logits from the root on only (0 = all F + g)
-            if prop.tree is None:
-                fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
-                # (b, F + g or g + 1, V) [, (b, F + g, H)]
-                res = tgt.feed(torch.cat([feed, x], 1), fm, hidden=want_h, keep=keep)
-                logits, h = res if want_h else (res, None)
-                cut = logits.shape[1] - g - 1
-                fed, logits = logits[:, :cut], logits[:, cut:]  # before the root (or none); (b, g + 1, V)
-                n, nxt = verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
-                path, acc = None, x
-            else:  # a token tree (refimpl.tree): ancestor mask, position = depth, walk from the root
-                res = prop.tree.feed(tgt, feed, fmask, x, valid, full=True, hidden=want_h, keep=keep)  # as above
-                logits, h = res if want_h else (res, None)
-                cut = logits.shape[1] - g - 1
-                fed, logits = logits[:, :cut], logits[:, cut:]
-                n, nxt, path = prop.tree.verify(x, logits, valid, prop.q, settings, rule)
-                acc = x.gather(1, path.clamp(min=0))  # (b, max n) the accepted path's tokens
-                valid = prop.tree.candidates(valid)  # drafts = nodes that could be accepted
-            stats.target_calls += 1
-            stats.row_steps += len(rows)
-            if device.type == "cpu":  # nothing to sync with: four host copies (~1 us each), no concatenation
-                host = [[k, t, v] + a for k, t, v, a in zip(n.tolist(), nxt.tolist(), valid.tolist(), acc.tolist())]
-            else:
-                host = torch.cat([n[:, None], nxt[:, None], valid[:, None], acc], 1).tolist()  # one sync per step
-            # 4. emit, stop rows at EOS / max_new_tokens
-            step_acc, finished, emitted = [0] * B, [], []
-            for i, r in enumerate(rows):
-                k, t, v, xs = host[i][0], host[i][1], host[i][2], host[i][3:]
-                step_acc[r] = k
-                stats.drafted += v
-                row_lengths.append(v)
-                new, done = truncate_at_eos(xs[:k] + [t], eos, remaining[i])
-                out[r].extend(new)
-                emitted.append(len(new))
-                if done or len(out[r]) >= max_new_tokens:
-                    finished.append(i)
-            stats.accepted.append(step_acc)
-            if len(finished) == len(rows):
+    prompts = normalize_prompts(prompts, target.max_length, max_new_tokens, target.vocab_size)
+    settings, run = Sampling(temperature, top_k, top_p, generator), Outputs(prompts, max_new_tokens, eos_set(
+        eos_token_id, target.eos_token_id))
+    with Timer(run.stats):
+        ids, pmask = left_pad(prompts, target.pad_token_id, target.device)  # (B, L)
+        feed, fmask = ids, (pmask if bool((pmask == 0).any()) else None)  # what the target has not processed yet
+        needs = check_needs(proposer, proposer.start(ids, fmask, settings), prompts, max_new_tokens, rule)
+        tgt = SlotCache(target, len(prompts), target.device)
+        while True:
+            prop = proposer.propose(run.caps())  # 1. draft
+            shape, x, valid = prop.tree or Chain, prop.tokens.to(target.device), prop.valid.to(target.device)
+            F, g = feed.shape[1], x.shape[1]
+            keep = 0 if needs.fed or F == 1 else g + 1  # logits from the root on only (0 = all F + g)
+            scored = shape.feed(tgt, feed, fmask, x, valid, full=True, hidden=needs.hidden, keep=keep)  # 2. score
+            fed, logits = scored.logits[:, :-g - 1], scored.logits[:, -g - 1:]  # before the root; (b, g + 1, V)
+            n, nxt, path = shape.verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
+            accepted = x if path is None else x.gather(1, path.clamp(min=0))  # (b, max n) the accepted tokens
+            n_list, finished, emitted = run.emit(target, prop, n, nxt, shape.candidates(valid), accepted)
+            if len(finished) == len(run.rows):
                 break
-            # 5. roll back past the rejected drafts; the proposer does the same for its state
-            n_list = [h[0] for h in host]
-            if g and prop.tree is not None:
-                prop.tree.compact(tgt, g, path, n, n_list)
-            elif g:
-                tgt.keep_accepted(g, n, n_list)
-            proposer.accept(Verdict(n, nxt, n_list, sum(emitted) / len(emitted), logits, path, fed,
-                                    None if h is None else h[:, F - 1:], None if h is None else h[:, : F - 1]))
+            if g:  # 4. roll back past the rejected drafts; the proposer does the same for its state
+                shape.compact(tgt, g, path, n, n_list)
+            h = scored.hidden
+            proposer.accept(Verdict(n=n, next=nxt, n_list=n_list, emitted=emitted, logits=logits, path=path,
+                                    fed=fed, hidden=None if h is None else h[:, F - 1:],
+                                    fed_hidden=None if h is None else h[:, : F - 1]))
             feed, fmask = nxt[:, None], None
             if finished:
-                keep = [i for i in range(len(rows)) if i not in finished]
-                sel = torch.tensor(keep, device=device)
-                tgt.select(sel)
-                proposer.select(sel)
-                feed = feed[sel]
-                rows = [rows[i] for i in keep]
-    stats.nfe = stats.target_calls + stats.draft_calls
-    stats.new_tokens = sum(len(o) for o in out)
-    stats.extra["gammas"] = step_gammas
-    stats.extra["mean_gamma"] = sum(row_lengths) / len(row_lengths) if row_lengths else 0.0
-    return Generation(out, stats)
+                rows = torch.tensor(run.drop(finished), device=target.device)
+                tgt.select(rows)
+                proposer.select(rows)
+                feed = feed[rows]
+    return run.result()
+
+
+def check_needs(proposer, needs, prompts, max_new_tokens: int, rule) -> Needs:
+    """``needs`` as :meth:`Proposer.start` returned it, checked: a :class:`Needs`, a proposer context that
+    fits every prompt, and ``rule=`` only for chains. ``ValueError`` otherwise, before any forward."""
+    if not isinstance(needs, Needs):
+        raise ValueError(f"{type(proposer).__name__}.start must return speculative.Needs (got {needs!r}): a "
+                         "proposer that wraps or extends another returns the inner start's result")
+    if rule is not None and needs.trees:
+        raise ValueError("rule= replaces the chain's acceptance rule; this proposer drafts token trees")
+    if needs.max_length is not None:
+        normalize_prompts(prompts, needs.max_length, max_new_tokens)  # a draft with a shorter context
+    return needs
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,7 +297,7 @@ class FixedGamma:
         pass
 
 
-class DraftModel:
+class DraftModel(Proposer):
     """Proposer: a draft LM drafts autoregressively (one cached call per token), ``policy`` decides
     how many. The draft is never run twice on a token: its cache keeps the accepted drafts it has
     already processed, and the next round first feeds what it has not seen: the correction/bonus
@@ -301,19 +309,20 @@ class DraftModel:
             check_same_tokenizer(target, draft)
         self.draft, self.policy, self.max_length = draft, policy, draft.max_length
 
-    def start(self, ids, mask, settings: Sampling) -> None:
+    def start(self, ids, mask, settings: Sampling) -> Needs:
         dev = self.draft.device
         self.settings, self.cache = settings, SlotCache(self.draft, ids.shape[0], dev)
         self.feed, self.fmask = ids.to(dev), None if mask is None else mask.to(dev)
+        return Needs(max_length=self.max_length)
 
     def propose(self, caps: list[int]) -> Proposal:
         cap = min(self.policy.cap(), max(caps))
         stop = torch.tensor([min(cap, c) for c in caps], device=self.draft.device)  # (b,) per-row lengths
         limit, drafts, qs, s = int(stop.max()), [], [], self.settings
         while len(drafts) < limit:
-            dl = self.cache.feed(self.feed, self.fmask)[:, -1]  # (b, V)
+            dl = self.cache.feed(self.feed, self.fmask).logits[:, -1]  # (b, V)
             if s.greedy:
-                x = kernels.argmax(dl)  # (b,)
+                x = argmax(dl)  # (b,)
                 conf = torch.softmax(dl.float(), -1).amax(-1) if self.policy.confidence else None
             else:
                 qs.append(s.probs(dl))  # (b, V)
@@ -353,10 +362,10 @@ class DraftModel:
         self.fmask = None if self.fmask is None else self.fmask[rows]
 
 
-#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"`` is the zoo draft's
-#: best fixed length on SmolLM2-135M with the lean forward (``bench_results/capstone/``); ``"paper"``
-#: is Chen et al.'s K = 4 (arXiv 2302.01318, §4), the same length
-PRESETS = {"cpu": {"gamma": 4}, "paper": {"gamma": 4}}
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, the zoo draft's best fixed
+#: length on SmolLM2-135M with the lean forward (``bench_results/capstone/``), which is Chen et al.'s K = 4
+#: too (arXiv 2302.01318, §4): one preset
+PRESETS = {"cpu": {"gamma": 4}}
 
 
 def generate(target, prompts, draft=None, gamma: int | None = None, max_new_tokens: int = 64,
@@ -369,9 +378,8 @@ def generate(target, prompts, draft=None, gamma: int | None = None, max_new_toke
     top_k / top_p (seeded by ``generator``). ``eos_token_id=None`` uses the target's EOS.
     ``gamma=None`` takes it from ``preset`` (:data:`PRESETS`; None: the target's device's).
     ``draft`` is required (``refimpl.generate(target, prompts, method="speculative")`` loads the
-    zoo's draft for the target); the old order ``generate(target, draft, prompts)`` still works.
+    zoo's draft for the target).
     """
-    prompts, draft = draft_as_keyword(prompts, draft)
     required(draft, "draft", "speculative")
     gamma = preset_options(PRESETS, preset, target, gamma=gamma)["gamma"]
     return decode(target, DraftModel(draft, FixedGamma(gamma), target), prompts, max_new_tokens, temperature,

@@ -43,9 +43,10 @@ import torch
 import kernels
 
 from . import sampling
-from .generation import Generation, draft_as_keyword, preset_options, required
+from .generation import Generation, preset_options, required
 from .primitives import additive, unpad
-from .speculative import Proposal, check_same_tokenizer, decode
+from .slot_cache import Scored
+from .speculative import Needs, Proposal, Proposer, check_same_tokenizer, decode
 
 ROOT, SIDE = -1, -2
 
@@ -99,49 +100,42 @@ class Tree:
 
     # -- 1. one forward over the unprocessed tokens + every node ---------------------------
     def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
-             valid: torch.Tensor, full: bool = False, hidden=False, keep: int = 0):
+             valid: torch.Tensor, full: bool = False, hidden=False, keep: int = 0) -> Scored:
         """Append ``feed`` (b, F) (``fmask`` marks real tokens) and the nodes ``x`` (b, m) to the
-        :class:`~refimpl.speculative.SlotCache` ``slots`` -> logits (b, 1 + m, V): after the root,
-        then after each node (``full``: (b, F + m, V), after every fed token too); ``hidden``:
-        ``(logits, h)`` with the target's last hidden states h (b, 1 + m or F + m, H) alongside (a tuple
+        :class:`~refimpl.slot_cache.SlotCache` ``slots`` -> :class:`~refimpl.slot_cache.Scored`: logits
+        (b, 1 + m, V) after the root, then after each node (``full``: (b, F + m, V), after every fed token
+        too), and with ``hidden`` the target's last hidden states (b, 1 + m or F + m, H) alongside (a tuple
         of layer ids: those layers' streams side by side, as :meth:`refimpl.lm.LM.forward`). ``keep`` > 0
-        with ``full``: logits for the last ``keep`` positions only (the model's ``logits_to_keep``),
-        h still (b, F + m, H)."""
+        with ``full``: logits for the last ``keep`` positions only (the model's ``logits_to_keep``), the
+        hidden states still (b, F + m, H)."""
         b, F = feed.shape
         m, dev = x.shape[1], feed.device
         P = slots.length
         # every slot, fed token and node real (one row, say): the slots stay dense, nothing to mask out
         dense = slots.dense and fmask is None and all(v == m for v in valid.tolist())
+        root = slots.count + (F if fmask is None else fmask.sum(-1)) - 1  # (b,) the root's position: the last fed
+        pos = torch.cat([slots.next_positions(fmask, F).expand(b, F), root[:, None] + self.depth.to(dev)], 1)  # (b, F + m)
         allow = torch.zeros((b, F + m, P + F + m), dtype=torch.bool, device=dev)
         allow[:, :, :P] = True
         allow[:, :F, P:P + F] = torch.ones((F, F), dtype=torch.bool, device=dev).tril()
         allow[:, F:, P:P + F] = True
         allow[:, F:, P + F:] = self.see.to(dev)
-        if dense:
-            pos = torch.cat([torch.arange(P, P + F, device=dev)[None].expand(b, F), P + F - 1 + self.depth.to(dev)], 1)
-        else:
-            fm = torch.ones_like(feed) if fmask is None else fmask
+        valid_slots = None
+        if not dense:
             node_ok = (torch.arange(m, device=dev)[None, :] < valid.to(dev)[:, None]).long()  # (b, m)
-            root = slots.count + fm.sum(-1) - 1  # (b,) the root's position
-            pos = torch.cat([slots.count[:, None] + (fm.cumsum(-1) - 1).clamp(min=0),
-                             root[:, None] + self.depth.to(dev)], 1)  # (b, F + m)
-            allow &= torch.cat([slots.mask, fm, node_ok], 1).bool()[:, None, :]
+            valid_slots = torch.cat([torch.ones_like(feed) if fmask is None else fmask, node_ok], 1)  # (b, F + m)
+            allow &= torch.cat([slots.mask, valid_slots], 1).bool()[:, None, :]
             diag = torch.arange(F + m, device=dev)
             allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
+        slots.append(F + m, valid_slots, holes=fmask is not None)  # (padding nodes never outlive compact)
         extra = {"output_hidden_states": hidden} if hidden else {}
         if keep and full:
             extra["logits_to_keep"] = keep
         out = slots.lm.forward(torch.cat([feed, x], 1), slots.cache, position_ids=pos,
                                attention_mask=additive(allow), **extra)
         slots.cache = out[1]
-        if dense:
-            slots.length += F + m
-        else:
-            slots.mask = torch.cat([slots.mask, fm, node_ok], 1)
-            slots.count = slots.mask.sum(-1)
-            slots.holes = slots.holes or fmask is not None
         rows = slice(None) if full else slice(F - 1, None)
-        return (out[0][:, rows], out[2][:, rows]) if hidden else out[0][:, rows]
+        return Scored(out[0][:, rows], out[2][:, rows] if hidden else None)
 
     # -- 2. walk down from the root ---------------------------------------------------------
     def verify(self, x: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor, q: torch.Tensor | None,
@@ -297,15 +291,13 @@ def grow(draft, ctx: list[int], widths) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-class DraftTree:
+class DraftTree(Proposer):
     """Proposer: below the last committed token, the draft's top-``widths[0]`` tokens, below each of
     them its top-``widths[1]``, and so on (depth ``len(widths)``, capped by what a row still needs).
     The children are deterministic (``q = None``): the greedy walk takes the argmax child, sampling
     uses SpecInfer's rule with one-hot children (a rejected child's token leaves ``p``), lossless."""
 
-    tree_proposals = True
-
-    def __init__(self, draft, widths=(2, 2), target=None):
+    def __init__(self, draft, widths, target=None):
         if not isinstance(widths, (tuple, list)) or not widths or not all(
                 isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
             raise ValueError(f"widths must be a non-empty sequence of positive ints, got {widths!r}")
@@ -313,9 +305,10 @@ class DraftTree:
             check_same_tokenizer(target, draft)
         self.draft, self.widths, self.max_length = draft, tuple(widths), draft.max_length
 
-    def start(self, ids, mask, settings) -> None:
+    def start(self, ids, mask, settings) -> Needs:
         self.ctx = unpad(ids, mask)
         self.device = ids.device
+        return Needs(trees=True, max_length=self.max_length)
 
     def propose(self, caps: list[int]) -> Proposal:
         self.rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
@@ -342,8 +335,7 @@ def generate(target, prompts, draft=None, max_new_tokens: int = 64, temperature:
     """Tree speculative decoding with ``draft``'s top-k tree (:class:`DraftTree`, ``widths`` per
     level; None: ``preset``'s, :data:`PRESETS`). Greedy: exactly ``autoregressive.generate``'s
     tokens; sampling: distributed exactly as sampling from ``target`` with the same settings
-    (SpecInfer, arXiv 2305.09781, Algorithm 2). The old order ``(target, draft, prompts)`` still works."""
-    prompts, draft = draft_as_keyword(prompts, draft)
+    (SpecInfer, arXiv 2305.09781, Algorithm 2)."""
     required(draft, "draft", "tree")
     widths = preset_options(PRESETS, preset, target, widths=widths)["widths"]
     return decode(target, DraftTree(draft, widths, target), prompts, max_new_tokens, temperature, top_k, top_p,

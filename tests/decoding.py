@@ -69,12 +69,14 @@ def entry_points(m):
 
 def entry_point_models(device):
     """The models :func:`entry_points` calls, on ``device``, and the ragged prompts."""
-    from refimpl import eagle, eagle3, medusa, models
+    from refimpl import models
+    from refimpl.models import drafters
 
     lm = models.load("tiny", device=device)
     return {"tiny": lm, "tiny-draft": models.load("tiny-draft", device=device),
-            "prompts": [lm.encode(t) for t in TEXTS[1:]], "medusa": medusa.load_heads(lm),
-            "eagle": eagle.load_draft(lm), "eagle3": eagle3.load_draft(lm), "dllm": models.load("tiny-dllm", device=device),
+            "prompts": [lm.encode(t) for t in TEXTS[1:]], "medusa": drafters.load(lm, "medusa"),
+            "eagle": drafters.load(lm, "eagle"), "eagle3": drafters.load(lm, "eagle3"),
+            "dllm": models.load("tiny-dllm", device=device),
             "bdlm": models.load("tiny-bdlm", device=device)}
 
 

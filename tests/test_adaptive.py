@@ -13,7 +13,7 @@ import torch
 from scipy import stats as sstats
 
 import kernels
-from refimpl import adaptive, autoregressive, drafts, models
+from refimpl import adaptive, autoregressive, drafts, models, speculative
 from refimpl.train import tiny_config
 
 
@@ -140,7 +140,7 @@ def accept_all(draft, p, q, u, valid):
 
 @pytest.mark.parametrize("policy", ["threshold", "cumulative", "ucb"])
 def test_sampling_matches_target_distribution(toy, policy, monkeypatch):
-    monkeypatch.setattr(kernels, "rejection_sample", kernels.rejection_sample_reference)
+    monkeypatch.setattr(speculative, "rejection_sample", kernels.rejection_sample_reference)
     target, draft = toy
     prompt = [3, 4, 5]
     joint = exact_joint(target, prompt)
@@ -155,7 +155,7 @@ def test_sampling_matches_target_distribution(toy, policy, monkeypatch):
 
 
 def test_negative_control_fails(toy, monkeypatch):
-    monkeypatch.setattr(kernels, "rejection_sample", accept_all)
+    monkeypatch.setattr(speculative, "rejection_sample", accept_all)
     target, draft = toy
     prompt = [3, 4, 5]
     joint = exact_joint(target, prompt)

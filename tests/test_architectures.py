@@ -184,3 +184,31 @@ def test_a_cache_that_cannot_roll_back_is_refused_before_decoding(tmp_path, tok,
         generate(lm, prompts, method="prompt_lookup", max_new_tokens=8)
     with pytest.raises(ValueError, match=r"speculative decoding \(DraftModel\).*'chunked_attention'"):
         speculative.generate(lm, prompts, draft=lm, max_new_tokens=8)
+
+
+def test_a_target_is_known_by_its_weights_not_its_folder_name(tmp_path, tok, tiny, prompts):
+    """The zoo's drafters attach by fingerprint (models/<drafter>/target.json). Negative control: a
+    foreign model saved in a folder named ``tiny`` gets none of them, and a drafter passed by hand that
+    does not fit it is refused before any forward; tiny's own weights under another name get them all."""
+    import refimpl
+    from refimpl import eagle3, medusa
+    from refimpl.models import drafters
+
+    foreign = random_model(tmp_path / "tiny", "qwen2", {}, tok, seed=0)
+    assert foreign.name == "tiny" and drafters.zoo_name(foreign) is None
+    assert set(methods.available(foreign)) == {"ar", *DRAFTER_FREE}
+    with pytest.raises(ValueError, match="no eagle3 drafter"):
+        refimpl.generate(foreign, prompts, method="eagle3")
+    with pytest.raises(ValueError, match="draft was trained for hidden size 256, the target has 64"):
+        eagle3.generate(foreign, prompts, draft=drafters.load(tiny, "eagle3"))
+    with pytest.raises(ValueError, match="heads was trained for hidden size 256"):
+        medusa.generate(foreign, prompts, heads=drafters.load(tiny, "medusa"))
+    with pytest.raises(FileNotFoundError, match="no EAGLE-3 draft for 'tiny' in the zoo"):
+        drafters.load(foreign, "eagle3")
+
+    tiny.model.save_pretrained(tmp_path / "my-model")
+    tok.save_pretrained(tmp_path / "my-model")
+    mine = models.load(str(tmp_path / "my-model"), device="cpu")
+    assert drafters.zoo_name(mine) == "tiny" and set(methods.available(mine)) == set(methods.available(tiny))
+    ar = autoregressive.generate(mine, prompts, max_new_tokens=12).tokens
+    assert refimpl.generate(mine, prompts, method="eagle3", max_new_tokens=12).tokens == ar

@@ -258,7 +258,7 @@ def test_the_readmes_public_api_example_runs_and_its_greedy_calls_equal_ar():
     from refimpl import autoregressive
 
     namespace, calls = run_readme_block("The public API")
-    assert len(calls) == 13 and [k for k, (_, s) in enumerate(calls) if s] == [2]
+    assert len(calls) == 12 and [k for k, (_, s) in enumerate(calls) if s] == [2]
     ar = autoregressive.generate(namespace["lm"], [namespace["ids"]], max_new_tokens=64).tokens[0]
     for k, (g, sampled) in enumerate(calls):
         if not sampled:

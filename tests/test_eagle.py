@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from refimpl import eagle, sampling, speculative, tree
+from refimpl.models import drafters
 from refimpl.primitives import rope
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
@@ -25,13 +26,15 @@ from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 pytestmark = pytest.mark.usefixtures("torch_kernels")
 
 N = 20  # = spec_ar_free's length
+#: the proposer's tree when a test names none: 16 nodes, depth 5, top-4, EAGLE-2's rule (no floor), no copy prior
+TREE = {"total": 16, "depth": 5, "topk": 4, "floor": 0.0, "copy": 0.0}
 SHAPES = [{}, {"total": 1, "depth": 1, "topk": 1}, {"total": 8, "depth": 3, "topk": 2},
           {"total": 5, "depth": 5, "topk": 1}]  # default 16/5/4, one node, a small tree, a chain
 
 
 @pytest.fixture(scope="module")
 def draft(tiny):
-    return eagle.load_draft(tiny)
+    return drafters.load(tiny, "eagle")
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +53,10 @@ def test_greedy_equals_ar(tiny, draft, random_draft, spec_prompts, spec_ar_free,
     assert one.stats.tau > 1.0  # the trained draft gets drafts accepted on the refrain
 
 
-def test_default_draft_from_the_zoo(tiny, spec_prompts, spec_ar_free):
-    g = eagle.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[])  # draft=None: models/eagle-tiny
+def test_the_front_door_takes_the_zoo_draft(tiny, spec_prompts, spec_ar_free):
+    import refimpl
+
+    g = refimpl.generate(tiny, spec_prompts, method="eagle", max_new_tokens=N, eos_token_id=[])  # models/eagle-tiny
     assert g.tokens == spec_ar_free and g.stats.tau > 1.5
 
 
@@ -76,8 +81,8 @@ class Spy(eagle.EagleProposer):
     original row of each batch row (finished rows leave the batch)."""
 
     def start(self, ids, mask, settings):
-        super().start(ids, mask, settings)
         self.alive, self.seen = list(range(ids.shape[0])), []
+        return super().start(ids, mask, settings)
 
     def propose(self, caps):
         if self.feats is not None:  # every committed input, whether the draft's cache holds it or not
@@ -108,12 +113,12 @@ class Checked(eagle.EagleProposer):
     the inputs the cached layer ran on and every select()."""
 
     def start(self, ids, mask, settings):
-        super().start(ids, mask, settings)
         self.steps, self.widths, self.selects = [], [], []
+        return super().start(ids, mask, settings)
 
     def propose(self, caps):
         ref = copy.copy(self)
-        ref.cache = False
+        ref.kv, ref.reference = None, True  # the reference: the layer re-run over the whole context
         eagle.EagleProposer.propose(ref, caps)
         widths = []
         hook = self.draft.qkv.register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
@@ -134,7 +139,7 @@ class Checked(eagle.EagleProposer):
 
 
 def cached_run(tiny, draft, prompts, eos, kind=Checked, compact_at=0.25, **shape):
-    prop = kind(draft, **shape)
+    prop = kind(draft, **{**TREE, **shape})
     prop.compact_at = compact_at
     return prop, speculative.decode(tiny, prop, prompts, max_new_tokens=2 * N, eos_token_id=eos)
 
@@ -160,7 +165,7 @@ class KeepsTree(Checked):
     """WRONG: the tree's keys / values stay in the cache (the rejected nodes' too)."""
 
     def grow(self, *args):
-        if not self.cache:
+        if getattr(self, "reference", False):  # (the reference run grows right)
             return super().grow(*args)
         step = self.draft.step
 
@@ -207,7 +212,7 @@ class ShiftedSpy(Spy):
 
 
 def worst_feature_error(tiny, draft, prompts, kind):
-    spy = kind(draft)
+    spy = kind(draft, **TREE)
     g = speculative.decode(tiny, spy, prompts, max_new_tokens=N, eos_token_id=[])
     assert len(spy.seen) >= 3 and sum(sum(a) for a in g.stats.accepted) > 0
     worst = 0.0
@@ -252,7 +257,7 @@ def test_draft_reads_the_targets_features(tiny, draft, spec_prompts):
 
 @torch.no_grad()
 def test_tree_holds_the_most_confident_nodes(tiny, draft, spec_prompts):
-    prop = eagle.EagleProposer(draft, total=6, depth=3, topk=3)
+    prop = eagle.EagleProposer(draft, **{**TREE, "total": 6, "depth": 3, "topk": 3})
     g = speculative.decode(tiny, prop, [spec_prompts[0]], max_new_tokens=2, eos_token_id=[])  # fills the context
     assert len(g.tokens[0]) == 2
     p = prop.propose([5])
@@ -294,6 +299,17 @@ class NoResidualTree(tree.Tree):
 TOP_K, TEMP, SAMPLES = 5, 1.0, 1500
 
 
+def walked_by(walk):
+    """:class:`eagle.EagleProposer` whose trees are verified by ``walk`` (a :class:`tree.Tree` subclass):
+    the same trees, another walk (a wrong one is the sampling tests' negative control)."""
+    class Walked(eagle.EagleProposer):
+        def propose(self, caps):
+            prop = super().propose(caps)
+            return prop if prop.tree is None else prop._replace(tree=walk(prop.tree.parents, prop.tree.depth,
+                                                                          prop.tree.see))
+    return Walked
+
+
 def sampling_pvalues(tiny, draft, **tree_options):
     """-> (p-value of the first two sampled tokens with SpecInfer's walk, tau, p-value with the walk
     that forgets the residual): EAGLE's and EAGLE-3's drafts run the same proposer (``tree_options``:
@@ -302,9 +318,8 @@ def sampling_pvalues(tiny, draft, **tree_options):
     prompt = tiny.encode("And the")
     exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
 
-    def pvalue(kind):
-        prop = eagle.EagleProposer(draft, **tree_options)
-        prop.kind = kind
+    def pvalue(walk):
+        prop = walked_by(walk)(draft, **{**TREE, **tree_options})
         g = speculative.decode(tiny, prop, [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP, top_k=TOP_K,
                                generator=torch.Generator().manual_seed(3), eos_token_id=[])
         return first_two_pvalue(g.tokens, exact), g.stats.tau
@@ -321,15 +336,15 @@ def test_lossless_sampling_passes_and_a_wrong_walk_fails(tiny, draft):
 
 
 def test_save_and_load_round_trip(tiny, draft, tmp_path):
-    eagle.save_draft(draft, str(tmp_path), "tiny")
-    again = eagle.load_draft(tiny, str(tmp_path))
+    drafters.save(draft, str(tmp_path), tiny)
+    again = drafters.load(tiny, "eagle", str(tmp_path))
     tok, feat = torch.randint(0, tiny.vocab_size, (2, 7)), torch.randn(2, 7, tiny.config.hidden_size)
     assert torch.allclose(again(tok, feat), draft(tok, feat), atol=1e-2)  # (stored in fp16)
 
 
 def test_missing_draft_names_its_trainer(tiny, tmp_path):
     with pytest.raises(FileNotFoundError, match="refimpl.train eagle-tiny"):
-        eagle.load_draft(tiny, str(tmp_path))
+        drafters.load(tiny, "eagle", str(tmp_path))
 
 
 @pytest.mark.parametrize("kw,name", [({"total": 0}, "total"), ({"depth": 0}, "depth"), ({"topk": 0}, "topk"),
@@ -367,14 +382,14 @@ def test_kept_vocabulary_is_exact_and_proposes_token_ids(tiny, draft, spec_promp
     small.load_state_dict(draft.state_dict())  # the trained layer, the head restricted to ``kept``
     small.eval()
     assert small.logits(torch.zeros(2, tiny.config.hidden_size)).shape == (2, len(kept))
-    prop = Proposed(small)
+    prop = Proposed(small, **TREE)
     out = speculative.decode(tiny, prop, spec_prompts, max_new_tokens=N, eos_token_id=[])
     assert out.tokens == spec_ar_free
     assert prop.proposed and prop.proposed <= set(kept.tolist())  # head indices mapped back to ids
     if with_answer:  # the trained layer still gets drafts accepted (head indices as ids would not)
         assert out.stats.tau > 1.5
-    eagle.save_draft(small, str(tmp_path), "tiny")
-    again = eagle.load_draft(tiny, str(tmp_path))
+    drafters.save(small, str(tmp_path), tiny)
+    again = drafters.load(tiny, "eagle", str(tmp_path))
     assert torch.equal(again.kept, kept)
     assert eagle.generate(tiny, spec_prompts, draft=again, max_new_tokens=N, eos_token_id=[]).tokens == spec_ar_free
 

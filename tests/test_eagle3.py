@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from refimpl import autoregressive, eagle, eagle3, models, primitives, speculative, tree
+from refimpl.models import drafters
 from refimpl.train import eagle3 as train3
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
@@ -30,7 +31,7 @@ SHAPES = [{}, {"total": 1, "depth": 1, "topk": 1}, {"total": 8, "depth": 3, "top
 
 @pytest.fixture(scope="module")
 def draft(tiny):
-    return eagle3.load_draft(tiny)
+    return drafters.load(tiny, "eagle3")
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +72,13 @@ def test_greedy_equals_ar(tiny, draft, random_draft, spec_prompts, spec_ar_free,
     assert one.stats.tau > 1.0  # the trained draft gets drafts accepted
 
 
-def test_default_draft_from_the_zoo(tiny, spec_prompts, spec_ar_free):
-    g = eagle3.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[])  # draft=None: models/eagle3-tiny
+def test_the_front_door_takes_the_zoo_draft(tiny, spec_prompts, spec_ar_free):
+    import refimpl
+
+    g = refimpl.generate(tiny, spec_prompts, method="eagle3", max_new_tokens=N, eos_token_id=[])  # models/eagle3-tiny
     assert g.tokens == spec_ar_free and g.stats.tau > 1.5
+    with pytest.raises(ValueError, match="draft is required"):
+        eagle3.generate(tiny, spec_prompts, max_new_tokens=N)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -96,12 +101,12 @@ class Checked(eagle.EagleProposer):
     """Also proposes from scratch (``cache=False``) at every step; records whether trees and scores agree."""
 
     def start(self, ids, mask, settings):
-        super().start(ids, mask, settings)
         self.steps = []
+        return super().start(ids, mask, settings)
 
     def propose(self, caps):
         ref = copy.copy(self)
-        ref.cache = False
+        ref.kv = None  # the reference: the layer re-run over the whole context
         eagle.EagleProposer.propose(ref, caps)
         out = super().propose(caps)
         if self.rows is not None:
@@ -122,19 +127,19 @@ def test_cached_draft_proposes_the_recomputed_trees(tiny, draft, spec_prompts, s
         draft = lean_draft.lean(copy.deepcopy(draft), int8=panels == "int8")
     eos = ragged_eos(spec_ar_free)
     ar = autoregressive.generate(tiny, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos).tokens
-    prop = Checked(draft, total=8, depth=4, topk=2, copy=copy_bias)
+    prop = Checked(draft, total=8, depth=4, topk=2, floor=0.0, copy=copy_bias)
     g = speculative.decode(tiny, prop, spec_prompts, max_new_tokens=2 * N, eos_token_id=eos)
     assert g.tokens == ar and len({len(t) for t in ar}) > 1  # rows finish at different times
     assert prop.steps and all(same and err < 1e-4 for same, err in prop.steps)
 
 
 class MaskChecked(Checked):
-    """Also proposes with the explicit attention mask at every step (``plain_causal=False``: the encode
-    of padded batches) from the same state; records whether trees and scores agree."""
+    """Also proposes with the explicit attention mask at every step (``unmasked`` refused: the encode of
+    padded batches) from the same state; records whether trees and scores agree."""
 
     def propose(self, caps):
         ref = copy.copy(self)
-        ref.plain_causal = False
+        ref.unmasked = lambda first, new: False
         eagle.EagleProposer.propose(ref, caps)
         out = eagle.EagleProposer.propose(self, caps)
         if self.rows is not None:
@@ -153,7 +158,7 @@ def test_unpadded_inputs_attend_causally_without_a_mask(tiny, draft, spec_prompt
             pytest.skip("the cpu_gemv kernel does not build here")
         draft = lean_draft.lean(copy.deepcopy(draft), int8=True)
     for p in spec_prompts[:3]:
-        prop = MaskChecked(draft, total=6, depth=4, topk=2, copy=6.0)
+        prop = MaskChecked(draft, total=6, depth=4, topk=2, floor=0.0, copy=6.0)
         g = speculative.decode(tiny, prop, [p], max_new_tokens=N, eos_token_id=[])
         assert g.tokens == autoregressive.generate(tiny, [p], max_new_tokens=N, eos_token_id=[]).tokens
         assert len(prop.steps) > 3 and all(same_rows and same_scores for same_rows, same_scores in prop.steps)
@@ -175,8 +180,8 @@ class Chains(eagle.EagleProposer):
     chain and its cumulative log-confidences."""
 
     def start(self, ids, mask, settings):
-        super().start(ids, mask, settings)
         self.log = []
+        return super().start(ids, mask, settings)
 
     def propose(self, caps):
         ctx = None if self.feats is None else ([list(t) for t in self.toks], [f.clone() for f in self.feats])
@@ -191,8 +196,8 @@ class FirstChild(eagle.EagleProposer):
     candidate (the 3..2-gram continuation of the committed tokens + the node's path)."""
 
     def start(self, ids, mask, settings):
-        super().start(ids, mask, settings)
         self.log = []
+        return super().start(ids, mask, settings)
 
     def propose(self, caps):
         hist = None if self.feats is None else [list(t) for t in self.toks]
@@ -239,7 +244,7 @@ def test_the_copy_prior_puts_each_nodes_copy_candidate_first(tiny, random_draft,
     ar = autoregressive.generate(tiny, prompts, max_new_tokens=N, eos_token_id=[]).tokens
     seen = {}
     for kind in (FirstChild, RootHistory):
-        prop = kind(random_draft, total=4, depth=4, topk=1, copy=1e4)
+        prop = kind(random_draft, total=4, depth=4, topk=1, floor=0.0, copy=1e4)
         assert speculative.decode(tiny, prop, prompts, max_new_tokens=N, eos_token_id=[]).tokens == ar
         pairs = [(c, t) for c, t in prop.log if c >= 0]
         assert len(pairs) >= 10
@@ -261,7 +266,7 @@ def test_a_copy_candidate_outside_the_kept_vocabulary_is_proposed(tiny, spec_pro
     trimmed = eagle3.new_draft(tiny, kept=kept).eval()
     seen = {}
     for kind in (FirstChild, KeptOnly):
-        prop = kind(trimmed, total=4, depth=4, topk=1, copy=1e4)
+        prop = kind(trimmed, total=4, depth=4, topk=1, floor=0.0, copy=1e4)
         assert speculative.decode(tiny, prop, prompts, max_new_tokens=N, eos_token_id=[]).tokens == ar
         outside = [(c, t) for c, t in prop.log if c in left_out]
         assert len(outside) >= 5
@@ -275,7 +280,7 @@ def test_a_copy_candidate_outside_the_kept_vocabulary_is_proposed(tiny, spec_pro
 
 
 def test_an_eagle1_draft_takes_the_copy_prior_too(tiny, spec_prompts, spec_ar_free):
-    g = eagle.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[], copy=6.0)
+    g = eagle.generate(tiny, spec_prompts, draft=drafters.load(tiny, "eagle"), max_new_tokens=N, eos_token_id=[], copy=6.0)
     assert g.tokens == spec_ar_free
 
 
@@ -295,7 +300,7 @@ def unrolled_chain(draft, toks, feats, chain, at_offset=0):
 
 
 def test_training_time_test_equals_decodings_draft_steps(tiny, draft, spec_prompts, monkeypatch):
-    prop = Chains(draft, total=5, depth=5, topk=1)  # a chain: each level's one node
+    prop = Chains(draft, total=5, depth=5, topk=1, floor=0.0, copy=0.0)  # a chain: each level's one node
     speculative.decode(tiny, prop, spec_prompts, max_new_tokens=N, eos_token_id=[])
     checked = 0
     with torch.no_grad():
@@ -405,8 +410,8 @@ def test_lossless_sampling_under_the_default_preset(tiny, draft):
 
 
 def test_save_and_load_round_trip(tiny, draft, tmp_path):
-    eagle3.save_draft(draft, str(tmp_path), "tiny")
-    again = eagle3.load_draft(tiny, str(tmp_path))
+    drafters.save(draft, str(tmp_path), tiny)
+    again = drafters.load(tiny, "eagle3", str(tmp_path))
     assert again.taps == draft.taps
     tok, g = torch.randint(0, tiny.vocab_size, (1, 7)), torch.randn(1, 7, tiny.config.hidden_size)
     with torch.no_grad():
@@ -416,7 +421,7 @@ def test_save_and_load_round_trip(tiny, draft, tmp_path):
 
 def test_missing_draft_names_its_trainer(tiny, tmp_path):
     with pytest.raises(FileNotFoundError, match="refimpl.train eagle3-tiny"):
-        eagle3.load_draft(tiny, str(tmp_path))
+        drafters.load(tiny, "eagle3", str(tmp_path))
 
 
 @pytest.mark.parametrize("kw,name", [({"total": 0}, "total"), ({"depth": 0}, "depth"), ({"topk": 0}, "topk"),

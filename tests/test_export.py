@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from refimpl import eagle, export, medusa, models, prompts
+from refimpl.models import drafters
 from refimpl.primitives import rope
 
 
@@ -76,7 +77,7 @@ def test_medusa_export_proposes_our_top1_chain(smol, hidden, tmp_path):
     assert cfg["model_type"] == "medusa" and cfg["original_lm_head"] and cfg["truncated_vocab_size"] == cfg["vocab_size"]
     assert info["speculative_config"]["method"] == "medusa"
     w = load_file(str(tmp_path / "model.safetensors"))
-    heads = medusa.load_heads(smol)
+    heads = drafters.load(smol, "medusa")
     h, _ = hidden
     theirs = []
     for k in range(cfg["num_heads"]):  # vLLM's ResidualBlock, then the one shared head, then argmax
@@ -130,7 +131,7 @@ def test_eagle_export_is_our_draft_in_vllms_layout(smol, hidden, tmp_path):
     export.export("eagle-smollm2-135m", str(tmp_path))
     cfg = json.load(open(tmp_path / "config.json"))
     w = load_file(str(tmp_path / "model.safetensors"))
-    d = eagle.load_draft(smol)
+    d = drafters.load(smol, "eagle")
     h, toks = hidden
     T = 40
     tok, feat = toks[1:T + 1], h[:T]  # EAGLE's input pairs (x_{t+1}, f_t)
@@ -205,7 +206,7 @@ def test_eagle3_export_is_our_draft_in_vllms_layout(smol, tmp_path):
     assert info["speculative_config"]["method"] == "eagle3"
     cfg = json.load(open(tmp_path / "config.json"))
     w = load_file(str(tmp_path / "model.safetensors"))
-    d = eagle3.load_draft(smol)
+    d = drafters.load(smol, "eagle3")
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(d.taps)
     assert int(w["t2d"].sum()) == cfg["draft_vocab_size"] and "embed_tokens.weight" not in w
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM's default for 30 layers

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from refimpl import eagle, eagle3
-from refimpl.models import cpu_gemv, lean_draft
+from refimpl.models import cpu_gemv, drafters, lean_draft
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")
 
@@ -75,7 +75,7 @@ def test_lean_drafts_decode_exactly(tiny, spec_prompts, spec_ar_free):
 
 def test_the_zoo_draft_keeps_its_trees(tiny, spec_prompts):
     """On the trained draft the lean products give the same trees (no near-tie on these prompts)."""
-    plain = eagle3.load_draft(tiny)
+    plain = drafters.load(tiny, "eagle3")
     fast = lean_draft.lean(copy.deepcopy(plain))
     a = eagle3.generate(tiny, spec_prompts, draft=plain, max_new_tokens=20, eos_token_id=[])
     b = eagle3.generate(tiny, spec_prompts, draft=fast, max_new_tokens=20, eos_token_id=[])

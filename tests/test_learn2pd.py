@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from refimpl import block_diffusion, dparallel, learn2pd, models
+from refimpl.models import drafters
 
 from decoding import kjv_contexts  # tests/decoding.py
 
@@ -101,7 +102,7 @@ def test_one_step_lowers_the_filter_loss(bdlm, ctx):
 
 def test_filter_decoding_keeps_the_exact_block_cache(bdlm):
     prompts = [bdlm.encode("And God said, Let there be light: and there was"), bdlm.encode("The LORD is my shepherd")]
-    rule = learn2pd.FilterRule(learn2pd.load_filter(bdlm), 0.5)
+    rule = learn2pd.FilterRule(drafters.load(bdlm, "learn2pd"), 0.5)
     on = block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[], rule=rule)
     off = block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[], rule=rule, cache=False)
     assert on.tokens == off.tokens and on.stats.nfe == off.stats.nfe
@@ -125,8 +126,8 @@ def test_a_filter_that_never_fires_is_one_token_per_step(bdlm, ctx):
 
 def test_save_and_load_round_trip(bdlm, tmp_path):
     filt = learn2pd.Filter(4, hidden=6)
-    learn2pd.save_filter(filt, str(tmp_path), "tiny-bdlm-dparallel")
-    back = learn2pd.load_filter(bdlm, str(tmp_path))
+    drafters.save(filt, str(tmp_path), bdlm)
+    back = drafters.load(bdlm, "learn2pd", str(tmp_path))
     x = torch.rand(2, 12)
     assert torch.equal(back(x), filt(x).detach())
 

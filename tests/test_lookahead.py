@@ -78,7 +78,7 @@ def test_bad_arguments_name_the_argument(tiny, prompts):
         with pytest.raises(ValueError, match=name):
             lookahead.generate(tiny, prompts[:1], **kw)
     with pytest.raises(ValueError, match="rule"):  # refused before any forward: trees have their own rule
-        sp.decode(tiny, lookahead.Lookahead(), prompts[:1], temperature=1.0, rule=lambda *a: None)
+        sp.decode(tiny, lookahead.Lookahead(7, 5, 7, False), prompts[:1], temperature=1.0, rule=lambda *a: None)
     with pytest.raises(ValueError, match="parents"):
         tree.Tree(torch.tensor([[-3, 0]]))
 

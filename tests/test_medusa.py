@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from refimpl import medusa
+from refimpl.models import drafters
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
 
@@ -25,7 +26,7 @@ TREES = [[(0,)], [(0,), (1,), (0, 0)], [(0,), (1,), (2,), (0, 0), (1, 0), (0, 0,
 
 @pytest.fixture(scope="module")
 def heads(tiny):
-    return medusa.load_heads(tiny)
+    return drafters.load(tiny, "medusa")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_greedy_equals_ar(tiny, heads, random_heads, spec_prompts, spec_ar_free,
 
 
 def test_default_tree_from_measured_accuracy(tiny, heads, spec_prompts, spec_ar_free):
-    g = medusa.generate(tiny, spec_prompts, max_new_tokens=N, eos_token_id=[])  # heads=None: the zoo's
+    g = medusa.generate(tiny, spec_prompts, heads=heads, max_new_tokens=N, eos_token_id=[])  # choices=None
     assert g.tokens == spec_ar_free and g.stats.tau > 1.3
 
 
@@ -122,12 +123,12 @@ def test_choose_tree_is_optimal_among_all_trees_of_its_size():
 
 
 def test_save_and_load_round_trip(tiny, heads, tmp_path):
-    medusa.save_heads(heads, str(tmp_path), "tiny")
+    drafters.save(heads, str(tmp_path), tiny)
     from safetensors.torch import load_file
 
     keys = set(load_file(str(tmp_path / "medusa.safetensors")))
     assert {f"medusa_head.{k}.0.linear.{w}" for k in range(heads.num_heads) for w in ("weight", "bias")} <= keys
-    again = medusa.load_heads(tiny, str(tmp_path))
+    again = drafters.load(tiny, "medusa", str(tmp_path))
     h = torch.randn(3, tiny.config.hidden_size)
     assert torch.allclose(again(h), heads(h), atol=1e-2)  # (stored in fp16)
     assert again.accuracy == heads.accuracy
@@ -156,11 +157,12 @@ def test_heads_of_another_hidden_size(tiny, spec_prompts):
 
 @pytest.mark.skipif(__import__("os").environ.get("RUN_SLOW") != "1", reason="loads SmolLM2-135M: set RUN_SLOW=1")
 def test_smollm2_heads_decode_exactly():
+    import refimpl
     from refimpl import autoregressive, models
     from refimpl.prompts import encode_prompt, prompt_set
 
     lm = models.load("smollm2-135m", device="cpu")
     prompts = [encode_prompt(lm, t) for _, t in prompt_set(1)[:3]]
     ar = autoregressive.generate(lm, prompts, max_new_tokens=24)
-    g = medusa.generate(lm, prompts, max_new_tokens=24)  # the zoo's heads, the tree from their accuracy
+    g = refimpl.generate(lm, prompts, method="medusa", max_new_tokens=24)  # the zoo's heads, the tree from their accuracy
     assert g.tokens == ar.tokens and g.stats.tau > 1.2

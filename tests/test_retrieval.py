@@ -182,8 +182,8 @@ def accept_all(draft, p, q, u, valid):
 
 def sampled_pvalue(tiny, prompt, rule, method="prompt_lookup"):
     exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
-    proposer = retrieval.PromptLookup(num_tokens=3) if method == "prompt_lookup" else \
-        retrieval.SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens=3)
+    proposer = retrieval.PromptLookup(3, 3, 1) if method == "prompt_lookup" else \
+        retrieval.SuffixAndRecycling("sam" in method, "recycling" in method, 3, 5 if "sam" in method else None, 8, 80)
     g = sp.decode(tiny, proposer, [prompt] * SAMPLES, max_new_tokens=3, temperature=TEMP,
                   top_k=TOP_K, generator=torch.Generator().manual_seed(7), eos_token_id=[], rule=rule)
     return first_two_pvalue(g.tokens, exact), g

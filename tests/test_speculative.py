@@ -256,7 +256,7 @@ def test_roll_back_without_holes_equals_the_general_one(target, prompts):
         assert a.dense and not b.dense  # a keeps only its length; b's mask and counts are tensors
         assert torch.equal(a.mask, b.mask) and torch.equal(a.count, b.count) and a.holes == b.holes is False
         assert a.cache.get_seq_length() == b.cache.get_seq_length() == ids.shape[1] + n
-        assert torch.equal(a.feed(torch.tensor([[3], [4]])), b.feed(torch.tensor([[3], [4]])))
+        assert torch.equal(a.feed(torch.tensor([[3], [4]])).logits, b.feed(torch.tensor([[3], [4]])).logits)
     a = SlotCache(target, 2, "cpu")
     a.feed(ids)
     a.feed(drafts)
@@ -280,7 +280,7 @@ def test_dense_slot_cache_equals_an_explicit_one(target, prompts):
              lambda sc: sc.select(torch.tensor([1])), lambda sc: sc.feed(torch.tensor([[7]]))]
     for i, step in enumerate(steps):
         out_a, out_b = step(a), step(b)
-        assert (out_a is None) == (out_b is None) and (out_a is None or torch.equal(out_a, out_b)), i
+        assert (out_a is None) == (out_b is None) and (out_a is None or torch.equal(out_a.logits, out_b.logits)), i
         assert torch.equal(a.mask, b.mask) and torch.equal(a.count, b.count) and a.length == b.length, i
         assert a.dense == (i < 3), i  # the padded feed ends the dense state
     assert a.holes and a.count.tolist() == [ids.shape[1] + 1 + 2 + 1]
@@ -301,11 +301,15 @@ class KeepLog:
 
 
 class VerdictLog(sp.DraftModel):
-    """The draft-model proposer, keeping every verdict it is shown; ``wants_fed`` as given."""
+    """The draft-model proposer, keeping every verdict it is shown; it asks for the prompt's logits
+    (``Needs.fed``) when ``wants_fed``."""
 
     def __init__(self, draft, wants_fed):
         super().__init__(draft, sp.FixedGamma(3))
         self.wants_fed, self.verdicts = wants_fed, []
+
+    def start(self, ids, mask, settings):
+        return super().start(ids, mask, settings)._replace(fed=self.wants_fed)
 
     def accept(self, v):
         self.verdicts.append(v)

@@ -84,6 +84,7 @@ class Oracle:
     def start(self, ids, mask, settings):
         self.rows = list(range(ids.shape[0]))
         self.done = [0] * ids.shape[0]
+        return sp.Needs(trees=True)
 
     def subtree(self, nodes, parent, levels):
         """A random chain of at most ``levels`` random tokens below ``parent``."""
@@ -264,6 +265,7 @@ class FixedTree:
 
     def start(self, ids, mask, settings):
         self.b, self.first = ids.shape[0], True
+        return sp.Needs(trees=True)
 
     def propose(self, caps):
         assert all(c >= 2 for c in caps) or not self.first
@@ -359,6 +361,7 @@ class IidChildren:
 
     def start(self, ids, mask, settings):
         self.b, self.first = ids.shape[0], True
+        return sp.Needs(trees=True)
 
     def propose(self, caps):
         m = self.k if self.first else 0

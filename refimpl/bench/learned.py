@@ -35,6 +35,7 @@ import torch
 from .. import autoregressive, block_diffusion, jacobi, learn2pd, lookahead, models, retrieval
 from ..cllm import agreement, interpolate
 from ..data import kjv_prompts
+from ..models import drafters
 from .dllm import ar_perplexity, repetition
 
 COLS = [("task", "task", ""), ("model", "model", ""), ("method", "method", ""),
@@ -160,7 +161,7 @@ def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: in
         for t in (0.9, 0.7, 0.5):
             rows.append((name, f"threshold {t}", lambda p, lm=lm, t=t: block_diffusion.generate(
                 lm, [p], gen_length=new, block_length=block, threshold=t, eos_token_id=[])))
-        filt = learn2pd.load_filter(lm)
+        filt = drafters.load(lm, "learn2pd")
         for t in (0.7, 0.6, 0.5):
             rows.append((name, f"learn2pd filter {t}", lambda p, lm=lm, r=learn2pd.FilterRule(filt, t):
                          block_diffusion.generate(lm, [p], gen_length=new, block_length=block, eos_token_id=[], rule=r)))

@@ -48,20 +48,20 @@ SWEEPS = {
     "dynamic_tree": [{"total": 6, "depth": 5, "topk": 2}, {"total": 16, "depth": 6, "topk": 4}],
     "medusa": [{"tree_size": 8}, {"tree_size": 32}],
     "eagle": [{"total": 5, "depth": 5, "topk": 2, "floor": 0.1, "copy": 12.0}, {"total": 4, "depth": 4},
-              {"total": 16, "depth": 5, "topk": 4}, {"int8": False}],
-    "eagle3": [{"total": 3, "depth": 3}, {"total": 4, "depth": 4}, {"total": 6, "depth": 5}, {"int8": False}],
+              {"total": 16, "depth": 5, "topk": 4}],
+    "eagle3": [{"total": 3, "depth": 3}, {"total": 4, "depth": 4}, {"total": 6, "depth": 5}],
     "jacobi": [{"window": 4}],
     "lookahead": [{"window": 3, "ngram": 4, "guesses": 3}],
 }
 
 
 def plain_row(method: str) -> Method:
-    """``module.generate(target, [ids])``: the call a user writes first (the drafter passed where the
-    method takes one as an argument, as a user must)."""
+    """``module.generate(target, [ids])``: the call a user writes first (with the zoo's drafter passed where
+    the method takes one, as a user must)."""
     module, kind, fixed = methods.METHODS[method]
 
     def run(ctx: Context, ids, n):
-        extra = {kind: methods.drafter(ctx.target, kind)} if kind in ("draft", "dlm") else {}
+        extra = {methods.DRAFTER_ARG[kind]: methods.drafter(ctx.target, kind)} if kind else {}
         return module.generate(ctx.target, [ids], max_new_tokens=n, **fixed, **extra)
     return Method(f"{method} (plain call)", run, method=method)
 

@@ -29,7 +29,8 @@ import time
 
 import torch
 
-from .. import autoregressive, eagle, eagle3, medusa, models, prompts, retrieval, speculative
+from .. import autoregressive, eagle, eagle3, medusa, methods, models, prompts, retrieval, speculative
+from ..models import drafters
 from ..export import export
 from ..models.hf import cache_dir
 from ..models.lean_draft import lean
@@ -88,8 +89,8 @@ def ours_dynamic_tree(ctx, ids, n):  # dynamic_tree.PRESETS["cpu"]
                                  eos_token_id=NO_EOS)
 
 
-def ours_eagle3_preset(ctx, ids, n):  # eagle3.PRESETS["cpu"]: the plain call, the zoo's draft on int8 panels
-    return eagle3.generate(ctx["target"], [ids], max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
+def ours_eagle3_preset(ctx, ids, n):  # eagle3.PRESETS["cpu"] through the front door: the zoo's draft on int8 panels
+    return methods.generate(ctx["target"], [ids], method="eagle3", max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
 
 
 #: (name, export name or None, vLLM speculative_config without "model" (None: plain AR; no vLLM: "-"), ours)
@@ -226,11 +227,11 @@ def main(argv=None):
             export(name, exports[name])
     ctx = {"target": target}
     if "medusa-smollm2-135m" in exports:
-        ctx["heads"] = medusa.load_heads(target)
+        ctx["heads"] = drafters.load(target, "medusa")
     if "eagle-smollm2-135m" in exports:
-        ctx["eagle"] = lean(eagle.load_draft(target))
+        ctx["eagle"] = lean(drafters.load(target, "eagle"))
     if "eagle3-smollm2-135m" in exports:
-        ctx["eagle3"] = lean(eagle3.load_draft(target))
+        ctx["eagle3"] = lean(drafters.load(target, "eagle3"))
     if "smollm2-135m-draft" in exports:
         ctx["exported_draft"] = models.load(exports["smollm2-135m-draft"])
     if any(m[3] is ours_dynamic_tree for m in methods):

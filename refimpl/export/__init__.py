@@ -93,10 +93,11 @@ def export_medusa(name: str, out: str) -> dict:
     ours) and ``model.safetensors`` with ``blocks.{k}.layers.0.{weight,bias}`` (our residual blocks
     ``h + SiLU(W_k h + b_k)``, medusa.py's ``ResidualBlock``) and ``lm_heads.0.weight`` (:func:`full_head`
     of the target's LM head). vLLM proposes each head's argmax: a top-1 chain of ``num_heads`` tokens."""
-    from .. import medusa, models
+    from .. import models
+    from ..models import drafters
 
     target = models.load(target_name(name, "medusa"), prepack=False)
-    heads = medusa.load_heads(target)
+    heads = drafters.load(target, "medusa")
     W = target.model.get_output_embeddings().weight.detach().float()  # (V, H)
     V, H = W.shape
     state = {f"blocks.{k}.layers.0.{p}": getattr(b, p) for k, b in enumerate(heads.blocks) for p in ("weight", "bias")}
@@ -126,10 +127,11 @@ def export_eagle(name: str, out: str) -> dict:
     tokens; the argmax agrees on ~98% of SmolLM2's positions (:func:`head_agreement`, measured in
     ``tests/test_export.py``), and a proposal outside the kept tokens only costs acceptance, never
     exactness."""
-    from .. import eagle, models
+    from .. import models
+    from ..models import drafters
 
     target = models.load(target_name(name, "eagle"), prepack=False)
-    d = eagle.load_draft(target)
+    d = drafters.load(target, "eagle")
     src = target_folder(target)
     if src is None:
         raise ValueError(f"{name}: the target has no Hugging Face folder to take its config from")
@@ -171,10 +173,11 @@ def export_eagle(name: str, out: str) -> dict:
 
 def export_eagle3(name: str, out: str) -> dict:
     """The zoo's EAGLE-3 draft ``name`` -> vLLM's ``Eagle3LlamaForCausalLM`` folder (:func:`write_eagle3`)."""
-    from .. import eagle3, models
+    from .. import models
+    from ..models import drafters
 
     target = models.load(target_name(name, "eagle3"), prepack=False)
-    return write_eagle3(target, eagle3.load_draft(target), out, name)
+    return write_eagle3(target, drafters.load(target, "eagle3"), out, name)
 
 
 def write_eagle3(target, d, out: str, name: str = "the draft") -> dict:

@@ -3,11 +3,9 @@
 An EAGLE draft (:class:`refimpl.eagle.EagleDraft`, :class:`refimpl.eagle3.Eagle3Draft`) is one
 decoder layer and an LM head: little work, called ~3 times a step on 1-10 rows (the root, then the
 ``topk`` nodes of each tree level). Through ``torch.nn.functional.linear`` in fp32 those calls go to
-MKL's GEMM, which repacks each weight at every call: SmolLM2's EAGLE-3 draft (a 7,316-row head over
-576 features, a 2 x 576 -> 960 qkv, a 576 -> 2 x 1,536 MLP; 2 threads, this machine) took 5.0 ms
-for its head alone on 3 rows and ~1.6 ms for the layer's four products, so its draft calls cost more
-than the target's 11-row verification (EAGLE-3, arXiv 2503.01840, §3: the draft must be cheap for
-the tree to pay). Packed once into :func:`refimpl.models.cpu_gemv.pack`'s panels, the same products
+MKL's GEMM, which repacks each weight at every call, so a draft call can cost more than the target's
+verification of the whole tree (EAGLE-3, arXiv 2503.01840, §3: the draft must be cheap for the tree
+to pay; bench_results/experiments/2026-11-26_eagle3_cpu_draft/ measures SmolLM2's). Packed once into :func:`refimpl.models.cpu_gemv.pack`'s panels, the same products
 read each weight once per call. A zoo draft is stored in fp16, so its fp32 weights are fp16 numbers:
 its panels hold fp16 (``PackedCopy(half=True)``), half the bytes for the same bits (the kernel widens
 each weight exactly); a weight trained past fp16 keeps fp32 panels.

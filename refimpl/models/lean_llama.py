@@ -51,7 +51,6 @@ from ..primitives import inv_frequencies, rms_norm, rope_tables, rope_theta, rot
 from . import cpu_gemv
 from .cpu_linear import PrepackedLinear, pack_weight, packed_linear
 from .kv_cache import CacheLayer, KVCache  # noqa: F401  (lean_llama.KVCache: the chapters' name for it)
-from .lean_draft import lean
 
 
 def supports(model) -> bool:
@@ -355,9 +354,6 @@ class LeanLM(LeanSteps, LM):
     def logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         out, _ = on_device(self, as_token_batch(input_ids), self.new_cache(), position_ids, attention_mask)
         return out.float()
-
-    def fast_draft(self, draft, int8: bool = False):  # an EAGLE draft's products on the same kernel
-        return lean(draft, int8=int8)
 
     @torch.no_grad()
     def forward(self, input_ids, cache=None, position_ids=None, attention_mask=None,

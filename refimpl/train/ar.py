@@ -10,7 +10,7 @@ import torch
 from .. import data
 from ..autoregressive import generate as ar_generate
 from ..drafts import distill_loss, greedy_agreement, init_from_target
-from ..models import load
+from ..models import drafters, load
 from ..models.hf import load_folder
 from .common import (causal_lm_perplexity, encode_docs, random_windows, save_half, tiny_config, train_loop,
                      train_tokenizer, wrap_tokenizer, write_report)
@@ -91,6 +91,7 @@ def train_tiny_draft(out_dir: str, steps: int = 180, batch: int = 16, length: in
     os.makedirs(out_dir, exist_ok=True)
     save_half(student, out_dir)
     tok.save_pretrained(out_dir)
+    drafters.record_target(out_dir, teacher_lm, teacher if isinstance(teacher, str) else None)
     draft = load_folder(out_dir, device="cpu")
     probe = [teacher_lm.encode(t) for t in ("And God said", "In the beginning", "Jesus answered and said")]
     report = {

@@ -23,7 +23,8 @@ from .. import block_diffusion, data, jacobi
 from ..cllm import agreement, cllm_loss, collect
 from ..dparallel import certainty_forcing_loss, complementary_loss, record
 from ..generation import check_positive_int
-from ..learn2pd import Filter, FilterData, FilterRule, collect as collect_filter_data, filter_loss, save_filter
+from ..learn2pd import Filter, FilterData, FilterRule, collect as collect_filter_data, filter_loss
+from ..models import drafters
 from ..models import load_folder, zoo_folder
 from .common import causal_lm_perplexity, context_batches, encode_docs, save_half, train_loop, write_report
 
@@ -236,7 +237,7 @@ def train_learn2pd(out_dir: str, base: str = "tiny-bdlm-dparallel", steps: int =
               "agreement_with_one_token_per_step": {"threshold": round(agreement(text_thr, one), 3),
                                                     "filter": round(agreement(text_filter, one), 3)},
               "collect_seconds": round(collect_s), "minutes": round(minutes, 1), "threads": torch.get_num_threads()}
-    save_filter(filt, out_dir, base, report)
+    drafters.save(filt, out_dir, lm, report)
     return write_report(out_dir, report)
 
 

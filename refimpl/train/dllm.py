@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from .. import data
 from ..diffusion_lm import CharTokenizer, DiffusionLM, DLMConfig, load_dir, masked_diffusion_loss, masked_token_eval
 from ..digit_reversal import synthetic_accuracy, synthetic_batch, synthetic_split
+from ..models import drafters
 from ..models.hf import load_folder, zoo_folder
 from .common import (causal_lm_perplexity, encode_docs, random_windows, save_fp16, save_half, train_loop,
                      write_report)
@@ -121,6 +122,7 @@ def train_tiny_bdlm(out_dir: str, steps: int = 700, batch: int = 16, length: int
     os.makedirs(out_dir, exist_ok=True)
     save_half(model, out_dir)
     tok.save_pretrained(out_dir)
+    drafters.record_target(out_dir, load_folder(zoo_folder(teacher, ""), device="cpu"), teacher)  # the drafter's target
     lm = load_folder(out_dir, device="cpu")  # report on the fp16 round trip
     vgen = torch.Generator(device="cpu").manual_seed(1)
     with torch.no_grad():

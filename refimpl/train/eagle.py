@@ -41,7 +41,8 @@ import zlib
 
 import torch
 
-from ..eagle import EagleDraft, new_draft, save_draft
+from ..eagle import EagleDraft, new_draft
+from ..models import drafters
 from ..primitives import left_pad
 from .common import cosine_lr, write_report
 
@@ -161,7 +162,7 @@ def train_eagle_tiny(out_dir: str, steps: int = 600, seconds: float = 1e9, progr
     draft, report = train_draft(new_draft(target), seqs, steps=steps, seconds=seconds, progress=progress,
                                 texts=[r[3] for r in rows])
     report.update(data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads())
-    save_draft(draft, out_dir, "tiny", report)
+    drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)
 
 
@@ -187,5 +188,5 @@ def train_eagle_smollm2(out_dir: str, steps: int = 1200, seconds: float = 960.0,
                                 seconds=seconds, progress=progress, texts=[r[3] for r in rows if r[2].shape[0] >= 3])
     report.update(data_rows=len(rows), vocab_keep=int(kept.numel()), threads=torch.get_num_threads(),
                   context="answer positions only (from the last prompt token); no prompt features")
-    save_draft(draft, out_dir, "smollm2-135m", report)
+    drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)

@@ -55,7 +55,8 @@ import zlib
 
 import torch
 
-from ..eagle3 import Eagle3Draft, new_draft, save_draft, unroll
+from ..eagle3 import Eagle3Draft, new_draft, unroll
+from ..models import drafters
 from ..primitives import left_pad
 from .common import answer_vocabulary, cosine_lr, write_report
 
@@ -262,7 +263,7 @@ def train_eagle3_tiny(out_dir: str, steps: int = 1200, seconds: float = 1e9, pro
     draft, report = train_draft(draft, seqs, target.model.get_output_embeddings().weight.detach(), steps=steps,
                                 seconds=seconds, batch=8, lr=2e-3, progress=progress, texts=[r[3] for r in rows])
     report.update(data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads())
-    save_draft(draft, out_dir, "tiny", report)
+    drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)
 
 
@@ -327,7 +328,7 @@ def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: in
                   device=str(device), threads=torch.get_num_threads(),
                   gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                   context="prompt and answer features (one target forward per row)")
-    save_draft(draft.to("cpu"), out_dir, "smollm2-135m", report)
+    drafters.save(draft.to("cpu"), out_dir, target, report)
     return write_report(out_dir, report)
 
 
@@ -362,5 +363,5 @@ def train_eagle3_smollm2_cpu(out_dir: str, steps: int = 6000, seconds: float = 3
     report.update(data_rows=len(rows), answer_seconds=round(gen_s, 1), feature_seconds=round(data_s, 1),
                   vocab_keep=int(kept.numel()), threads=torch.get_num_threads(),
                   context="prompt and answer features (one target forward per row)")
-    save_draft(draft, out_dir, "smollm2-135m", report)
+    drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)

@@ -23,7 +23,8 @@ import zlib
 
 import torch
 
-from ..medusa import MedusaHeads, choose_tree, expected_length, save_heads
+from ..medusa import MedusaHeads, choose_tree, expected_length
+from ..models import drafters
 from .common import answer_vocabulary, cosine_lr, write_report
 
 
@@ -138,7 +139,7 @@ def train_medusa_tiny(out_dir: str, steps: int = 400, progress: bool = True) -> 
     heads, report = train_heads(rows, target.model.get_output_embeddings().weight.detach(), None, steps=steps,
                                 progress=progress)
     report.update(data_rows=len(rows), data_seconds=round(gen_s, 1), threads=torch.get_num_threads())
-    save_heads(heads, out_dir, "tiny", report)
+    drafters.save(heads, out_dir, target, report)
     return write_report(out_dir, report)
 
 
@@ -165,5 +166,5 @@ def train_medusa_smollm2(out_dir: str, steps: int = 1500, lr: float = 2e-3, voca
     W = target.model.get_output_embeddings().weight.detach()[kept]
     heads, report = train_heads(rows, W, kept, steps=steps, lr=lr, progress=progress)
     report.update(data_rows=len(rows), threads=torch.get_num_threads(), vocab_keep=vocab_keep, lr=lr)
-    save_heads(heads, out_dir, "smollm2-135m", report)
+    drafters.save(heads, out_dir, target, report)
     return write_report(out_dir, report)

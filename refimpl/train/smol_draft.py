@@ -19,7 +19,7 @@ import torch
 from .. import data
 from ..lm import decoder_of
 from ..drafts import distill_loss, student_config, top_tokens
-from ..models import load
+from ..models import drafters, load
 from ..models.hf import cache_dir
 from ..models.smollm2 import load_draft, quantize_int8, trimmed_model
 from ..speculative import expected_tau
@@ -286,6 +286,7 @@ def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 
             "storage": "matrices int8 with one float16 scale per row (name + '.scale'); vectors float16"}
     with open(os.path.join(out_dir, "draft.json"), "w") as f:
         json.dump(meta, f, indent=2)
+    drafters.record_target(out_dir, load("smollm2-135m", device="cpu"), "smollm2-135m")
     report = {
         "target": "smollm2-135m",
         "train_rows": len(rows),

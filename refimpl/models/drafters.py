@@ -1,0 +1,248 @@
+"""Layer 3: the drafters trained for a target -- Medusa heads, EAGLE and EAGLE-3 drafts, Learn2PD filters,
+and the draft models of the zoo -- on disk, and which target each one belongs to.
+
+A drafter is trained on one target's outputs or features, so it belongs to that target's *weights*, not
+to a folder name. Every drafter folder records the target it was trained for in ``target.json``: the
+zoo name and the :func:`fingerprint` of its weights. :func:`zoo_name` says which zoo target a model is
+(by fingerprint; None for any other model, whatever its folder is called) and :func:`folder` attaches a
+zoo drafter to a target only when the fingerprints agree.
+
+Files of a drafter trained on top of a frozen target: ``<folder>/<kind>.safetensors`` (its own tensors,
+plus ``kept_ids`` when its head scores a subset of the vocabulary), ``<folder>/config.json`` (its shapes
+and, for an exporter, the mapping to the serving engine's names), ``<folder>/target.json``. :func:`save`
+and :func:`load` write and read them; :func:`zoo` is what the front door uses: the zoo's drafter for a
+target, loaded once and kept with it, in the form that runs fastest beside it (an EAGLE draft on the
+lean CPU forward's int8 panels when the target runs that forward, :mod:`refimpl.models.lean_draft`).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+
+import torch
+
+from .. import eagle, eagle3, learn2pd, medusa
+from ..lm import check_taps, check_width
+from .hf import MODELS_DIR
+
+#: kind -> (what it is, the class the weights load into)
+KINDS = {"medusa": ("Medusa heads", medusa.MedusaHeads), "eagle": ("EAGLE draft", eagle.EagleDraft),
+         "eagle3": ("EAGLE-3 draft", eagle3.Eagle3Draft), "learn2pd": ("Learn2PD filter", learn2pd.Filter)}
+SAMPLES = 64  # weight values a fingerprint records
+
+
+# -- which target a drafter belongs to ----------------------------------------------------------------
+def fingerprint(lm) -> dict:
+    """What identifies a model's weights: a digest of its parameters' names and shapes, and ``SAMPLES``
+    values spread evenly over all of them (a dtype change moves each by under 1%, a fine-tune moves many
+    by far more). Computed once per model object (:meth:`refimpl.lm.LM.once`)."""
+    def compute():
+        params = [(n, p) for n, p in lm.model.named_parameters()]
+        shapes = hashlib.sha256("\n".join(f"{n} {tuple(p.shape)}" for n, p in params).encode()).hexdigest()[:16]
+        sizes = [p.numel() for _, p in params]
+        total, values, at, start = sum(sizes), [], 0, 0
+        for i in range(SAMPLES):  # the i-th of SAMPLES evenly spaced positions over the concatenated weights
+            want = i * (total - 1) // max(SAMPLES - 1, 1)
+            while start + sizes[at] <= want:
+                start, at = start + sizes[at], at + 1
+            values.append(float(params[at][1].detach().reshape(-1)[want - start]))
+        return {"shapes": shapes, "values": values}
+    return lm.once(("fingerprint",), compute)
+
+
+def same_weights(recorded: dict, fp: dict) -> bool:
+    """Do a recorded fingerprint and a model's agree (same names and shapes, values within 1% + 1e-4)?"""
+    return recorded.get("shapes") == fp["shapes"] and len(recorded.get("values", [])) == len(fp["values"]) and all(
+        abs(a - b) <= 1e-4 + 1e-2 * abs(b) for a, b in zip(recorded["values"], fp["values"]))
+
+
+def record_target(folder: str, target, name: str | None = None) -> None:
+    """Write ``folder/target.json``: the zoo name (default ``target.name``) and fingerprint of ``target``."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "target.json"), "w") as f:
+        json.dump({"target": name or target.name, "fingerprint": fingerprint(target)}, f, indent=1)
+
+
+def recorded(folder: str) -> dict | None:
+    """``folder/target.json`` (None where the folder records no target)."""
+    path = os.path.join(folder, "target.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def trained_for(folder: str, target) -> bool:
+    """Was the drafter in ``folder`` trained for ``target``'s weights?"""
+    rec = recorded(folder)
+    return rec is not None and same_weights(rec["fingerprint"], fingerprint(target))
+
+
+def zoo_name(target) -> str | None:
+    """The zoo target ``target`` is, by its weights (a drafter of the zoo recorded its fingerprint), or None."""
+    def find():
+        for path in sorted(glob.glob(os.path.join(MODELS_DIR, "*", "target.json"))):
+            rec = recorded(os.path.dirname(path))
+            if same_weights(rec["fingerprint"], fingerprint(target)):
+                return rec["target"]
+        return None
+    return target.once(("zoo name",), find)
+
+
+def folder(target, kind: str) -> str | None:
+    """The zoo's folder of a ``kind`` drafter trained for ``target`` (``models/<kind>-<zoo name>``), or None."""
+    name = zoo_name(target)
+    path = os.path.join(MODELS_DIR, f"{kind}-{name}")
+    return path if name is not None and os.path.exists(weights_file(path, kind)) and trained_for(path, target) else None
+
+
+# -- files ------------------------------------------------------------------------------------------
+def weights_file(path: str, kind: str) -> str:
+    return os.path.join(path, f"{kind}.safetensors")
+
+
+def save(drafter, path: str, target, report: dict | None = None) -> None:
+    """Write ``drafter`` (Medusa heads, an EAGLE / EAGLE-3 draft, a Learn2PD filter) trained for ``target`` to
+    ``path``: its tensors (fp16; a filter's fp32), ``config.json`` and ``target.json``."""
+    from safetensors.torch import save_file
+
+    kind = next((k for k, (_, cls) in KINDS.items() if type(drafter) is cls), None)
+    if kind is None:
+        raise ValueError(f"drafter must be one of {[c.__name__ for _, c in KINDS.values()]}, got {type(drafter).__name__}")
+    state, cfg = STATE[kind](drafter), CONFIG[kind](drafter)
+    cfg.update(base_model=target.name, report=report or {})
+    kept = getattr(drafter, "kept", None)
+    os.makedirs(path, exist_ok=True)
+    if kept is not None:
+        state = {**state, "kept_ids": kept.int().cpu().contiguous()}
+    save_file(state, weights_file(path, kind), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    record_target(path, target)
+
+
+def load(target, kind: str, path: str | None = None):
+    """The ``kind`` drafter (:data:`KINDS`) for ``target`` from ``path`` (None: the zoo's, :func:`folder`), on
+    ``target``'s device, as saved (no fast form). A drafter whose shapes do not fit ``target`` is refused
+    with a ``ValueError`` naming the mismatch; a missing one is a ``FileNotFoundError`` saying how to train it."""
+    from safetensors.torch import load_file
+
+    what = KINDS[kind][0]
+    path = path or folder(target, kind)
+    if path is None or not os.path.exists(weights_file(path, kind)):
+        name = zoo_name(target)
+        raise FileNotFoundError(f"no {what} for {target.name!r}" + (
+            f": train one with `python -m refimpl.train {kind}-{name}`" if name else
+            " in the zoo (its drafters belong to the zoo's targets' weights); train your own"))
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    state = load_file(weights_file(path, kind))
+    kept = state.pop("kept_ids").long() if "kept_ids" in state else None
+    return BUILD[kind](target, state, kept, cfg)
+
+
+def zoo(target, kind: str):
+    """The zoo's ``kind`` drafter for ``target``, loaded once per target and kept with it, in its fast form:
+    an EAGLE / EAGLE-3 draft beside a target on the lean CPU forward runs its products on that forward's
+    kernel, on int8 panels (:func:`refimpl.models.lean_draft.lean`; the same trees up to rounding)."""
+    from .lean_draft import lean
+    from .lean_llama import LeanLM
+
+    def build():
+        d = load(target, kind)
+        return lean(d, int8=True) if kind in ("eagle", "eagle3") and isinstance(target, LeanLM) else d
+    return target.once(("zoo drafter", kind), build)
+
+
+# -- each kind's tensors, config and constructor --------------------------------------------------------
+def half_state(module) -> dict:
+    return {k: v.detach().half().contiguous() for k, v in module.state_dict().items()}
+
+
+def medusa_state(heads) -> dict:
+    """Medusa's own key names (``medusa_head.{k}.0.linear``); the shared LM head is not stored."""
+    out = {}
+    for k, b in enumerate(heads.blocks):
+        out[f"medusa_head.{k}.0.linear.weight"] = b.weight.detach().half().contiguous()
+        out[f"medusa_head.{k}.0.linear.bias"] = b.bias.detach().half().contiguous()
+    return out
+
+
+def medusa_config(heads) -> dict:
+    H = heads.lm_head.shape[1]
+    return {"architecture": "medusa-1 (frozen base, shared frozen LM head)", "medusa_num_heads": heads.num_heads,
+            "medusa_num_layers": 1, "hidden_size": H, "vocab_kept": None if heads.kept is None else int(heads.kept.numel()),
+            "lm_head": "not stored: medusa_head.{k}.1.weight = the base model's lm_head.weight (rows kept_ids if any)",
+            "vllm": {"config": {"model_type": "medusa", "architectures": ["MedusaModel"], "num_heads": heads.num_heads,
+                                "num_hidden_layers": 1, "hidden_size": H, "original_lm_head": True,
+                                "medusa_fc_bias": True, "truncated_vocab_size": "the base vocabulary (ours propose "
+                                "only kept_ids tokens; over the full vocabulary a top-k can differ)"},
+                     "weights": {"blocks.{k}.layers.0.weight": "medusa_head.{k}.0.linear.weight",
+                                 "blocks.{k}.layers.0.bias": "medusa_head.{k}.0.linear.bias",
+                                 "lm_heads.{k}.weight": "the base model's lm_head.weight (original_lm_head: shared)"}},
+            "accuracy": heads.accuracy}
+
+
+def eagle_config(d) -> dict:
+    return {"architecture": "eagle-1 style: fc(concat(embed, feature)) + 1 decoder layer, target's frozen "
+                            "embedding and LM head (not stored)", "hidden_size": d.hidden_size, "num_heads": d.num_heads,
+            "intermediate_size": d.intermediate, "rope_theta": d.rope_theta,
+            "vocab_kept": None if d.kept is None else int(d.kept.numel()),
+            "feature": "target's last hidden state AFTER its final norm"}
+
+
+def eagle3_config(d) -> dict:
+    return {"architecture": "eagle-3: fc(target layers taps) -> 1 decoder layer on [norm(embed); norm(g)], own "
+                            "final norm and LM head over the kept vocabulary; target's frozen embedding (not stored)",
+            "taps": list(d.taps), "hidden_size": d.hidden_size, "num_heads": d.num_heads, "num_kv_heads": d.num_kv_heads,
+            "head_dim": d.head_dim, "intermediate_size": d.intermediate, "rope_theta": d.rope_theta,
+            "vocab_kept": None if d.kept is None else int(d.kept.numel())}
+
+
+def learn2pd_config(f) -> dict:
+    return {"architecture": f"learn2pd filter: MLP {learn2pd.NUM_FEATURES} x block_length -> hidden -> block_length",
+            "block_length": f.block_length, "hidden": f.hidden,
+            "features": ["confidence", "top1 - top2 gap", "same argmax as the previous step"]}
+
+
+def build_medusa(target, state, kept, cfg):
+    check_width("heads", cfg["hidden_size"], target)
+    W = target.model.get_output_embeddings().weight.detach().float()
+    heads = medusa.MedusaHeads(W if kept is None else W[kept.to(W.device)], cfg["medusa_num_heads"], kept,
+                               cfg.get("accuracy"))
+    for k, b in enumerate(heads.blocks):
+        b.weight.data.copy_(state[f"medusa_head.{k}.0.linear.weight"].float())
+        b.bias.data.copy_(state[f"medusa_head.{k}.0.linear.bias"].float())
+    return heads.to(target.device).eval()
+
+
+def build_eagle(target, state, kept, cfg):
+    check_width("draft", cfg["hidden_size"], target)
+    d = eagle.new_draft(target, num_heads=cfg["num_heads"], intermediate=cfg["intermediate_size"],
+                        rope_theta=cfg["rope_theta"], kept=kept)
+    d.load_state_dict({k: v.float() for k, v in state.items()})
+    return d.to(target.device).eval()
+
+
+def build_eagle3(target, state, kept, cfg):
+    check_width("draft", cfg["hidden_size"], target)
+    check_taps(cfg["taps"], target.num_layers)
+    d = eagle3.new_draft(target, taps=tuple(cfg["taps"]), kept=kept, num_heads=cfg["num_heads"],
+                         num_kv_heads=cfg["num_kv_heads"], head_dim=cfg["head_dim"],
+                         intermediate=cfg["intermediate_size"], rope_theta=cfg["rope_theta"])
+    d.load_state_dict({k: v.float() for k, v in state.items()})
+    return d.to(target.device).eval()
+
+
+def build_learn2pd(dllm, state, kept, cfg):
+    f = learn2pd.Filter(cfg["block_length"], cfg["hidden"])
+    f.load_state_dict(state)
+    return f.eval()
+
+
+STATE = {"medusa": medusa_state, "eagle": half_state, "eagle3": half_state,
+         "learn2pd": lambda f: {k: v.detach().float().contiguous() for k, v in f.state_dict().items()}}
+CONFIG = {"medusa": medusa_config, "eagle": eagle_config, "eagle3": eagle3_config, "learn2pd": learn2pd_config}
+BUILD = {"medusa": build_medusa, "eagle": build_eagle, "eagle3": build_eagle3, "learn2pd": build_learn2pd}
