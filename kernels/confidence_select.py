@@ -24,11 +24,29 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
+try:  # Triton publishes no wheel for macOS or Windows: there the dispatcher runs the torch reference
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+#: launch the Triton kernel on CPU tensors too, in Triton's interpreter: ``TRITON_INTERPRET=1`` when this
+#: file is imported (how the tests check kernel == reference without a GPU; Triton reads the same variable
+#: when it builds the kernel). ``kernels.references()`` turns it off for a block.
+INTERPRET = triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@triton.jit
+def jit(fn):
+    """``triton.jit`` where Triton is installed; else the function as written (never launched)."""
+    return fn if triton is None else triton.jit(fn)
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Launch the kernel for ``t``: Triton is installed and ``t`` is on a GPU, or :data:`INTERPRET` is on."""
+    return triton is not None and (t.is_cuda or INTERPRET)
+
+
+@jit
 def _confidence_select_kernel(logits_ptr, masked_ptr, k_ptr, x0_ptr, conf_ptr, sel_ptr, N, V, threshold,
                               MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0)
@@ -124,7 +142,7 @@ def confidence_select_reference(logits: torch.Tensor, masked: torch.Tensor, k=No
 
 def confidence_select(logits: torch.Tensor, masked: torch.Tensor, k=None, threshold=None):
     """Dispatcher: Triton on CUDA tensors or when ``TRITON_INTERPRET=1``, else the torch reference."""
-    if logits.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+    if use_triton(logits):
         return confidence_select_triton(logits, masked, k=k, threshold=threshold)
     return confidence_select_reference(logits, masked, k=k, threshold=threshold)
 

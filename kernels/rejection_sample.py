@@ -26,11 +26,29 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
+try:  # Triton publishes no wheel for macOS or Windows: there the dispatcher runs the torch reference
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+#: launch the Triton kernel on CPU tensors too, in Triton's interpreter: ``TRITON_INTERPRET=1`` when this
+#: file is imported (how the tests check kernel == reference without a GPU; Triton reads the same variable
+#: when it builds the kernel). ``kernels.references()`` turns it off for a block.
+INTERPRET = triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@triton.jit
+def jit(fn):
+    """``triton.jit`` where Triton is installed; else the function as written (never launched)."""
+    return fn if triton is None else triton.jit(fn)
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Launch the kernel for ``t``: Triton is installed and ``t`` is on a GPU, or :data:`INTERPRET` is on."""
+    return triton is not None and (t.is_cuda or INTERPRET)
+
+
+@jit
 def _rejection_sample_kernel(
     Draft, P, Q, U, Valid, NOut, NextOut,
     sdb, sdg,          # draft (B, gamma)
@@ -162,9 +180,6 @@ def rejection_sample_triton(draft, p, q, u, valid=None, block_v: int = 1024):
     )
     return n.long(), nxt.long()
 
-
-def use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def rejection_sample(draft, p, q, u, valid=None):

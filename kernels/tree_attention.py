@@ -38,14 +38,32 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
+try:  # Triton publishes no wheel for macOS or Windows: there the dispatcher runs the torch reference
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+#: launch the Triton kernel on CPU tensors too, in Triton's interpreter: ``TRITON_INTERPRET=1`` when this
+#: file is imported (how the tests check kernel == reference without a GPU; Triton reads the same variable
+#: when it builds the kernel). ``kernels.references()`` turns it off for a block.
+INTERPRET = triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def jit(fn):
+    """``triton.jit`` where Triton is installed; else the function as written (never launched)."""
+    return fn if triton is None else triton.jit(fn)
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Launch the kernel for ``t``: Triton is installed and ``t`` is on a GPU, or :data:`INTERPRET` is on."""
+    return triton is not None and (t.is_cuda or INTERPRET)
 
 NEG_INIT_PY = -1.0e30  # running-max floor: keeps exp() finite for fully masked rows
-NEG_INIT = tl.constexpr(NEG_INIT_PY)
+NEG_INIT = NEG_INIT_PY if tl is None else tl.constexpr(NEG_INIT_PY)
 
 
-@triton.jit
+@jit
 def _tree_attention_partial(
     Q, K, V, Slot, Anc, Opart, Mpart, Lpart,
     sqb, sqh, sqm, sqd,      # q (B, Hq, m, D) strides
@@ -120,7 +138,7 @@ def _tree_attention_partial(
     tl.store(Opart + (base + rows[:, None]) * D + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@jit
 def _tree_attention_merge(
     Opart, Mpart, Lpart, Out,
     sob, soh, som, sod,
@@ -229,7 +247,7 @@ def tree_attention_triton(q, k, v, slot_ok, anc, scale=None, num_splits=None, bl
         block_m = min(64, max(16, triton.next_power_of_2(R)))
     m_tiles = triton.cdiv(R, block_m)
     if num_splits is None:
-        interpret = os.environ.get("TRITON_INTERPRET") == "1" and not q.is_cuda
+        interpret = INTERPRET and not q.is_cuda
         num_splits = 1 if interpret else _pick_splits(B * Hkv * m_tiles, NK, block_n)
     split_len = triton.cdiv(triton.cdiv(NK, num_splits), block_n) * block_n
     num_splits = triton.cdiv(NK, split_len)
@@ -262,7 +280,7 @@ def tree_attention(q, k, v, slot_ok, anc, scale=None):
     q (B, Hq, m, D) for the m tree nodes; k, v (B, Hkv, P + m, D): the cache's P slots, then the
     nodes; slot_ok (B or 1, P) bool/int; anc (B or 1, m, m) bool. Returns (B, Hq, m, D).
     """
-    if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+    if use_triton(q):
         return tree_attention_triton(q, k, v, slot_ok, anc, scale)
     return tree_attention_reference(q, k, v, slot_ok, anc, scale)
 

@@ -26,11 +26,29 @@ import os
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
+try:  # Triton publishes no wheel for macOS or Windows: there the dispatcher runs the torch reference
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+#: launch the Triton kernel on CPU tensors too, in Triton's interpreter: ``TRITON_INTERPRET=1`` when this
+#: file is imported (how the tests check kernel == reference without a GPU; Triton reads the same variable
+#: when it builds the kernel). ``kernels.references()`` turns it off for a block.
+INTERPRET = triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@triton.jit
+def jit(fn):
+    """``triton.jit`` where Triton is installed; else the function as written (never launched)."""
+    return fn if triton is None else triton.jit(fn)
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Launch the kernel for ``t``: Triton is installed and ``t`` is on a GPU, or :data:`INTERPRET` is on."""
+    return triton is not None and (t.is_cuda or INTERPRET)
+
+
+@jit
 def _verify_greedy_kernel(
     Draft, Logits, Valid, NOut, NextOut,
     sdb, sdg,          # strides of draft (B, gamma)
@@ -84,9 +102,8 @@ def _check(draft, logits, valid):
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(-1)`` (int64, the first maximum on ties), taken by NumPy on a CPU.
 
-    torch's CPU argmax is a scalar loop, ~1.3 ns an element: 55 us for (9, 4096) and 0.34 ms for
-    (5, 49152) on 2 cores, where NumPy's vectorised argmax takes 8 and 31 us (and ``amax`` ~10 us):
-    at a small model's step of ~2 ms that is a few percent of the step. Same index on every input
+    torch's CPU argmax is a scalar loop, several times slower than NumPy's vectorised one on a
+    verification's few rows of a vocabulary, a few percent of a small model's step. Same index on every input
     (NaN counts as the maximum in both). Off the CPU, for dtypes NumPy lacks (bf16) or under
     autograd it is torch's own."""
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or logits.requires_grad:
@@ -124,15 +141,12 @@ def verify_greedy_triton(draft: torch.Tensor, logits: torch.Tensor, valid: torch
     return n.long(), nxt.long()
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
 
 def verify_greedy_host(draft: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor | None = None):
     """:func:`verify_greedy_reference` for CPU tensors, on the host: one :func:`argmax`, then each
     row's walk along its drafts in Python. On a CPU every torch operation on a tensor of a few
-    elements costs ~3-7 us, and the reference takes eight of them (~0.1 ms a verification, 5% of a
-    4 M-parameter model's 9-token step); the walk over <= gamma ints costs ~1 us. Same results."""
+    elements costs a fixed overhead, and the reference takes eight of them, where the walk over
+    <= gamma ints costs about one. Same results."""
     B, gamma, valid = _check(draft, logits, valid)
     top, xs, vs = argmax(logits).tolist(), draft.tolist(), valid.tolist()  # (B, gamma + 1), (B, gamma), (B,)
     n = []

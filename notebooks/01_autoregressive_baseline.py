@@ -43,7 +43,7 @@ SHOW_SOLUTIONS = False
 import time
 import matplotlib.pyplot as plt
 from refimpl import models, sampling, autoregressive
-import kernels
+from kernels.decode_attention import decode_attention
 
 lm = models.load(MODEL, device=DEVICE)
 prompt = lm.encode(PROMPT)
@@ -333,7 +333,7 @@ for r, toks in zip(batch, gb.tokens):
 # %%
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, h, t, 64, device=DEVICE) for h, t in [(4, 1), (2, 300), (2, 300)])   # GQA: 4 q heads, 2 kv heads
-ours = kernels.decode_attention(q, k, v)
+ours = decode_attention(q, k, v)
 kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
 torch_ref = torch.softmax(q @ kk.transpose(-1, -2) / 64 ** 0.5, -1) @ vv
 print("max |difference|:", (ours - torch_ref).abs().max().item())

@@ -64,7 +64,7 @@ from transformers import AutoModelForCausalLM
 from refimpl import models, autoregressive, speculative
 from refimpl.models import LM
 from refimpl.prompts import encode_prompt   # a user turn for a chat model, plain tokens otherwise
-import kernels
+from kernels.verify_greedy import verify_greedy
 
 
 def early_exit_draft(lm, layers=2):
@@ -343,7 +343,7 @@ print("accepted per step (one entry per row):", gb.stats.accepted[:4], "...")
 # %%
 logits, _ = target.forward(torch.tensor([prompt + xs], device=DEVICE))
 block = logits[:, -(len(xs) + 1):]                            # (1, gamma + 1, V)
-n_k, nxt_k = kernels.verify_greedy(torch.tensor([xs], device=DEVICE), block)
+n_k, nxt_k = verify_greedy(torch.tensor([xs], device=DEVICE), block)
 n_h, nxt_h, _ = verify(target, None, prompt, xs)
 assert (n_k.item(), nxt_k.item()) == (n_h, nxt_h)
 print("kernel:", n_k.item(), nxt_k.item(), "| by hand:", n_h, nxt_h)
@@ -435,7 +435,7 @@ def check_verify_greedy():
     cases = [planted(), planted(B=3, gamma=0, seed=1), (torch.tensor([xs], device=DEVICE), block)]
     for k, (d, lg) in enumerate(cases):
         n, nxt = my_verify_greedy(d, lg)
-        kn, knxt = kernels.verify_greedy(d, lg)
+        kn, knxt = verify_greedy(d, lg)
         assert n.shape == kn.shape and torch.equal(n.long(), kn), f"case {k}: accepted lengths differ from the kernel's, e.g. rows {(n.long() != kn).nonzero()[:3, 0].tolist()}"
         assert torch.equal(nxt.long(), knxt), f"case {k}: the accepted lengths match but the next tokens do not"
 

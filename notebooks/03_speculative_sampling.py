@@ -61,6 +61,7 @@ from refimpl import models, sampling, speculative, autoregressive
 from refimpl.models import LM
 from refimpl.prompts import encode_prompt   # a user turn for a chat model, plain tokens otherwise
 import kernels
+from kernels.rejection_sample import rejection_sample
 
 
 def early_exit_draft(lm, layers=2):
@@ -213,7 +214,7 @@ if SHOW_SOLUTIONS:
 import os
 from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 
-mc_sampler = kernels.rejection_sample if DEVICE.type == "cuda" else rejection_sample_reference
+mc_sampler = rejection_sample if DEVICE.type == "cuda" else rejection_sample_reference
 n_rows = 200_000 if FAST else 2_000_000
 P = torch.stack([p6, p6]).float()[None].expand(n_rows, 2, 6).contiguous()   # (R, gamma + 1, V)
 Q = q6.float()[None, None].expand(n_rows, 1, 6).contiguous()                # (R, gamma, V)
@@ -319,7 +320,7 @@ def pvalue(counts):                                         # a sample outside t
 # %%
 def accept_all(x, p, q, u, valid):   # WRONG on purpose: the output then follows q
     rows = torch.arange(len(valid), device=valid.device)
-    return valid, kernels.rejection_sample(x[:, :0], p[rows, valid][:, None], q[:, :0], u[:, -1:])[1]
+    return valid, rejection_sample(x[:, :0], p[rows, valid][:, None], q[:, :0], u[:, -1:])[1]
 
 
 def first_token_counts(rule):

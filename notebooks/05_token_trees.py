@@ -502,7 +502,7 @@ class Levels(dynamic_tree.DynamicDraftTree):
         return False
 
 
-rec = Levels(dr, TOTAL, DEPTH, TOPK); rec.seen = []
+rec = Levels(dr, TOTAL, DEPTH, TOPK, floor=0.0); rec.seen = []
 speculative.decode(lm, rec, prompts, max_new_tokens=16, eos_token_id=[])
 
 

@@ -461,10 +461,10 @@ print(len(exact), "possible pairs; likeliest:", [(lm.decode(list(c)), round(exac
 
 # %%
 from refimpl import speculative
-import kernels
+from kernels.rejection_sample import rejection_sample_reference
 
 opts = dict(max_new_tokens=WINDOW, temperature=TEMPERATURE, top_k=TOP_K, eos_token_id=[])
-rule = None if DEVICE.type == "cuda" else kernels.rejection_sample_reference
+rule = None if DEVICE.type == "cuda" else rejection_sample_reference
 seeded = lambda s: torch.Generator(device=DEVICE).manual_seed(s)   # SJD draws where the model's probabilities are
 few = jacobi.generate(lm, [stat_ids] * 8, window=WINDOW, seed=SEED, generator=seeded(SEED), **opts)
 same = speculative.decode(lm, jacobi.Jacobi(WINDOW, SEED), [stat_ids] * 8, generator=seeded(SEED), rule=rule, **opts)

@@ -477,9 +477,9 @@ for name in ("psalm 136", "lilies (no repeats)"):
 # %%
 from collections import Counter
 from scipy.stats import chisquare
-import kernels
+from kernels.rejection_sample import rejection_sample, rejection_sample_reference
 
-RULE = kernels.rejection_sample if DEVICE.type == "cuda" else kernels.rejection_sample_reference
+RULE = rejection_sample if DEVICE.type == "cuda" else rejection_sample_reference
 refrain = lm.encode("for his mercy endureth for ever. O give thanks unto the LORD: for his mercy")
 
 

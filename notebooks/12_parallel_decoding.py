@@ -58,7 +58,7 @@ SHOW_SOLUTIONS = False
 import itertools
 import math
 import matplotlib.pyplot as plt
-import kernels
+from kernels.confidence_select import confidence_select, confidence_select_reference
 from refimpl import diffusion, digit_reversal, models
 from refimpl.bench import dllm as diffusion_bench
 from solutions import exercise, check, show
@@ -245,8 +245,8 @@ plt.show()
 # %%
 lg = torch.randn(2, BLOCK, len(tok), device=DEVICE) * 4
 masked = torch.rand(2, BLOCK, device=DEVICE) < 0.7
-a = kernels.confidence_select(lg, masked, threshold=0.5)
-b = kernels.confidence_select_reference(lg, masked, threshold=0.5)
+a = confidence_select(lg, masked, threshold=0.5)
+b = confidence_select_reference(lg, masked, threshold=0.5)
 assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2]) and torch.allclose(a[1], b[1])
 print("selected per row:", a[2].sum(-1).tolist())
 

@@ -647,7 +647,7 @@ for name, lm in (("tiny-bdlm", bdlm), ("tiny-bdlm-dparallel", bdlm_dp)):
                                             rule=learn2pd.FilterRule(rule_filter, t))
             outs.append(gdec.tokens[0]); calls += gdec.stats.nfe
         curve[name, "filter", t] = (calls / len(prompts), dllm_bench.ar_perplexity(tiny, prompts, outs))
-    oracle = [learn2pd.oracle_generate(lm, [p], 32, 8) for p in prompts]  # one token per step, then the oracle
+    oracle = [learn2pd.oracle_generate(block_diffusion.generate, lm, [p], 32, 8) for p in prompts]  # one token per step, then the oracle
     outs, calls = [gdec.tokens[0] for gdec in oracle], sum(gdec.stats.nfe for gdec in oracle)
     curve[name, "oracle"] = (calls / len(prompts), dllm_bench.ar_perplexity(tiny, prompts, outs))
     print(f"{name}: the oracle needs {curve[name, 'oracle'][0]:.1f} calls for 32 tokens")

@@ -19,7 +19,8 @@ import inspect
 
 import torch
 
-import kernels
+from kernels.confidence_select import confidence_select
+from kernels.verify_greedy import argmax
 
 from .generation import check_positive_int
 from .primitives import left_pad
@@ -55,7 +56,7 @@ def predict(logits: torch.Tensor, masked: torch.Tensor, temperature: float = 0.0
     if temperature > 0:
         x0 = gumbel_argmax(logits, temperature, generator)  # (B, N)
     else:
-        x0 = kernels.argmax(logits)
+        x0 = argmax(logits)
     if remasking == "low_confidence":
         p = torch.softmax(logits.double(), dim=-1)  # (B, N, V)
         conf = p.gather(-1, x0[..., None])[..., 0]  # (B, N)
@@ -107,9 +108,9 @@ def top2_gap(logits: torch.Tensor) -> torch.Tensor:
 
 
 def selection_kernel(use_kernel: bool, temperature: float, remasking: str, factor):
-    """:func:`kernels.confidence_select` where it applies (greedy low-confidence top-k or threshold), else None."""
+    """:func:`kernels.confidence_select.confidence_select` where it applies (greedy low-confidence top-k or
+    threshold), else None."""
     if use_kernel and temperature == 0 and remasking == "low_confidence" and factor is None:
-        from kernels import confidence_select
         return confidence_select
     return None
 

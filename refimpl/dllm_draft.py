@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from kernels.verify_greedy import argmax
 
 from . import sampling
 from .block_diffusion import block_predictions, block_step
@@ -77,7 +77,7 @@ class DiffusionDraft(Proposer):
             logits = block_predictions(first, lb)[:, lo:lo + k]  # (b, k, V)
             logits[..., mask_id] = float("-inf")
             if s.greedy:
-                x[:, lo:lo + k] = kernels.argmax(logits)
+                x[:, lo:lo + k] = argmax(logits)
             else:
                 q[:, lo:lo + k] = s.probs(logits)
                 x[:, lo:lo + k] = sampling.sample_from_probs(q[:, lo:lo + k], s.generator)

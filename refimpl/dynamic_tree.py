@@ -84,9 +84,9 @@ class Growth:
     and depth, in grown order (parents first); the current level; the nodes expanded so far (run
     through the draft, in the order they were). Starts from the root's children: ``score`` and
     ``toks`` (B, k). A step's tree has a handful of nodes, so they live in plain lists, one per row
-    (``scores``, ``tokens``, ``parents``; with :func:`refimpl.tree.keep_best` on lists, ~60 torch calls a
-    step fewer than tensors, which matters where a step's fixed CPU work is a visible share); the
-    draft's inputs come out as tensors."""
+    (``scores``, ``tokens``, ``parents``; :func:`refimpl.tree.keep_best` reads lists too: a few Python
+    operations where tensors of a few elements would each cost a torch call); the draft's inputs come out
+    as tensors."""
 
     def __init__(self, score: torch.Tensor, toks: torch.Tensor):
         B, k = toks.shape

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from kernels.verify_greedy import argmax
 
 from .generation import Generation, check_positive_int, int_tensor, preset_options
 from .primitives import NgramIndex, unpad
@@ -116,7 +116,7 @@ class Jacobi(Proposer):
     def accept(self, v: Verdict) -> None:
         logits, s = v.logits, self.settings
         self.vocab = logits.shape[-1]
-        top = kernels.argmax(logits).tolist() if s.greedy else None  # (b, g + 1) the target's predictions
+        top = argmax(logits).tolist() if s.greedy else None  # (b, g + 1) the target's predictions
         for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
             (self.context[b] if self.index is None else self.index[b]).extend(self.guess[b][:k] + [t])
             if s.greedy:  # the predictions past the new token become the next guesses

@@ -47,7 +47,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .block_diffusion import generate as block_generate
 from .diffusion_steps import most_confident, never_mask, predict
 from .dparallel import Trajectories, block_logits
 from .generation import check_positive_int
@@ -178,9 +177,11 @@ class OracleRule:
         return x0, (right | most_confident(conf)) & masked
 
 
-def oracle_generate(dllm, prompts, gen_length: int = 32, block_length: int = 8):
-    """Decode ``prompts`` one token per step, then again with :class:`OracleRule` on that text; returns
-    the second :class:`refimpl.generation.Generation` (its calls: the oracle's)."""
-    final = block_generate(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[]).tokens
-    return block_generate(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[],
-                          rule=OracleRule(final))
+def oracle_generate(decode, dllm, prompts, gen_length: int = 32, block_length: int = 8):
+    """Decode ``prompts`` one token per step with the block sampler ``decode``
+    (:func:`refimpl.block_diffusion.generate`), then again with :class:`OracleRule` on that text; returns
+    the second :class:`refimpl.generation.Generation` (its calls: the oracle's). The filter and the oracle
+    are commit rules any such sampler takes (``rule=``)."""
+    final = decode(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[]).tokens
+    return decode(dllm, prompts, gen_length=gen_length, block_length=block_length, eos_token_id=[],
+                  rule=OracleRule(final))

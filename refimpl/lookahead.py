@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from kernels.verify_greedy import argmax
 
 from .generation import Generation, check_positive_int, preset_options
 from .primitives import unpad
@@ -117,7 +117,7 @@ class Lookahead(Proposer):
     def accept(self, v: Verdict) -> None:
         L, W = len(self.levels[0]), self.W
         S = L * W
-        top = kernels.argmax(v.logits[:, 1 + (L - 1) * W: 1 + S]).tolist()  # (b, W) Jacobi update of the top level
+        top = argmax(v.logits[:, 1 + (L - 1) * W: 1 + S]).tolist()  # (b, W) Jacobi update of the top level
         path = v.path.tolist() if v.path is not None else [[] for _ in v.n_list]
         xs = self.x.tolist()
         for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+from kernels.verify_greedy import argmax
 
 from . import sampling
 from .generation import Generation, preset_options, required
@@ -56,7 +56,7 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
 
     Side nodes (``SIDE``) and the root's children have no ancestors among the nodes."""
     b, m = parents.shape
-    out = bytearray()  # (b, m, m) bytes: a node's row is a copy of its parent's plus itself (~5 m torch calls before)
+    out = bytearray()  # (b, m, m) bytes: a node's row is a copy of its parent's plus itself
     for row in parents.tolist():
         if any(p >= i for i, p in enumerate(row)):
             raise ValueError("parents must list a node's parent before the node (parents[i] < i)")
@@ -148,7 +148,7 @@ class Tree:
         b, m = x.shape
         parents, xs, vs = self.parents.tolist(), x.tolist(), valid.tolist()
         if settings.greedy:
-            best = kernels.argmax(logits).tolist()  # (b, 1 + m)
+            best = argmax(logits).tolist()  # (b, 1 + m)
             walks = [self.walk(parents[r], vs[r], lambda node, kids, r=r: next(
                 (c for c in kids if xs[r][c] == best[r][node + 1]), None), lambda node, r=r: best[r][node + 1])
                 for r in range(b)]

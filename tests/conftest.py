@@ -51,11 +51,9 @@ def spec_ar_free(tiny, spec_prompts):
 def torch_kernels():
     """Run the kernels' torch references (the interpreter costs ~0.1 s a call); the kernel tests
     check Triton == reference. Use with ``pytestmark = pytest.mark.usefixtures("torch_kernels")``.
+    (The kernel files are imported while TRITON_INTERPRET=1: their jit functions are built for the
+    interpreter, which later tests in this process use.)"""
+    import kernels
 
-    ``kernels`` is imported first, while TRITON_INTERPRET=1: its jit functions are built in the
-    mode they are imported in, and later tests in this process run them under the interpreter."""
-    import kernels  # noqa: F401
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "0")
+    with kernels.references():
         yield

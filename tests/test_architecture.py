@@ -181,3 +181,82 @@ def test_the_test_can_fail(tmp_path, monkeypatch):
         test_no_import_cycles()
     with pytest.raises(AssertionError, match="_hidden"):
         test_no_private_names_across_modules()
+
+
+# -- what a copied algorithm drags with it ----------------------------------------------------------
+#: the verification core every drafting method builds on (layer 1 plus chapters 02-05's loop and trees)
+VERIFICATION_CORE = {"lm", "generation", "sampling", "slot_cache", "speculative", "tree", "primitives", "data",
+                     "prompts"}
+#: the one chain each algorithm module extends: the only other algorithm modules it may import
+EXTENDS = {"eagle": {"dynamic_tree"}, "eagle3": {"eagle"}, "dllm_draft": {"block_diffusion"},
+           "block_diffusion": {"diffusion_steps"}, "free_draft": {"diffusion_steps"},
+           "diffusion": {"diffusion_steps", "free_draft"}, "dparallel": {"diffusion_steps"},
+           "learn2pd": {"dparallel"}, "digit_reversal": {"diffusion", "diffusion_lm"},
+           "drafts": {"autoregressive"}}
+#: at most this many project files come with a copied algorithm module (EAGLE-3's chain is the longest)
+MAX_DRAGGED = 9
+
+
+def chain(mod: str) -> set:
+    out, todo = set(), list(EXTENDS.get(mod, ()))
+    while todo:
+        m = todo.pop()
+        if m not in out:
+            out.add(m)
+            todo += EXTENDS.get(m, ())
+    return out
+
+
+def algorithm_problems(modules: dict) -> list[str]:
+    """For each layer-2 module of ``modules`` (name -> path): an import of another algorithm module
+    outside its chain, or more than ``MAX_DRAGGED`` project files reached (imports anywhere in a file:
+    a copy needs the lazy ones too)."""
+    def deps(m):
+        return {t.split(".")[1] for t, _, _ in imports_in(modules[m], m) if t.startswith("refimpl.")
+                and t.split(".")[1] in {n.split(".")[1] for n in modules}} - {m.split(".")[1]}
+
+    bad = []
+    for m in modules:
+        short = m.split(".")[1] if m.count(".") == 1 else None
+        if short is None or short not in CHAPTERS:
+            continue
+        stray = deps(m) - VERIFICATION_CORE - chain(short)
+        if stray:
+            bad.append(f"{m} imports {sorted(stray)}: only the verification core and its chain {sorted(chain(short))}")
+        seen, todo = set(), [m]
+        while todo:
+            for d in deps(todo.pop()):
+                if f"refimpl.{d}" not in seen:
+                    seen.add(f"refimpl.{d}")
+                    todo.append(f"refimpl.{d}")
+        if len(seen) > MAX_DRAGGED:
+            bad.append(f"{m} drags {len(seen)} project files (at most {MAX_DRAGGED}): {sorted(seen)}")
+    return bad
+
+
+def imports_in(path: str, mod: str):
+    """:func:`imports` of the module file at ``path`` named ``mod``."""
+    saved = MODULES.get(mod)
+    MODULES[mod] = path
+    try:
+        return imports(mod)
+    finally:
+        if saved is None:
+            del MODULES[mod]
+        else:
+            MODULES[mod] = saved
+
+
+def test_an_algorithm_imports_only_the_core_and_the_chain_it_extends():
+    bad = algorithm_problems({m: p for m, p in MODULES.items() if m.count(".") == 1})
+    assert not bad, "\n".join(bad)
+
+
+def test_the_import_rule_catches_a_stray_import(tmp_path):
+    """Negative control: EAGLE-3 importing the copy prior (another chapter's module) is refused."""
+    fake = tmp_path / "eagle3.py"
+    fake.write_text(open(MODULES["refimpl.eagle3"]).read() + "\nfrom .copy_prior import ContextCopyLM\n")
+    modules = {m: p for m, p in MODULES.items() if m.count(".") == 1}
+    modules["refimpl.eagle3"] = str(fake)
+    bad = algorithm_problems(modules)
+    assert any("refimpl.eagle3 imports ['copy_prior']" in b for b in bad), bad

@@ -205,7 +205,7 @@ def test_sampling_stays_lossless_chi_square(target, copier, prompts):
     def inner_q(x, p, q, u, valid):
         """Wrong: verify the first step's drafts (sampled from the biased q) against the inner
         draft's own q, as if the copy prior were not part of the draft's distribution."""
-        import kernels
+        from kernels.rejection_sample import rejection_sample
 
         if x.shape[0] == samples and x.shape[1] == 2:  # the first step: every row has the bare prompt
             plain = copier.lm
@@ -213,7 +213,7 @@ def test_sampling_stays_lossless_chi_square(target, copier, prompts):
             ctx = torch.cat([torch.tensor([prompt]).expand(len(x), -1), x[:, :1]], 1)  # (B, L + 1)
             q2 = sampling.probs(plain.logits(ctx)[:, -1], temp, top_k)  # (B, V)
             q = torch.stack([q1.expand_as(q2), q2], 1)  # (B, 2, V)
-        return kernels.rejection_sample(x, p, q, u, valid)
+        return rejection_sample(x, p, q, u, valid)
 
     good, bad = pvalue(), pvalue(inner_q)
     assert good > 1e-3

@@ -102,7 +102,7 @@ def worst_error(lm, log):
 def test_every_score_is_the_drafts_own_recomputed(tiny, copy_draft, spec_prompts):
     """Ragged batch, several steps, copy prior on: the cached tree equals an uncached recomputation."""
     prompts = [spec_prompts[0], spec_prompts[3]]
-    log = recorded_run(tiny, Recording(copy_draft, total=10, depth=4, topk=3, target=tiny), prompts)
+    log = recorded_run(tiny, Recording(copy_draft, total=10, depth=4, topk=3, floor=0.1, target=tiny), prompts)
     assert len(log) >= 3 and all(len(r[0]) >= 4 for r in log[0][1])
     assert worst_error(copy_draft, log) < 1e-3
 
@@ -140,7 +140,7 @@ class NoCopyPrior(Recording):
 @pytest.mark.parametrize("wrong", [WrongPosition, NoCopyPrior])
 def test_a_wrong_tree_draft_is_caught(tiny, copy_draft, spec_prompts, wrong):
     prompts = [spec_prompts[0], spec_prompts[3]]
-    log = recorded_run(tiny, wrong(copy_draft, total=10, depth=4, topk=3, target=tiny), prompts)
+    log = recorded_run(tiny, wrong(copy_draft, total=10, depth=4, topk=3, floor=0.1, target=tiny), prompts)
     assert worst_error(copy_draft, log) > 1e-2
 
 
@@ -162,7 +162,7 @@ def test_sampling_is_lossless_and_a_wrong_walk_is_caught(tiny, draft):
     exact = exact_first_two(tiny, prompt, TEMP, TOP_K)
 
     def pvalue(cls):
-        g = sp.decode(tiny, cls(draft, total=8, depth=2, topk=3, target=tiny), [prompt] * SAMPLES, max_new_tokens=3,
+        g = sp.decode(tiny, cls(draft, total=8, depth=2, topk=3, floor=0.1, target=tiny), [prompt] * SAMPLES, max_new_tokens=3,
                       temperature=TEMP, top_k=TOP_K, generator=torch.Generator().manual_seed(5), eos_token_id=[])
         return first_two_pvalue(g.tokens, exact), g
 

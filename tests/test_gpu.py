@@ -14,7 +14,11 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1: the native kernels are not used; run `make test-gpu`", allow_module_level=True)
 
 import decoding  # noqa: E402
-import kernels  # noqa: E402
+from kernels.confidence_select import confidence_select_reference, confidence_select_triton
+from kernels.decode_attention import decode_attention_reference, decode_attention_triton
+from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
+from kernels.tree_attention import tree_attention_reference, tree_attention_triton
+from kernels.verify_greedy import verify_greedy_reference, verify_greedy_triton
 from refimpl import autoregressive, block_diffusion, dllm_draft, models, speculative, tree  # noqa: E402
 
 DEV = "cuda"
@@ -35,8 +39,8 @@ def test_decode_attention_native():
         mask = torch.zeros(B, 1, Q, K, device=DEV, dtype=dt)
         mask[0, :, :, :5] = float("-inf")  # pads
         for m in (None, mask):
-            ref = kernels.decode_attention_reference(q.float(), k.float(), v.float(), None if m is None else m.float())
-            torch.testing.assert_close(kernels.decode_attention_triton(q, k, v, m).float(), ref, atol=TOL[dt], rtol=TOL[dt])
+            ref = decode_attention_reference(q.float(), k.float(), v.float(), None if m is None else m.float())
+            torch.testing.assert_close(decode_attention_triton(q, k, v, m).float(), ref, atol=TOL[dt], rtol=TOL[dt])
 
 
 def test_tree_attention_native():
@@ -53,8 +57,8 @@ def test_tree_attention_native():
                 anc[i] |= anc[p]
         anc = anc.expand(B, m, m)
         tol = TOL[dt]
-        torch.testing.assert_close(kernels.tree_attention_triton(q, k, v, slot_ok, anc).float(),
-                                   kernels.tree_attention_reference(q, k, v, slot_ok, anc).float(), atol=tol, rtol=tol)
+        torch.testing.assert_close(tree_attention_triton(q, k, v, slot_ok, anc).float(),
+                                   tree_attention_reference(q, k, v, slot_ok, anc).float(), atol=tol, rtol=tol)
 
 
 def test_verify_greedy_and_rejection_sample_native():
@@ -64,14 +68,14 @@ def test_verify_greedy_and_rejection_sample_native():
         draft = torch.randint(0, V, (B, gamma), device=DEV, generator=g)
         draft[:, : gamma // 2] = logits[:, : gamma // 2].argmax(-1)
         valid = torch.randint(0, gamma + 1, (B,), device=DEV, generator=g)
-        for a, b in zip(kernels.verify_greedy_triton(draft, logits, valid),
-                        kernels.verify_greedy_reference(draft, logits, valid)):
+        for a, b in zip(verify_greedy_triton(draft, logits, valid),
+                        verify_greedy_reference(draft, logits, valid)):
             assert torch.equal(a, b)
         p = torch.softmax(logits, -1)
         q = torch.softmax(torch.randn(B, gamma, V, device=DEV, generator=g), -1)
         u = torch.rand(B, gamma + 1, device=DEV, generator=g)
-        for a, b in zip(kernels.rejection_sample_triton(draft, p, q, u, valid),
-                        kernels.rejection_sample_reference(draft, p, q, u, valid)):
+        for a, b in zip(rejection_sample_triton(draft, p, q, u, valid),
+                        rejection_sample_reference(draft, p, q, u, valid)):
             assert torch.equal(a, b)
 
 
@@ -80,7 +84,7 @@ def test_confidence_select_native():
     logits = torch.randn(4, 32, 4096, device=DEV, generator=g)
     masked = torch.rand(4, 32, device=DEV, generator=g) < 0.7
     for kw in (dict(k=torch.full((4,), 3, device=DEV)), dict(threshold=0.01)):
-        a, b = kernels.confidence_select_triton(logits, masked, **kw), kernels.confidence_select_reference(logits, masked, **kw)
+        a, b = confidence_select_triton(logits, masked, **kw), confidence_select_reference(logits, masked, **kw)
         assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
         torch.testing.assert_close(a[1], b[1])
 

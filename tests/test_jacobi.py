@@ -6,7 +6,7 @@ proposer whose q is taken from the wrong position as negative controls."""
 import pytest
 import torch
 
-import kernels
+from kernels.rejection_sample import rejection_sample
 from refimpl import jacobi, sampling
 from refimpl import speculative as sp
 from decoding import first_accepted_draft  # tests/decoding.py
@@ -146,13 +146,13 @@ def trust_sjd_guesses(draft, p, q, u, valid):
     soft = q.amax(-1) < 1  # (b, g) guesses with a real p_old
     u = u.clone()
     u[:, :g] = torch.where(soft, torch.zeros_like(u[:, :g]), u[:, :g])
-    return kernels.rejection_sample(draft, p, q, u, valid)
+    return rejection_sample(draft, p, q, u, valid)
 
 
 def residual_ignores_p_old(draft, p, q, u, valid):
     """Negative control, SJD guesses only: the correct accept test, but after a rejection draw from
     p without the rejected token (right for a one-hot q) instead of norm(max(0, p - p_old))."""
-    n, nxt = kernels.rejection_sample(draft, p, q, u, valid)
+    n, nxt = rejection_sample(draft, p, q, u, valid)
     b, g = draft.shape
     rej = n < valid
     if g == 0 or not bool(rej.any()):

@@ -182,16 +182,19 @@ def test_bench_skips_without_cuda():
 
 
 def test_references_block_switches_the_dispatchers_to_torch_and_restores(monkeypatch):
+    """The interpreter switch is read once, at import; ``kernels.references()`` turns it off for a block
+    and back on after, in every kernel file, and never touches the environment."""
+    import importlib
+
     import kernels
     from kernels.rejection_sample import use_triton
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    mods = [importlib.import_module(f"kernels.{m}") for m in kernels.MODULES]
+    for m in mods:
+        monkeypatch.setattr(m, "INTERPRET", True)
+    env = dict(os.environ)
     t = torch.zeros(1)
     assert use_triton(t)
     with kernels.references():
-        assert not use_triton(t)
-    assert use_triton(t) and os.environ["TRITON_INTERPRET"] == "1"
-    monkeypatch.delenv("TRITON_INTERPRET")
-    with kernels.references():
-        pass
-    assert "TRITON_INTERPRET" not in os.environ
+        assert not use_triton(t) and not any(m.INTERPRET for m in mods)
+    assert use_triton(t) and all(m.INTERPRET for m in mods) and dict(os.environ) == env

@@ -4,6 +4,7 @@ kernel on the q/k/v of `tiny` scoring a real token tree == the model's own dense
 import pytest
 import torch
 
+import kernels.tree_attention as ta
 from kernels.decode_attention import decode_attention_reference
 from kernels.tree_attention import (tree_attention, tree_attention_reference, tree_attention_triton,
                                     tree_mask)
@@ -113,7 +114,7 @@ def test_broadcast_tree_and_dispatcher(monkeypatch):
     anc = closure([-1, 0, 0, 1, 1, 2, -1])[None]  # one tree for the whole batch
     ref = tree_attention_reference(q, k, v, slot_ok, anc)
     torch.testing.assert_close(tree_attention(q, k, v, slot_ok, anc), ref, atol=1e-5, rtol=1e-5)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor without the interpreter: the reference
+    monkeypatch.setattr(ta, "INTERPRET", False)  # a CPU tensor without the interpreter: the reference
     assert torch.equal(tree_attention(q, k, v, slot_ok, anc), ref)
 
 
@@ -133,8 +134,8 @@ def test_bad_shapes_raise():
 def test_tiny_scoring_a_token_tree(monkeypatch, tiny_prompts):
     """`tiny` scores a ragged batch of trees through its dense 4-D mask (refimpl.tree.Tree.feed);
     on every layer's q/k/v the kernel, given only the slot bits and the ancestor bits, agrees."""
-    import kernels
     from refimpl import models
+    from refimpl.models import attention
     from refimpl.speculative import SlotCache
     from refimpl.tree import Tree
 
@@ -146,7 +147,7 @@ def test_tiny_scoring_a_token_tree(monkeypatch, tiny_prompts):
         calls.append((q, k, v, mask, scale, out))
         return out
 
-    monkeypatch.setattr(kernels, "decode_attention", spy)
+    monkeypatch.setattr(attention, "decode_attention", spy)
     prompts = [tiny_prompts[1], tiny_prompts[2]]
     L = max(len(p) for p in prompts) - 1
     ids = torch.tensor([[1] * (L - len(p) + 1) + p[:-1] for p in prompts])  # left padded, last token held

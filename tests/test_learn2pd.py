@@ -175,7 +175,7 @@ def test_oracle_commits_exactly_the_predictions_that_equal_the_final_text():
 def test_oracle_needs_fewer_calls_and_an_unreachable_final_is_one_token_per_step(bdlm, ctx):
     prompts = ctx.tolist()
     one = block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[])
-    got = learn2pd.oracle_generate(bdlm, prompts, 16, 8)  # one token per step, then the oracle on that text
+    got = learn2pd.oracle_generate(block_diffusion.generate, bdlm, prompts, 16, 8)  # one token per step, then the oracle on that text
     assert got.tokens == block_diffusion.generate(bdlm, prompts, gen_length=16, block_length=8, eos_token_id=[],
                                                   rule=learn2pd.OracleRule(one.tokens)).tokens
     assert got.stats.nfe < one.stats.nfe

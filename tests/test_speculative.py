@@ -13,7 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import kernels  # noqa: E402,F401  (imported while TRITON_INTERPRET=1: interpreter-ready jit functions)
+from kernels.rejection_sample import rejection_sample
 from refimpl import autoregressive as ar  # noqa: E402
 from refimpl import models  # noqa: E402
 from refimpl import speculative as sp  # noqa: E402
@@ -178,16 +178,16 @@ def wrong_accept_all(draft, p, q, u, valid):
 
     n = valid.clone()
     rows = torch.arange(len(n))
-    return n, kernels.rejection_sample(draft[:, :0], p[rows, n][:, None], q[:, :0], u[:, -1:])[1]
+    return n, rejection_sample(draft[:, :0], p[rows, n][:, None], q[:, :0], u[:, -1:])[1]
 
 
 def wrong_residual_is_p(draft, p, q, u, valid):
     """Negative control: after a rejection resample from p instead of norm(max(0, p - q))."""
     import kernels
 
-    n, _ = kernels.rejection_sample(draft, p, q, u, valid)
+    n, _ = rejection_sample(draft, p, q, u, valid)
     rows = torch.arange(len(n))
-    return n, kernels.rejection_sample(draft[:, :0], p[rows, n][:, None], q[:, :0], u[:, -1:])[1]
+    return n, rejection_sample(draft[:, :0], p[rows, n][:, None], q[:, :0], u[:, -1:])[1]
 
 
 SAMPLES, TOP_K, TEMP = 1200, 4, 1.0
@@ -233,7 +233,11 @@ def test_triton_path_gives_the_same_tokens(target, draft, prompts, monkeypatch):
     ref_greedy = sp.generate(target, prompts[:2], draft=draft, **kw).tokens
     ref_sample = sp.generate(target, prompts[:2], draft=draft, temperature=0.9, top_k=20,
                              generator=torch.Generator().manual_seed(3), **kw).tokens
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import kernels.rejection_sample
+    import kernels.verify_greedy
+
+    for kernel in (kernels.verify_greedy, kernels.rejection_sample):
+        monkeypatch.setattr(kernel, "INTERPRET", True)
     assert sp.generate(target, prompts[:2], draft=draft, **kw).tokens == ref_greedy
     assert sp.generate(target, prompts[:2], draft=draft, temperature=0.9, top_k=20,
                        generator=torch.Generator().manual_seed(3), **kw).tokens == ref_sample

@@ -81,7 +81,7 @@ def test_triton_attention_scores_trees_like_the_default(tiny, draft, spec_prompt
     accepted counts as the default attention, and the kernel really ran with tree masks."""
     import importlib
 
-    da = importlib.import_module("kernels.decode_attention")  # (the package re-exports a function of that name)
+    da = importlib.import_module("kernels.decode_attention")
 
     calls = []
 
@@ -91,10 +91,10 @@ def test_triton_attention_scores_trees_like_the_default(tiny, draft, spec_prompt
 
     real = da.decode_attention_triton
     monkeypatch.setattr(da, "decode_attention_triton", spy)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the module fixture runs the torch references)
+    monkeypatch.setattr(da, "INTERPRET", True)  # (the module fixture runs the torch references)
     tri = models.load("tiny", device="cpu", attn="triton")
     a = tree.generate(tri, spec_prompts[:2], draft=draft, max_new_tokens=6, eos_token_id=[], widths=(2, 2))
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(da, "INTERPRET", False)
     b = tree.generate(tiny, spec_prompts[:2], draft=draft, max_new_tokens=6, eos_token_id=[], widths=(2, 2))
     assert a.tokens == b.tokens == [t[:6] for t in spec_ar_free[:2]]
     assert a.stats.accepted == b.stats.accepted

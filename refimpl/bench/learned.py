@@ -173,7 +173,8 @@ def run_dparallel(fast: bool = False, repeats: int = 3, new: int = 32, block: in
     kept = [r for r in rows if r[0] != "tiny" and r[1] in ("one token per step", "threshold 0.9", "threshold 0.5",
                                                           "learn2pd filter 0.7", "learn2pd filter 0.5")]
     kept += [(name, "learn2pd oracle (knows the one-token-per-step text; not a decoder)",
-              lambda p, lm=lm: learn2pd.oracle_generate(lm, [p], new, block)) for name, lm in lms.items()]
+              lambda p, lm=lm: learn2pd.oracle_generate(block_diffusion.generate, lm, [p], new, block))
+             for name, lm in lms.items()]
     return out + held_out_quality(f"{task}-quality", tiny, kept, ("tiny-bdlm", "one token per step"),
                                   4 if fast else QUALITY_PROMPTS)
 

@@ -9,7 +9,7 @@ kernel applies the causal rule itself. ``models.load(name, attn="triton")`` uses
 """
 from __future__ import annotations
 
-import kernels
+from kernels.decode_attention import decode_attention
 
 NAME = "refimpl_triton"
 
@@ -23,8 +23,8 @@ def triton_attention_forward(module, query, key, value, attention_mask, scaling=
         raise ValueError("dropout: the Triton decode-attention path is inference-only")
     if attention_mask is not None and attention_mask.dim() == 4:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
-    out = kernels.decode_attention(query, key, value, mask=attention_mask, scale=scaling,
-                                   causal=getattr(module, "is_causal", True))
+    out = decode_attention(query, key, value, mask=attention_mask, scale=scaling,
+                           causal=getattr(module, "is_causal", True))
     return out.transpose(1, 2).contiguous(), None
 
 
