@@ -57,7 +57,7 @@ def random_model(folder, model_type: str, fields: dict, tok, seed: int):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = AutoConfig.for_model(model_type, **config_fields(model_type, tok), **fields)
+    cfg = AutoConfig.for_model(model_type, **{**config_fields(model_type, tok), **fields})
     AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
     return models.load(str(folder), device="cpu")
@@ -212,3 +212,33 @@ def test_a_target_is_known_by_its_weights_not_its_folder_name(tmp_path, tok, tin
     assert drafters.zoo_name(mine) == "tiny" and set(methods.available(mine)) == set(methods.available(tiny))
     ar = autoregressive.generate(mine, prompts, max_new_tokens=12).tokens
     assert refimpl.generate(mine, prompts, method="eagle3", max_new_tokens=12).tokens == ar
+
+
+@pytest.mark.parametrize("window,model_type,fields", [
+    (64, "gemma2", {"head_dim": 16}),                                     # alternating windowed / full layers
+    (1024, "mistral", {}),                                                # every layer windowed
+], ids=["gemma2 alternating window 64", "mistral window 1024"])
+def test_every_method_equals_ar_far_past_larger_windows(window, model_type, fields, tmp_path, tok, prompts):
+    """Windows of 64 and 1024 on a batch whose longer row reaches 4 windows (a prompt of nearly 4 windows,
+    then 24 new tokens): every roll-back happens long after the window has slid. At 1024 the static tree
+    (``tree``) is left out: its draft keeps no cache and re-reads the 4,076-token context for every level
+    (55 s here), and its target side is the verification every other method exercises."""
+    from refimpl.data import kjv_split
+
+    text = " ".join(kjv_split()[1])
+    long = tok.encode(text, add_special_tokens=False)[: 4 * window]
+    assert len(long) == 4 * window
+    batch = [long[:-20], prompts[1]]                                      # ragged: 4 windows and a short row
+    fields = {**fields, "sliding_window": window, "max_position_embeddings": 8 * window}
+    target = random_model(tmp_path / "target", model_type, fields, tok, seed=0)
+    draft = random_model(tmp_path / "draft", model_type, fields, tok, seed=1)
+    new = 24
+    ar = autoregressive.generate(target, batch, max_new_tokens=new, eos_token_id=[]).tokens
+    runs = {m: lambda m=m: methods.generate(target, batch, method=m, max_new_tokens=new, eos_token_id=[])
+            for m in DRAFTER_FREE}
+    for name, d in (("random draft", draft), ("itself as draft", target)):
+        for mod in (speculative, adaptive, tree, dynamic_tree) if window < 1024 else (speculative, adaptive, dynamic_tree):
+            runs[f"{mod.__name__.split('.')[-1]}, {name}"] = lambda mod=mod, d=d: mod.generate(
+                target, batch, draft=d, max_new_tokens=new, eos_token_id=[])
+    differ = [name for name, run in runs.items() if run().tokens != ar]
+    assert not differ, f"not AR's greedy tokens: {differ}"
