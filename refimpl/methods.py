@@ -27,8 +27,8 @@ from __future__ import annotations
 import inspect
 import os
 
-from . import (adaptive, autoregressive, dllm_draft, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa, models,
-               retrieval, speculative, tree)
+from . import (adaptive, autoregressive, dflash, dllm_draft, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa,
+               models, pard, retrieval, speculative, tree)
 from .generation import Generation
 from .lm import check_rollback
 from .models import drafters
@@ -51,10 +51,16 @@ METHODS = {
     "recycling": (retrieval, None, {"method": "recycling"}),
     "sam+recycling": (retrieval, None, {"method": "sam+recycling"}),
     "dllm_draft": (dllm_draft, "dlm", {}),
+    "pard": (pard, "pard", {}),
+    "dflash": (dflash, "dflash", {}),
 }
 
 #: what a method's ``generate`` calls the drafter it takes, by kind
-DRAFTER_ARG = {"draft": "draft", "dlm": "dlm", "medusa": "heads", "eagle": "draft", "eagle3": "draft"}
+DRAFTER_ARG = {"draft": "draft", "dlm": "dlm", "pard": "draft", "medusa": "heads", "eagle": "draft", "eagle3": "draft",
+               "dflash": "draft"}
+
+#: drafters that are whole models of the zoo (by kind: the zoo table naming each target's)
+LM_DRAFTERS = {"draft": "DRAFT_FOR", "dlm": "DLLM_FOR", "pard": "PARD_FOR"}
 
 #: per zoo target, the lossless methods faster than AR, fastest first, at their default presets
 #: (greedy, ``bench_results/capstone/capstone_<target>.json``); then ``"ar"``. A target outside the
@@ -70,8 +76,8 @@ def has_drafter(target, kind: str | None) -> bool:
     known by its weights, never by its folder's name (:func:`refimpl.models.drafters.zoo_name`)."""
     if kind is None:
         return True
-    if kind in ("draft", "dlm"):
-        table, name = models.DRAFT_FOR if kind == "draft" else models.DLLM_FOR, drafters.zoo_name(target)
+    if kind in LM_DRAFTERS:
+        table, name = getattr(models, LM_DRAFTERS[kind]), drafters.zoo_name(target)
         return name in table and models.in_zoo(table[name]) and drafters.trained_for(
             os.path.join(models.MODELS_DIR, table[name]), target)
     return drafters.folder(target, kind) is not None
@@ -95,9 +101,9 @@ def fastest(target) -> str:
 def drafter(target, kind: str):
     """The zoo's drafter of ``kind`` for ``target``, loaded once and kept with it: a draft LM (``"draft"``), a
     block-diffusion drafter (``"dlm"``), Medusa heads or an EAGLE / EAGLE-3 draft in its fast form."""
-    if kind not in ("draft", "dlm"):
+    if kind not in LM_DRAFTERS:
         return drafters.zoo(target, kind)
-    table = models.DRAFT_FOR if kind == "draft" else models.DLLM_FOR
+    table = getattr(models, LM_DRAFTERS[kind])
     return target.once(("zoo", kind), lambda: models.load(table[drafters.zoo_name(target)], device=target.device))
 
 

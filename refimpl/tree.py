@@ -270,6 +270,32 @@ def keep_best(tokens: torch.Tensor, parents: torch.Tensor, score: torch.Tensor, 
     return rows, scores
 
 
+def slot_tree(lp, ids, caps: list[int], total: int) -> list[tuple[list[int], list[int]]]:
+    """A tree over a parallel drafter's block: slot d's top-k (``ids`` (B, g, k) with log-probabilities
+    ``lp`` (B, g, k)) are the candidates at depth d + 1 below *every* node of depth d (a parallel drafter's
+    slots do not see the path above them). Best-first, the ``total`` nodes of highest cumulative
+    log-probability no deeper than ``caps[b]``: a child is never worth more than its parent, so each node
+    comes after its parent. -> per row ``(tokens, parents)`` for :func:`pack` (top-1 everywhere: a chain)."""
+    import heapq
+
+    L, T = (x.tolist() if isinstance(x, torch.Tensor) else x for x in (lp, ids))
+    rows = []
+    for r, cap in enumerate(caps):
+        depth = min(cap, len(T[r]))
+        tokens, parents, heap = [], [], [(-L[r][0][j], 0, ROOT, j) for j in range(len(T[r][0]))] if depth else []
+        heapq.heapify(heap)
+        while heap and len(tokens) < total:
+            neg, d, parent, j = heapq.heappop(heap)
+            tokens.append(T[r][d][j])
+            parents.append(parent)
+            if d + 1 < depth:
+                node = len(tokens) - 1
+                for c in range(len(T[r][d + 1])):
+                    heapq.heappush(heap, (neg - L[r][d + 1][c], d + 1, node, c))
+        rows.append((tokens, parents))
+    return rows
+
+
 # ---------------------------------------------------------------------------------------
 # a proposer: the draft model's top-k tree
 # ---------------------------------------------------------------------------------------

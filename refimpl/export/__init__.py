@@ -15,76 +15,28 @@ that ``make production`` installs); each exporter cites the vLLM file that defin
   ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}``.
 - ``smollm2-135m-draft`` (the chain draft of chapter 04) -> a standalone Hugging Face Llama folder,
   vLLM's ``draft_model`` method (``vllm/v1/spec_decode/draft_model.py``) or HF ``assistant_model``.
+- ``tiny-pard``, ``smollm2-135m-pard`` (PARD, chapter 15b) -> the same Llama folder with ``pard_token``;
+  ``{"method": "draft_model", ..., "parallel_drafting": true}``; ``dflash-<target>`` (DFlash, chapter 15b) ->
+  vLLM's ``DFlashQwen3ForCausalLM`` (``vllm/model_executor/models/qwen3_dflash.py``); ``{"method": "dflash", ...}``.
+  Both in :mod:`refimpl.export.parallel`.
 
-**The kept vocabulary.** Our heads score only the tokens their training answers used (VocabTrim,
-chapter 04a: 5,951 of SmolLM2's 49,152 for Medusa and EAGLE, 8,192 for the chain draft). vLLM's own
-truncated-vocabulary path for Medusa (``truncated_vocab_size`` + a ``token_map`` tensor) does not load in
-0.32 (its ``load_weights`` sets ``token_map`` as a parameter but never reports it loaded: "Following
-weights were not initialized from checkpoint: {'token_map'}"), and a draft model has no such path. So
-the Medusa and chain-draft exports carry a **full-vocabulary head whose non-kept rows can never win an argmax**
-(:func:`full_head`): the row of a non-kept token is a copy of the row of the smallest kept token id
-``k0``, so its logit equals ``k0``'s and ``argmax`` (first index on ties) returns ``k0`` or a kept token;
-non-kept ids below ``k0`` get a zero row (logit 0: they could win only where every kept logit is
-negative, which :func:`head_agreement` measures). Greedy proposals over the full vocabulary then equal
-ours over the kept one, which ``tests/test_export.py`` checks on real hidden states. vLLM's EAGLE-1
-draft cannot carry a head of its own (:func:`export_eagle`).
+**The kept vocabulary.** Our heads score only the tokens their training answers used (VocabTrim, chapter 04a).
+vLLM's own truncated-vocabulary path for Medusa (``truncated_vocab_size`` + a ``token_map`` tensor) does not load
+in 0.32 (its ``load_weights`` sets ``token_map`` as a parameter but never reports it loaded: "Following weights
+were not initialized from checkpoint: {'token_map'}"), and a draft model has no such path. So the Medusa, chain-draft
+and PARD exports carry a full-vocabulary head whose non-kept rows can never win an argmax
+(:func:`refimpl.export.common.full_head`); ``tests/test_export.py`` checks on real hidden states that greedy
+proposals over the full vocabulary equal ours over the kept one. EAGLE-3 and DFlash keep their subset through
+``d2t``; vLLM's EAGLE-1 draft cannot carry a head of its own (:func:`export_eagle`).
 """
 import json
 import os
-import shutil
 
 import torch
 
-def full_head(rows: torch.Tensor, kept: torch.Tensor | None, vocab: int) -> torch.Tensor:
-    """A (vocab, H) LM head from ``rows`` (vocab, H) whose argmax over all ``vocab`` tokens equals the
-    argmax over ``kept`` (token ids) alone: kept rows as they are, a non-kept token above the smallest kept
-    id ``k0`` copies ``k0``'s row (ties resolve to the lower index, ``k0``), one below it gets zeros."""
-    if kept is None:
-        return rows.clone()
-    if rows.shape[0] != vocab:
-        raise ValueError(f"rows has {rows.shape[0]} rows, expected the vocabulary size {vocab}")
-    kept = kept.long().to(rows.device)
-    k0 = int(kept.min())
-    out = rows[k0].expand(vocab, -1).clone()  # (vocab, H)
-    out[:k0] = 0
-    out[kept] = rows[kept]
-    return out
-
-
-def head_agreement(head: torch.Tensor, full: torch.Tensor, kept: torch.Tensor | None, feats: torch.Tensor) -> float:
-    """Fraction of ``feats`` (N, H) whose argmax over ``full`` (V, H) equals the kept-head argmax
-    (``head`` (V', H) = rows ``kept`` of the original) mapped back to token ids."""
-    ours = head.float() @ feats.float().T  # (V', N)
-    idx = ours.argmax(0)
-    want = idx if kept is None else kept.long().to(idx.device)[idx]
-    got = (feats.float() @ full.float().T).argmax(-1)  # (N,)
-    return float((got == want).float().mean())
-
-
-def target_name(name: str, kind: str) -> str:
-    """``"medusa-smollm2-135m"`` -> ``"smollm2-135m"``."""
-    if not name.startswith(kind + "-"):
-        raise ValueError(f"name must start with {kind!r}-, got {name!r}")
-    return name[len(kind) + 1:]
-
-
-def write_safetensors(folder: str, file: str, state: dict) -> None:
-    """``state`` as host tensors, weights in fp32; integer / bool tensors (index tables) keep their dtype."""
-    from safetensors.torch import save_file
-
-    save_file({k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
-               for k, v in state.items()}, os.path.join(folder, file), metadata={"format": "pt"})
-
-
-def write_json(folder: str, file: str, obj: dict) -> None:
-    with open(os.path.join(folder, file), "w") as f:
-        json.dump(obj, f, indent=1)
-
-
-def target_folder(target) -> str | None:
-    """The Hugging Face folder a target was loaded from (its config and tokenizer), if it has one."""
-    path = getattr(target.model.config, "_name_or_path", None)
-    return path if path and os.path.isdir(path) else None
+from .common import (copy_tokenizer, full_head, head_agreement, target_folder, target_name, write_json,  # noqa: F401
+                     write_llama_draft, write_safetensors)
+from .parallel import export_dflash, export_pard, write_dflash  # noqa: F401
 
 
 def export_medusa(name: str, out: str) -> dict:
@@ -240,36 +192,19 @@ def write_eagle3(target, d, out: str, name: str = "the draft") -> dict:
 
 
 def export_chain_draft(name: str, out: str) -> dict:
-    """SmolLM2's chain draft -> a standalone Hugging Face ``LlamaForCausalLM`` folder (fp32): its 3
-    layers dequantised from int8, the target's embedding, and :func:`full_head` of its 8,192 kept rows
-    as a full 49,152-row ``lm_head``. What does not travel: the context tokens our draft adds to its head
-    and the copy prior (``drafts.ContextCopyLM``); the exported draft is the plain trimmed model, the one
-    Hugging Face assisted generation sees in our benchmark."""
+    """SmolLM2's chain draft -> a standalone Hugging Face ``LlamaForCausalLM`` folder (fp32,
+    :func:`write_llama_draft`): its 3 layers dequantised from int8, the target's embedding, and :func:`full_head`
+    of its 8,192 kept rows as a full 49,152-row ``lm_head``. What does not travel: the context tokens our draft
+    adds to its head and the copy prior (``drafts.ContextCopyLM``); the exported draft is the plain trimmed model,
+    the one Hugging Face assisted generation sees in our benchmark."""
     from .. import models
 
     if name != "smollm2-135m-draft":
         raise ValueError(f"name must be 'smollm2-135m-draft', got {name!r}")
     draft = models.load(name, prepack=False)
     lm = getattr(draft, "lm", draft)  # the trimmed model without the copy prior
-    m = lm.model
-    kept = lm.kept_ids
-    E = m.model.embed_tokens.weight.detach().float()  # (V, H): the target's
-    rows = torch.zeros_like(E)
-    rows[kept.to(E.device)] = m.lm_head.weight.detach().float()
-    state = {k: v for k, v in m.state_dict().items() if not k.startswith("lm_head")}
-    state["lm_head.weight"] = full_head(rows, kept, E.shape[0])
-    cfg = m.config.to_dict()
-    cfg.update({"tie_word_embeddings": False, "vocab_size": E.shape[0], "architectures": ["LlamaForCausalLM"],
-                "dtype": "float32"})
-    os.makedirs(out, exist_ok=True)
-    write_safetensors(out, "model.safetensors", state)
-    write_json(out, "config.json", cfg)
-    src = target_folder(models.load("smollm2-135m", prepack=False))
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
-        if src and os.path.exists(os.path.join(src, f)):
-            shutil.copy(os.path.join(src, f), os.path.join(out, f))
-    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": 4},
-            "kept": int(kept.numel()), "vocab": int(E.shape[0])}
+    info = write_llama_draft(lm, out, target_folder(models.load("smollm2-135m", prepack=False)))
+    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": 4}, **info}
 
 
 #: name -> the function that exports it, ``(name, out_dir) -> info``; the one table of exports
@@ -281,6 +216,10 @@ EXPORTERS = {
     "eagle3-smollm2-135m": export_eagle3,
     "eagle3-tiny": export_eagle3,
     "smollm2-135m-draft": export_chain_draft,
+    "tiny-pard": export_pard,
+    "smollm2-135m-pard": export_pard,
+    "dflash-tiny": export_dflash,
+    "dflash-smollm2-135m": export_dflash,
 }
 
 

