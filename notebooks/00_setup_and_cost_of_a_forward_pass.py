@@ -269,17 +269,18 @@ print("speedup(alpha=0.8, gamma=4, c=0.05) =", round(expected_speedup(0.8, 4, 0.
 
 # %%
 import ipywidgets as widgets
+from figures import interact_figure
 
 def plot_speedup(alpha=0.8, c=0.05):
     global shown
     gammas = list(range(1, 13))
     s = [expected_speedup(alpha, g, c) for g in gammas]
-    shown = f"alpha={alpha}, c={c}: best gamma={gammas[int(np.argmax(s))]}, speedup {max(s):.2f}x"
+    shown = f"alpha={alpha:.2f}, c={c:.2f}: best gamma={gammas[int(np.argmax(s))]}, speedup {max(s):.2f}x"
     plt.figure(figsize=(5, 3)); plt.plot(gammas, s, "o-"); plt.axhline(1, color="gray", ls=":")
-    plt.xlabel("gamma"); plt.ylabel("expected speedup"); plt.title(shown, fontsize=9); plt.show()
+    plt.xlabel("gamma"); plt.ylabel("expected speedup"); plt.title(shown, fontsize=9)
 
-ui = widgets.interact(plot_speedup, alpha=widgets.FloatSlider(value=0.8, min=0.1, max=0.99, step=0.01),
-                      c=widgets.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01)).widget
+ui = interact_figure(plot_speedup, alpha=widgets.FloatSlider(value=0.8, min=0.1, max=0.99, step=0.01, description="alpha"),
+                     c=widgets.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01, description="c"))
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
@@ -380,7 +381,10 @@ def check_best_gamma():
     guess = best if answers_on() else MY_BEST_GAMMA
     if guess is None:
         return ...            # "not attempted yet"
-    assert guess == best, f"gamma = {guess} gives {expected_speedup(0.7, guess, 0.1):.3f}x; gamma = {best} gives {expected_speedup(0.7, best, 0.1):.3f}x"
+    assert isinstance(guess, int) and not isinstance(guess, bool) and 1 <= guess <= 10, \
+        f"MY_BEST_GAMMA must be an int from 1 to 10, got {guess!r}"
+    assert guess == best, (f"gamma = {guess} is not the best: a {'larger' if guess < best else 'smaller'} gamma "
+                           "gives a higher expected speedup at alpha = 0.7, c = 0.1 (try it in the widget)")
 
 
 check("Exercise 3", check_best_gamma)

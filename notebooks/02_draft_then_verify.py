@@ -228,7 +228,7 @@ plot_timeline(target, log)
 
 # %% [markdown]
 # ## The same with `refimpl.speculative`
-# `speculative.generate(target, draft, prompts, gamma, ...)` is the tested version: batches,
+# `speculative.generate(target, prompts, draft=draft, gamma=4, ...)` is the tested version: batches,
 # EOS, sampling (chapter 03) and counters. It must agree with our loop, token for token and in
 # the number of target calls. Its stats record, per step, the accepted drafts of each row
 # (`stats.accepted`) and the draft length it used (`stats.extra["gammas"]`: `gamma`, or fewer near

@@ -347,7 +347,7 @@ def play(threshold=0.1, policy="cumulative", prompt_index=0):
     g = adaptive.generate(target, prompts[prompt_index:prompt_index + 1], draft=draft, max_gamma=8, threshold=threshold,
                           policy=policy, max_new_tokens=NEW_TOKENS)
     fig, ax = plt.subplots(figsize=(7, 2.6))
-    draw_rounds(ax, rounds_of(g.stats), f"{policy}, threshold {threshold}", ymax=9)
+    draw_rounds(ax, rounds_of(g.stats), f"{policy}, threshold {threshold:.2f}", ymax=9)
     rounds_legend(ax); plt.show()
     shown = f"rounds {rounds_of(g.stats)}: tau {g.stats.tau:.2f}, cost/token at c: {cost(counts_of(g.stats), c):.3f}"
     print(shown[shown.index("tau"):])
@@ -562,5 +562,8 @@ if SHOW_SOLUTIONS:
 # - A small draft cannot copy unless it was taught to (the induction drill); prompt lookup copies
 #   mechanically, and as a prior on the draft's logits it adds that skill to any draft, losslessly.
 # - `adaptive.generate(target, prompts, draft=d)` runs `adaptive.PRESETS["cpu"]` by default: the
-#   cumulative rule at 0.05, at most 8 drafts, the fastest measured with the zoo's SmolLM2 draft
-#   (`bench_results/capstone/`); `preset="confidence"` is this chapter's per-token rule.
+#   cumulative rule at 0.05, at most 8 drafts: the faster of the two presets with the zoo's SmolLM2
+#   draft on held-out prompts (<!-- quote:plain_calls/plain_calls_smollm2-135m|adaptive [cpu]|speedup -->0.82x<!-- /quote --> AR against <!-- quote:plain_calls/plain_calls_smollm2-135m|adaptive [confidence]|speedup -->0.73x<!-- /quote -->, `bench_results/plain_calls/`, a
+#   shared machine); in the capstone it runs at <!-- quote:capstone/capstone_smollm2-135m|adaptive [cpu]|speedup -->0.98x<!-- /quote --> AR, near the fixed chain's <!-- quote:capstone/capstone_smollm2-135m|speculative [cpu]|speedup -->1.05x<!-- /quote -->, with a
+#   higher tau (<!-- quote:capstone/capstone_smollm2-135m|adaptive [cpu]|tau -->3.04<!-- /quote --> against <!-- quote:capstone/capstone_smollm2-135m|speculative [cpu]|tau -->2.58<!-- /quote -->) bought with more draft calls. `preset="confidence"` is this chapter's
+#   per-token rule.

@@ -582,13 +582,17 @@ fig.suptitle(f"tiny + tiny-draft, {len(prompts)} prompts, greedy", fontsize=9); 
 # interpreter). The cell reads the committed benchmark (`bench_results/dynamic_tree_smollm2-135m`),
 # prints its command and, per method, the speed-up over AR in the same run, tau, the **step cost**
 # = tau / speed-up (what one draft-and-verify step costs in AR steps) and the chat category.
-# In that run (all 30 prompts, greedy, every output == AR) and again in the capstone with the lean
-# forward (`bench_results/capstone/capstone_smollm2-135m.json`, chapter 16), the draft's dynamic tree
-# with the library's defaults (10 nodes, depth 6, top-3, `floor` 0.1) is faster than the chain draft of
-# chapter 04 on the same draft: its tau is 3.38 against 2.58. Its step costs more (11 tokens to score
-# instead of 5, and up to 6 draft calls; the cell prints the step costs) and the tree earns it: where the draft is sure (math, copy: tau above 4) it goes deeper
-# than the chain's 4, where it is not (chat) its siblings lift tau from 1.59 to 1.94. EAGLE's
-# feature draft (chapter 06a) grows the same kind of tree but is held back by its draft.
+# In that run (all 30 prompts, greedy, every output == AR, Hugging Face's forward) the draft's dynamic
+# tree with the library's defaults (10 nodes, depth 6, top-3, `floor` 0.1) is faster than the chain draft
+# of chapter 04 on the same draft: <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)|speedup -->1.35x<!-- /quote --> AR against <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|speculative greedy (gamma=4)|speedup -->1.28x<!-- /quote -->, with tau
+# <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)|tau -->3.38<!-- /quote --> against <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|speculative greedy (gamma=4)|tau -->2.58<!-- /quote -->. Its step costs more (11 tokens to score instead of 5, and up
+# to 6 draft calls; the cell prints the step costs) and there the tree earns it: where the draft is sure
+# (math, copy: tau above 4) it goes deeper than the chain's 4, where it is not (chat) its siblings lift tau
+# from <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|speculative greedy (gamma=4)|per_category_tau.chat -->1.59<!-- /quote --> to <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)|per_category_tau.chat -->1.94<!-- /quote -->. The capstone (chapter 16) runs the same two on the lean forward, whose
+# AR step is about 3x cheaper while the draft's calls are not: every step that drafts then costs more AR
+# steps, the tree's extra tau no longer pays for its extra step cost, and the two are level
+# (<!-- quote:capstone/capstone_smollm2-135m|dynamic_tree [cpu]|speedup -->1.04x<!-- /quote --> against <!-- quote:capstone/capstone_smollm2-135m|speculative [cpu]|speedup -->1.05x<!-- /quote --> AR, with the same taus). EAGLE's feature draft (chapter 06a) grows the same kind of
+# tree but is held back by its draft.
 
 # %%
 import json
@@ -714,12 +718,18 @@ ui.children[1].value = default
 #   draft calls) or none reaches `floor`.
 # - On tiny, at equal node count: dynamic tree > static tree in tau; the distilled chain draft leads
 #   up to ~10 nodes (the draft's values underrate its deep guesses) and saturates after. On a CPU
-#   the target's cost grows with the nodes it scores (~1.2x one token for 6, ~1.5x for 16), so the
-#   budget must go where it is accepted: on SmolLM2 the 10-node dynamic tree runs at 1.35x AR,
-#   the chain at 1.28x (committed benchmark).
+#   the target's cost grows with the tokens it scores (the committed latency table: <!-- quote:latency_smollm2-135m|k=6|relative_to_k1 -->1.09x<!-- /quote --> one token
+#   for 6, <!-- quote:latency_smollm2-135m|k=16|relative_to_k1 -->1.88x<!-- /quote --> for 16), so the budget must go where it is accepted. On SmolLM2 with Hugging Face's
+#   forward the 10-node dynamic tree ran at <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)|speedup -->1.35x<!-- /quote --> AR against the chain's <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|speculative greedy (gamma=4)|speedup -->1.28x<!-- /quote -->; on the lean forward of
+#   the capstone the two are level (<!-- quote:capstone/capstone_smollm2-135m|dynamic_tree [cpu]|speedup -->1.04x<!-- /quote --> against <!-- quote:capstone/capstone_smollm2-135m|speculative [cpu]|speedup -->1.05x<!-- /quote -->): a cheaper AR step leaves the draft's calls
+#   a larger share of every step.
 # - Which tree shape is best (Sequoia, OPT-Tree, DySpec) depends on the draft's acceptance
 #   profile and on how much a wider forward costs on the hardware.
 # - Defaults: `tree.generate(target, prompts, draft=d)` runs `tree.PRESETS["cpu"]` (widths 2 x 2) and
-#   `dynamic_tree.generate` runs `dynamic_tree.PRESETS["cpu"]` (10 nodes, depth 6, top-3, floor 0.1),
-#   the fastest measured on SmolLM2's CPU forward; `preset="paper"` is EAGLE-2's released 60-node
-#   tree, which pays where scoring 60 tokens costs about one (a GPU).
+#   `dynamic_tree.generate` runs `dynamic_tree.PRESETS["cpu"]` (10 nodes, depth 6, top-3, floor 0.1).
+#   No size around it wins every committed run on SmolLM2: 16 nodes (top-4) measured <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|tree speculative (draft's dynamic tree 16 nodes, depth 6, top-4, floor 0.1, cached)|speedup -->1.38x<!-- /quote --> against
+#   its <!-- quote:dynamic_tree_smollm2-135m/decode_smollm2-135m|tree speculative (draft's dynamic tree 10 nodes, depth 6, top-3, floor 0.1, cached)|speedup -->1.35x<!-- /quote --> with Hugging Face's forward, and on the lean forward, idle, 6 nodes
+#   <!-- quote:plain_calls/plain_calls_smollm2-135m_idle|dynamic_tree [cpu] total=6 depth=5 topk=2|speedup -->0.89x<!-- /quote -->, 10 nodes <!-- quote:plain_calls/plain_calls_smollm2-135m_idle|dynamic_tree [cpu]|speedup -->0.85x<!-- /quote --> and 16 nodes <!-- quote:plain_calls/plain_calls_smollm2-135m_idle|dynamic_tree [cpu] total=16 depth=6 topk=4|speedup -->0.72x<!-- /quote --> AR on 8 chat-heavy prompts
+#   (`bench_results/plain_calls/`). Which size is fastest moves with the forward and the prompts;
+#   the preset is a size in that range. `preset="paper"` is EAGLE-2's released 60-node tree, which pays where scoring 60 tokens
+#   costs about one (a GPU).

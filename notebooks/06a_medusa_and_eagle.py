@@ -136,7 +136,15 @@ def check_head():
         for x in (hs, hs[-1]):
             got = head_logits(b.weight, b.bias, W, x)
             assert got.shape == x.shape[:-1] + (W.shape[0],), f"shape {tuple(got.shape)}, expected {x.shape[:-1] + (W.shape[0],)}"
-            assert torch.allclose(got, rnd(x)[k], atol=1e-3), f"head {k + 1}: logits differ by {float((got - rnd(x)[k]).abs().max()):.3g}"
+            want = rnd(x)[k]
+            if torch.allclose(got, want, atol=1e-3):
+                continue
+            block = x @ b.weight.T + b.bias                    # the block's pre-activation
+            hints = [(torch.nn.functional.silu(block) @ W.T, "the residual is missing: the head adds SiLU(W h + b) to h itself"),
+                     ((x + block) @ W.T, "the SiLU is missing: h + SiLU(W h + b), not h + (W h + b)"),
+                     ((x + torch.nn.functional.silu(x @ b.weight.T)) @ W.T, "the bias b is missing inside the SiLU")]
+            hint = next((why for form, why in hints if torch.allclose(got, form, atol=1e-3)), None)
+            raise AssertionError(f"head {k + 1}: logits differ by {float((got - want).abs().max()):.3g}" + (f": {hint}" if hint else ""))
 
 
 check("Exercise 1", check_head)

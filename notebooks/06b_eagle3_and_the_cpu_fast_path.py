@@ -415,20 +415,30 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 #
 # **Wall-clock, in these runs, the tree methods do not beat the chain draft on the real-size
 # target.** In the committed runs the cell above reads (`bench_results/medusa_smollm2-135m/`,
-# `bench_results/eagle_smollm2-135m/`) the chain (tau 2.58) is faster than AR on SmolLM2-135M,
-# Medusa's 16-node tree (tau 1.73) about level with AR, and EAGLE (tau 1.99) slower.
+# `bench_results/eagle_smollm2-135m/`, Hugging Face's forward) the chain (tau <!-- quote:medusa_smollm2-135m/decode_smollm2-135m|speculative greedy (gamma=4)|tau -->2.58<!-- /quote -->) is faster than AR
+# on SmolLM2-135M (<!-- quote:medusa_smollm2-135m/decode_smollm2-135m|speculative greedy (gamma=4)|speedup -->1.28x<!-- /quote -->), Medusa's 16-node tree (tau <!-- quote:medusa_smollm2-135m/decode_smollm2-135m|medusa (lossless, 16-node tree)|tau -->1.73<!-- /quote -->) about level with AR
+# (<!-- quote:medusa_smollm2-135m/decode_smollm2-135m|medusa (lossless, 16-node tree)|speedup -->1.05x<!-- /quote -->), and EAGLE's 16-node tree (tau <!-- quote:eagle_smollm2-135m/decode_smollm2-135m|eagle (dynamic tree 16 nodes, depth 5, top-4)|tau -->1.99<!-- /quote -->) slower (<!-- quote:eagle_smollm2-135m/decode_smollm2-135m|eagle (dynamic tree 16 nodes, depth 5, top-4)|speedup -->0.76x<!-- /quote -->).
 
 # %% [markdown]
-# **The step costs say why.** Medusa's heads are nearly free, so its ~1.65 AR steps per step is
-# almost all the target scoring 17 tokens (the root and 16 nodes) instead of one: on a CPU a
-# forward's time grows with the tokens it scores (chapter 04c measured it for 5), about 1.5-1.65x
-# here, where a GPU scores them in about the time of one. EAGLE's step costs ~2.6: the same tree
+# **The step costs say why.** In those runs Medusa's heads are nearly free, so its ~1.7 AR steps per
+# step is almost all the target scoring 17 tokens (the root and 16 nodes) instead of one: on a CPU a
+# forward's time grows with the tokens it scores (chapter 04c measured it for 5), where a GPU scores
+# them in about the time of one. EAGLE's step costs ~2.6: the same tree
 # scoring plus `DEPTH` draft calls (the draft keeps its own KV cache of the committed inputs, so each
 # call runs its layer on the new nodes only).
 # The chain (~2.0) pays four small draft calls but verifies only 5 tokens, and its draft copies
 # well on summaries and quotes. On `tiny` a forward is mostly fixed per-call overhead, so every
 # method lands near AR and Medusa, with nothing to run but its heads, edges ahead of the chain (no
 # EAGLE run on `tiny` is committed).
+#
+# **The capstone changes the order.** Chapter 16's run (`bench_results/capstone/`) puts each method's
+# `"cpu"` preset on the lean forward: EAGLE-1 at <!-- quote:capstone/capstone_smollm2-135m|eagle [cpu]|speedup -->1.26x<!-- /quote --> AR, the chain at <!-- quote:capstone/capstone_smollm2-135m|speculative [cpu]|speedup -->1.05x<!-- /quote -->, Medusa at <!-- quote:capstone/capstone_smollm2-135m|medusa [cpu]|speedup -->0.85x<!-- /quote -->.
+# EAGLE-1's preset is not the tree above: 5 nodes instead of 16, chapter 04b's copy prior
+# (tau <!-- quote:capstone/capstone_smollm2-135m|eagle [cpu]|tau -->2.49<!-- /quote --> instead of 1.99) and the draft on int8 panels, so its step costs
+# <!-- quote:capstone/capstone_smollm2-135m|eagle [cpu]|step_cost -->1.77<!-- /quote --> AR steps. Medusa's preset is the 8-node tree (tau <!-- quote:capstone/capstone_smollm2-135m|medusa [cpu]|tau -->1.62<!-- /quote -->), whose step cost
+# <!-- quote:medusa_smollm2-135m/decode_smollm2-135m|medusa (lossless, 8-node tree)|tau/speedup -->1.45<!-- /quote --> AR steps on Hugging Face's forward (<!-- quote:medusa_smollm2-135m/decode_smollm2-135m|medusa (lossless, 8-node tree)|speedup -->1.12x<!-- /quote --> AR); next to the lean forward's AR step, about 3x
+# cheaper, the work around the target (heads, tree, bookkeeping) weighs more and the step costs <!-- quote:capstone/capstone_smollm2-135m|medusa [cpu]|step_cost -->1.81<!-- /quote -->,
+# more than its tau.
 
 # %% [markdown]
 # ## The CPU fast path: a feature draft's products
@@ -438,7 +448,7 @@ ax.set_xlabel("wall-clock speed-up vs AR in the same run (committed benchmarks)"
 # forward (`refimpl.models.lean_llama.LeanLM`, chapter 04c), the front door puts the zoo's draft on
 # the same packed kernel itself (`models.drafters.zoo`: `refimpl.models.lean_draft.lean(draft,
 # int8=True)`), the layer in one kernel call and every weight on int8
-# panels, a quarter of fp32's bytes (a step from 2.99 to 2.28 AR steps in
+# panels, a quarter of fp32's bytes (a step from <!-- quote:experiments/2026-11-26_eagle3_cpu_draft/panel_kernel/decode_smollm2-135m|eagle-3 + copy prior (dynamic tree 10 nodes, depth 6, top-3, floor 0.1, bias 6)|step_cost -->2.99<!-- /quote --> to <!-- quote:experiments/2026-11-26_eagle3_cpu_draft/lean_draft_products/decode_smollm2-135m|eagle-3 + copy prior (dynamic tree 10 nodes, depth 6, top-3, floor 0.1, bias 6)|step_cost -->2.28<!-- /quote --> AR steps in
 # `bench_results/experiments/2026-11-26_eagle3_cpu_draft/`). And they grow the small tree of their
 # `"cpu"` preset, `eagle3.PRESETS["cpu"]`: 5 nodes, depth 5, top-2, floor 0.1, copy prior 12. That
 # plain call is the fastest lossless method of the committed capstone table on SmolLM2

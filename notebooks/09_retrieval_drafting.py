@@ -413,8 +413,10 @@ plt.show()
 # ## Where did each token come from?
 # Wrap a proposer to record, at every step, whether the draft was a copied chain (prompt lookup, or SAM
 # with a long enough match) or a recycled tree. In a step that accepted `n` drafts the first `n`
-# tokens came from the context and the last one is the target's own. `make_proposer` builds what
-# `retrieval.generate` builds.
+# tokens came from the context and the last one is the target's own. `retrieval.make_proposer` builds
+# the proposer `retrieval.generate` decodes with, and the wrapper hands on everything the proposer
+# contract asks for, `start`'s `Needs` included (recycling needs the target's logits over the
+# prompt): so the tau printed above the colours is the table's.
 
 # %%
 from html import escape
@@ -424,14 +426,14 @@ COLOURS = {"copied": "#b7e4c7", "recycled": "#d7c6f5", "target": "#f1f1f1"}
 
 
 def make_proposer(method, num_tokens=None, min_match=None):
-    if method == "prompt_lookup":
-        return retrieval.PromptLookup(num_tokens or 10, max(3, min_match or 1), min_match or 1)
-    return retrieval.SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens or 16,
-                                        min_match or ((5 if "recycling" in method else 1) if "sam" in method else None), 8, 80)
+    """`retrieval.generate`'s proposer; `min_match` is prompt lookup's shortest n-gram, SAM's shortest match."""
+    if method == "prompt_lookup" and min_match is not None:
+        return retrieval.make_proposer(lm, method, num_tokens, max_ngram=max(3, min_match), min_ngram=min_match)
+    return retrieval.make_proposer(lm, method, num_tokens, min_match=min_match if "sam" in method else None)
 
 
 class Recorder:                                        # passes everything through, remembers the draft's source
-    def __init__(self, inner):
+    def __init__(self, inner):                         # start is the inner's: its Needs reach the loop unchanged
         self.inner, self.kinds, self.start, self.accept, self.select = inner, [], inner.start, inner.accept, inner.select
 
     def propose(self, caps):
@@ -448,6 +450,8 @@ def coloured(prompt_name, method, num_tokens=None, min_match=None):
     rec = Recorder(make_proposer(method, num_tokens, min_match))
     r = speculative.decode(lm, rec, [ids[prompt_name]], max_new_tokens=NEW_TOKENS, eos_token_id=[])
     assert r.tokens[0] == ar[prompt_name]                            # still the greedy text
+    if num_tokens is None and min_match is None:                     # the table's settings: the table's tau
+        assert r.stats.tau == taus[prompt_name, method], f"{r.stats.tau} != {taus[prompt_name, method]}"
     toks, spans, i = r.tokens[0], [], 0
     for (n,), kind in zip(r.stats.accepted, rec.kinds):
         for k in range(min(n + 1, len(toks) - i)):

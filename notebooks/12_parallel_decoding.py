@@ -110,7 +110,8 @@ def factor_select(conf, f):
     raise NotImplementedError
 
 # %% [markdown]
-# The check compares your selection with the library's `diffusion.select_factor` on random blocks.
+# The check compares your selection with the library's `diffusion.select_factor` on random blocks,
+# on blocks where every masked position is confident, and on a block where nothing is masked.
 
 # %%
 def check_factor_select():
@@ -123,6 +124,13 @@ def check_factor_select():
             assert got.dtype == torch.bool and got.shape == c.shape, "return a bool tensor shaped like conf"
             assert torch.equal(got, want), f"f={f}, conf={c.tolist()}: you commit {got.nonzero().flatten().tolist()}, " \
                                           f"the rule commits {want.nonzero().flatten().tolist()}"
+    sure = torch.full((6,), 0.999, dtype=torch.float64, device=DEVICE)  # every position passes the rule
+    for c in (sure, torch.where(torch.arange(6, device=DEVICE) % 2 == 0, sure, float("-inf"))):
+        got, want = factor_select(c.clone(), 1.0), diffusion.select_factor(c[None], 1.0)[0]
+        assert torch.equal(got, want), (f"conf={c.tolist()} (every masked position confident): you commit "
+                                        f"{got.nonzero().flatten().tolist()}, the rule commits all of them")
+    got = factor_select(torch.full((6,), float("-inf"), dtype=torch.float64, device=DEVICE), 1.0)
+    assert not got.any(), f"nothing is masked (every conf is -inf): commit nothing, you commit {got.nonzero().flatten().tolist()}"
 
 
 check("Exercise 1", check_factor_select)
@@ -441,7 +449,7 @@ def render(t=0.9, prompt_index=0):
     toks, trace = threshold_sampler(dlm, prompts[prompt_index], GEN, BLOCK, t)   # == the library (checked above)
     call_of = {start + int(i): r for r, (start, _, sel) in enumerate(trace) for i in sel.nonzero().flatten()}
     spans = tokens_by_call([tok.decode([x]) for x in toks], [call_of[p] for p in range(len(toks))])
-    return f"<b>{len(trace)} calls for {GEN} tokens</b> (threshold {t})<br>" + spans
+    return f"<b>{len(trace)} calls for {GEN} tokens</b> (threshold {t:.2f})<br>" + spans
 
 # %% [markdown]
 # The widget:

@@ -252,6 +252,9 @@ if SHOW_SOLUTIONS:
 # Above the `s = 1` line a method pays on this machine.
 
 # %%
+from figures import place_labels
+
+
 def iso_plot(r, ax, cost_of=lambda x: x["step_cost"], title=""):
     """Each method at (step cost, pooled tau); grey lines: tau = s * cost, where speed-up s lies."""
     pts = [x for x in r["rows"] if x.get("tau") and x.get("step_cost") and x["method"] != "ar (cache)"]
@@ -262,14 +265,16 @@ def iso_plot(r, ax, cost_of=lambda x: x["step_cost"], title=""):
         ax.plot(c, s * c, lw=0.7, ls="--" if s != 1 else "-", color="grey")
         xl = min(cmax, ymax / s) * 0.97
         ax.text(xl, s * xl, f"{s}x", fontsize=7, ha="right", va="bottom", color="grey")
-    for x in pts:
-        ax.scatter(cost_of(x), pooled_tau(x), s=18)
-        ax.annotate(short(x["method"]), (cost_of(x), pooled_tau(x)), fontsize=7, xytext=(3, 2), textcoords="offset points")
+    dots = [ax.scatter(cost_of(x), pooled_tau(x), s=18) for x in pts]
     ax.set_xlim(0, cmax)
     ax.set_ylim(0, ymax)
     ax.set_xlabel("step cost (AR steps)")
     ax.set_ylabel("tau (tokens per target call, pooled)")
     ax.set_title(title)
+    # labels last, where none overlaps another (a leader line where a label sits away from its point),
+    # each in its point's colour
+    place_labels(ax, [(cost_of(x), pooled_tau(x)) for x in pts], [short(x["method"]) for x in pts],
+                 colors=[d.get_facecolor()[0] for d in dots])
 
 
 if main:
@@ -315,24 +320,30 @@ if SHOW_SOLUTIONS:
     show("16", "gpu_step_cost")
 
 # %% [markdown]
-# The table redrawn under your model (left: as measured on this CPU; right: the modelled GPU).
+# The table redrawn under your model (left: as measured on this CPU; right: the modelled GPU). Until
+# Exercise 3 is solved the right-hand picture uses the library's model (`capstone.gpu_step_cost`),
+# and its title says so.
 
 # %%
-def gpu_cost(x, c_draft=0.1):
-    """Modelled GPU step cost of a table row, by your `gpu_step_cost`."""
-    return gpu_step_cost(x.get("draft_calls_per_step") or 0.0, c_draft)
-
-
 try:
-    gpu_cost({"draft_calls_per_step": 1.0})
+    gpu_step_cost(1.0, 0.1)
     have_model = True
 except NotImplementedError:
     have_model = False
-    print("write gpu_step_cost (Exercise 3) to see the modelled GPU picture")
-if main and have_model:
+    print("Exercise 3 is unsolved: the GPU pictures below use the library's model, capstone.gpu_step_cost")
+WHOSE = "your gpu_step_cost" if have_model else "the library's model: Exercise 3 unsolved"
+
+
+def gpu_cost(x, c_draft=0.1):
+    """Modelled GPU step cost of a table row: your `gpu_step_cost`, the library's until you write it."""
+    model = gpu_step_cost if have_model else capstone.gpu_step_cost
+    return model(x.get("draft_calls_per_step") or 0.0, c_draft)
+
+
+if main:
     fig, axs = plt.subplots(1, 2, figsize=(13, 5))
     iso_plot(main, axs[0], title="measured, this CPU")
-    iso_plot(main, axs[1], cost_of=gpu_cost, title="modelled GPU: flat latency(k), c_draft = 0.1")
+    iso_plot(main, axs[1], cost_of=gpu_cost, title=f"modelled GPU: flat latency(k), c_draft = 0.1 ({WHOSE})")
     plt.show()
 
 # %% [markdown]
@@ -415,44 +426,61 @@ else:
 
 # %% [markdown]
 # ## Widget: move to a GPU
-# Pick the machine (this CPU as measured, or the GPU model) and slide the draft's cost per call: the
-# points move, the iso-lines stay, and the fastest lossless method is printed.
+# Pick the machine. On the **GPU model**, slide the draft's cost per call `c_draft`: the points of
+# the methods that call a draft move, the iso-lines stay, and the fastest lossless method is printed.
+# On the **measured CPU** the step costs are measurements, not a model, so `c_draft` has nothing to
+# change: the slider is greyed out there. (Until Exercise 3 is solved, the GPU model is the library's.)
 
 # %%
 import ipywidgets as widgets
 
 shown = None
+c_slider = widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.05, description="c_draft")
 
 
 def play(machine="measured CPU", c_draft=0.1):
     global shown
+    measured = machine == "measured CPU"
+    c_slider.disabled = measured                   # the measured CPU has no c_draft to slide
     if main is None:
         print("no committed capstone results")
         return
-    if machine != "measured CPU" and not have_model:
-        print("write gpu_step_cost (Exercise 3) first")
-        machine = "measured CPU"
-    cost = (lambda x: x["step_cost"]) if machine == "measured CPU" else (lambda x: gpu_cost(x, c_draft))
+    cost = (lambda x: x["step_cost"]) if measured else (lambda x: gpu_cost(x, c_draft))
     fig, ax = plt.subplots(figsize=(8, 5))
-    iso_plot(main, ax, cost_of=cost, title=f"{machine}" + ("" if machine == "measured CPU" else f", c_draft={c_draft:.2f}"))
+    iso_plot(main, ax, cost_of=cost, title="measured CPU (step costs measured: c_draft not used)" if measured
+             else f"GPU model, c_draft = {c_draft:.2f} ({WHOSE})")
     plt.show()
     ok = [x for x in main["rows"] if x.get("tau") and x.get("step_cost") and x["exact"] == 1.0]
     best = max(ok, key=lambda x: pooled_tau(x) / cost(x))
-    shown = (machine, c_draft, best["method"], round(pooled_tau(best) / cost(best), 3))
+    shown = (machine, tuple(round(cost(x), 3) for x in ok), best["method"])
     print("fastest lossless method:", best["method"], f"{pooled_tau(best) / cost(best):.2f}x")
 
 
 ui = widgets.interact(play, machine=widgets.Dropdown(options=["measured CPU", "GPU model"], value="measured CPU"),
-                      c_draft=widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.05)).widget
+                      c_draft=c_slider).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
 # check that the output changed, then put the control back to its teaching default
+assert main is not None and shown is not None, "the widget drew nothing (no committed capstone table?)"
+assert ui.children[1].disabled, "on the measured CPU the c_draft slider is greyed out"
 default = ui.children[0].value
 before = shown
 ui.children[0].value = "GPU model"                 # switch the machine, as a person would
-assert main is None or not have_model or shown != before, "moving a control must change the output"
+assert shown != before, "switching the machine must change the picture"
+assert not ui.children[1].disabled, "on the GPU model the c_draft slider acts"
 ui.children[0].value = default
+
+# %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
+# CI's self-test of the c_draft slider: on the measured CPU (the default) it changes nothing, which is
+# why it is greyed out there; the GPU model's costs, which it drives there, move with it
+ok = [x for x in main["rows"] if x.get("tau") and x.get("step_cost") and x["exact"] == 1.0]
+assert [gpu_cost(x, 0.3) for x in ok] != [gpu_cost(x, 0.1) for x in ok], "c_draft must move the GPU model's points"
+default = ui.children[1].value
+before = shown
+ui.children[1].value = 0.3
+assert shown == before, "on the measured CPU c_draft changes nothing"
+ui.children[1].value = default
 
 # %% [markdown]
 # ## One front door: the table picks the default
@@ -467,13 +495,21 @@ import refimpl
 from refimpl import methods
 
 ids = [live_prompts[0][1]]
-print("fastest on tiny:", methods.fastest(tiny), " order:", methods.FASTEST["tiny"])
+fastest = methods.fastest(tiny)
+print(f"fastest on tiny by the committed table (its whole prompt set): {fastest}   order: {methods.FASTEST['tiny']}")
 print("fastest on SmolLM2-135M:", methods.FASTEST["smollm2-135m"][0])
 ar_tokens = refimpl.generate(tiny, ids, method="ar", max_new_tokens=NEW).tokens
+taus = {}
 for name in ("fastest", "speculative", "dynamic_tree", "eagle3", "prompt_lookup"):
     g = refimpl.generate(tiny, ids, method=name, max_new_tokens=NEW)
-    print(f"{name:14s} tau {g.stats.tau:.2f}  target calls {g.stats.target_calls:2d}  == AR: {g.tokens == ar_tokens}")
+    label = f"fastest = {fastest}" if name == "fastest" else name
+    print(f"{label:24s} tau {g.stats.tau:.2f}  target calls {g.stats.target_calls:2d}  == AR: {g.tokens == ar_tokens}")
     assert g.tokens == ar_tokens
+    taus[name] = g.stats.tau
+top = max(taus, key=taus.get)
+print(f"on this one prompt ({live_prompts[0][0]}) the highest tau is {top}'s, {taus[top]:.2f}"
+      + (f"; {fastest} accepted no draft here (tau 1.00)" if taus["fastest"] == 1.0 else "")
+      + ": the table ranks by speed over its whole prompt set, not on one prompt")
 
 # %% [markdown]
 # ## The production map

@@ -105,3 +105,127 @@ def tokens_by_call(pieces: list[str], call_of: list[int]) -> str:
 
     return "".join(f'<span style="background:{call_colour(c)}" title="call {c}">{escape(p)}'
                    f'<sub style="font-size:60%">{c}</sub></span>' for p, c in zip(pieces, call_of))
+
+
+def place_labels(ax, xy, labels, fontsize: int = 7, marker_pt: float = 3.0, rings: int = 10, colors=None) -> list:
+    """Label point ``xy[i]`` (data coordinates) with ``labels[i]``, inside the axes, where the label
+    overlaps no other label, text or point of ``ax`` (with a gap of 2.5 points), crosses no leader
+    line and, without a leader, lies nearer its own point than any other: the first free place among eight directions around the point, ring after ring farther
+    out (9 points apart); beyond the first ring a grey leader line, itself crossing no label, joins
+    label and point, crossing no other leader. The most crowded points are labelled first; a label
+    with no free place takes the place that overlaps least. ``colors[i]``: label i's colour (its
+    point's, say). Call it last: the axes' limits and the figure's layout fix where the points
+    are. -> the labels."""
+    import math
+
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox, ScaledTranslation
+
+    xy, labels = list(xy), list(labels)
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    at = [tuple(p) for p in ax.transData.transform(xy)] if xy else []
+    r, gap = marker_pt * fig.dpi / 72, 2.5 * fig.dpi / 72
+    dots = [Bbox.from_extents(x - r, y - r, x + r, y + r) for x, y in at]       # the points themselves
+    boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]  # texts, then labels placed
+    leaders = []                                                               # (start, end) in pixels
+    directions = [(1, 0.35), (1, 1), (0, 1), (-1, 1), (-1, 0.35), (-1, -1), (0, -1), (1, -1)]
+
+    def area(a, b):
+        return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+
+    def reach(bb, p):                                                          # distance box -> point
+        return math.hypot(max(bb.x0 - p[0], 0.0, p[0] - bb.x1), max(bb.y0 - p[1], 0.0, p[1] - bb.y1))
+
+    def crossings(seg, bb, n=24):
+        (x0, y0), (x1, y1) = seg
+        return sum(bb.contains(x0 + (x1 - x0) * k / n, y0 + (y1 - y0) * k / n) for k in range(1, n))
+
+    def cross(s1, s2):                                                         # do two segments cross?
+        (a, b), (c, d) = s1, s2
+
+        def side(p, q, r):
+            return (q[0] - p[0]) * (r[1] - p[1]) - (q[1] - p[1]) * (r[0] - p[0])
+        return side(a, b, c) * side(a, b, d) < 0 and side(c, d, a) * side(c, d, b) < 0
+
+    def cost(bb, seg, i):
+        c = sum(area(bb, o) for o in boxes) + sum(area(bb, d) for j, d in enumerate(dots) if j != i)
+        c += 10 * (bb.width * bb.height - area(bb, inside))                    # outside the axes
+        if seg is None:                                                        # no leader: no other point nearer
+            near = min(range(len(at)), key=lambda j: (reach(bb, at[j]), j != i))
+            c += 0 if near == i else 500
+        c += 50 * sum(crossings(s_, bb) for s_ in leaders)                     # over a leader line
+        if seg is not None:                                                    # its own line over a label
+            c += 50 * sum(crossings(seg, o) for o in boxes)
+            c += 50 * sum(crossings(seg, d) for j, d in enumerate(dots) if j != i)
+            c += 500 * sum(cross(seg, s_) for s_ in leaders)
+        return c
+
+    near = 40 * fig.dpi / 72                                                   # "crowded": points within 40 pt
+    crowd = [sum(math.dist(p, q) < near for q in at) for p in at]
+    out = [None] * len(at)
+    for i in sorted(range(len(at)), key=lambda k: -crowd[k]):
+        (x, y), (px, py), label = xy[i], at[i], labels[i]
+        best = None
+        for ring in range(rings):
+            dist = 4 + 9 * ring
+            for dx, dy in directions:
+                n = math.hypot(dx, dy)
+                ox, oy = dist * dx / n, dist * dy / n
+                ha = "left" if dx > 0 else "right" if dx < 0 else "center"
+                va = "bottom" if dy > 0.5 else "top" if dy < -0.5 else "center"
+                probe = Text(x, y, label, fontsize=fontsize, ha=ha, va=va, figure=fig,
+                             transform=ax.transData + ScaledTranslation(ox / 72, oy / 72, fig.dpi_scale_trans))
+                bb = probe.get_window_extent(renderer).padded(gap)
+                px1, py1 = px + ox * fig.dpi / 72, py + oy * fig.dpi / 72           # the leader's end
+                seg = ((px, py), (px1, py1)) if ring else None
+                c = cost(bb, seg, i)
+                if best is None or c < best[0]:
+                    best = (c, ox, oy, ha, va, seg, bb)
+                if c == 0:
+                    break
+            if best[0] == 0:
+                break
+        _, ox, oy, ha, va, seg, bb = best
+        arrow = {"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 0, "shrinkB": 2} if seg else None
+        out[i] = ax.annotate(label, (x, y), xytext=(ox, oy), textcoords="offset points", fontsize=fontsize,
+                             ha=ha, va=va, arrowprops=arrow, color=colors[i] if colors is not None else None)
+        boxes.append(bb)
+        if seg:
+            leaders.append(seg)
+    return out
+
+
+def interact_figure(draw, **controls):
+    """A picture with controls, redrawn when one moves: ``controls`` (keyword -> ipywidgets control)
+    above an ``ipywidgets.Image`` of the matplotlib figure ``draw(**values)`` leaves current (it
+    draws with pyplot and does not call ``plt.show()``). The picture travels as the Image widget's
+    value, not as captured cell output, so it is whole after Run All, after a second Run All and
+    after every move. Displays the widget and returns it: ``children`` are the controls in the
+    order given, then the image (as ``interact(...).widget``'s, whose last child is its output)."""
+    import io
+
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    image = widgets.Image(format="png")
+
+    def redraw(_=None):
+        plt.close("all")                     # nothing left for the inline backend to show twice
+        draw(**{name: c.value for name, c in controls.items()})
+        fig = plt.gcf()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight", dpi=fig.dpi)
+        plt.close(fig)
+        png = buf.getvalue()
+        image.width = str(int.from_bytes(png[16:20], "big"))   # the PNG's own width: shown at 1:1
+        image.value = png
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    redraw()
+    box = widgets.VBox([*controls.values(), image])
+    display(box)
+    return box

@@ -20,7 +20,7 @@ already knows:
   masked positions (:func:`filter_loss`). For a block of 8 it has 1,064 parameters; training takes
   seconds once the states are collected, and the dLLM stays frozen.
 - **decoding** (:class:`FilterRule`, passed as ``rule=`` to :func:`refimpl.block_diffusion.generate`):
-  commit the masked positions with ``sigmoid(f) > tau`` plus the most confident one (every step
+  commit the masked positions with ``sigmoid(f) > cutoff`` plus the most confident one (every step
   commits at least one token, as the threshold rule does). The exact block cache is unchanged.
 
 What follows the paper's text and what is ours (its code is not public to compare with). From the
@@ -30,7 +30,7 @@ dLLM stays frozen, confidences as its input, a committed token never remasked, a
 Prediction (stop once the end-of-text token is decoded). Ours: the two extra features below, the rule's
 "plus the most confident one" (so a step never commits nothing), labels only on masked positions, the
 training states (replays of :func:`refimpl.dparallel.record`'s one-token-per-step trajectories, whose
-final tokens are the labels' "final output"), the width (``hidden`` 32) and ``tau`` 0.5, and EoTP as the
+final tokens are the labels' "final output"), the width (``hidden`` 32) and the cutoff 0.5, and EoTP as the
 sampler's ``eos_token_id`` stop.
 
 Features per position (the paper feeds the confidences; we add two cheap signals measured to help
@@ -129,15 +129,16 @@ def filter_loss(filt: Filter, feats: torch.Tensor, labels: torch.Tensor, masked:
 
 
 class FilterRule:
-    """The commit rule for :func:`refimpl.block_diffusion.generate` (``rule=FilterRule(filt, tau)``):
-    the masked positions whose filter probability exceeds ``tau``, plus the most confident masked one."""
+    """The commit rule for :func:`refimpl.block_diffusion.generate` (``rule=FilterRule(filt, cutoff)``):
+    the masked positions whose filter probability exceeds ``cutoff``, plus the most confident masked one.
+    (The cutoff is on the filter's probability; Fast-dLLM's ``threshold`` is on the model's confidence.)"""
 
-    def __init__(self, filt: Filter, tau: float = 0.5):
+    def __init__(self, filt: Filter, cutoff: float = 0.5):
         if not isinstance(filt, Filter):
             raise ValueError(f"filt must be a learn2pd.Filter, got {type(filt).__name__}")
-        if not isinstance(tau, (int, float)) or not 0 < tau < 1:
-            raise ValueError(f"tau must be in (0, 1), got {tau!r}")
-        self.filt, self.tau, self.previous = filt.eval(), float(tau), None
+        if not isinstance(cutoff, (int, float)) or not 0 < cutoff < 1:
+            raise ValueError(f"cutoff must be in (0, 1), got {cutoff!r}")
+        self.filt, self.cutoff, self.previous = filt.eval(), float(cutoff), None
 
     @torch.no_grad()
     def __call__(self, predictions: torch.Tensor, masked: torch.Tensor, step: int):
@@ -147,7 +148,7 @@ class FilterRule:
         x0, conf, feats = features(predictions, masked, None if step == 0 else self.previous)
         self.previous = x0
         prob = torch.sigmoid(self.filt(feats.to(next(self.filt.parameters()).device))).to(masked.device)  # (B, b)
-        return x0, ((prob > self.tau) | most_confident(conf)) & masked
+        return x0, ((prob > self.cutoff) | most_confident(conf)) & masked
 
 
 class OracleRule:

@@ -246,6 +246,27 @@ PRESETS = {"cpu": retrieval_preset("prompt_lookup", 10), "sam": retrieval_preset
            "recycling": retrieval_preset("recycling", 16), "sam+recycling": retrieval_preset("sam+recycling", 16, 5)}
 
 
+def make_proposer(target, method: str | None = None, num_tokens: int | None = None, max_ngram: int | None = None,
+                  min_ngram: int | None = None, min_match: int | None = None, recycle_k: int | None = None,
+                  tree_nodes: int | None = None, preset: str | None = None) -> Proposer:
+    """The proposer :func:`generate` decodes with for these options (resolved as there): decoding
+    with it, or with a wrapper that delegates its four methods to it, gives ``generate``'s output."""
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    name = preset if preset is not None or method not in PRESETS else method
+    o = preset_options(PRESETS, name, target, method=method, num_tokens=num_tokens, max_ngram=max_ngram,
+                       min_ngram=min_ngram, min_match=min_match, recycle_k=recycle_k, tree_nodes=tree_nodes)
+    method, num_tokens, max_ngram, min_ngram = o["method"], o["num_tokens"], o["max_ngram"], o["min_ngram"]
+    min_match, recycle_k, tree_nodes = o["min_match"], o["recycle_k"], o["tree_nodes"]
+    check_positive_int("recycle_k", recycle_k)
+    check_positive_int("tree_nodes", tree_nodes)
+    if recycle_k > target.vocab_size:
+        raise ValueError(f"recycle_k must be at most the vocabulary size {target.vocab_size}, got {recycle_k}")
+    if method == "prompt_lookup":
+        return PromptLookup(num_tokens, max_ngram, min_ngram)
+    return SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens, min_match, recycle_k, tree_nodes)
+
+
 def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None, eos_token_id=None,
              method: str | None = None, num_tokens: int | None = None, max_ngram: int | None = None,
@@ -264,20 +285,5 @@ def generate(target, prompts, max_new_tokens: int = 64, temperature: float = 0.0
     drafts: one-hot ``q``). Options left None come from ``preset`` (:data:`PRESETS`; None: the
     preset named by ``method`` when there is one, else the target's device's).
     """
-    if method is not None and method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    name = preset if preset is not None or method not in PRESETS else method
-    o = preset_options(PRESETS, name, target, method=method, num_tokens=num_tokens, max_ngram=max_ngram,
-                       min_ngram=min_ngram, min_match=min_match, recycle_k=recycle_k, tree_nodes=tree_nodes)
-    method, num_tokens, max_ngram, min_ngram = o["method"], o["num_tokens"], o["max_ngram"], o["min_ngram"]
-    min_match, recycle_k, tree_nodes = o["min_match"], o["recycle_k"], o["tree_nodes"]
-    check_positive_int("recycle_k", recycle_k)
-    check_positive_int("tree_nodes", tree_nodes)
-    if recycle_k > target.vocab_size:
-        raise ValueError(f"recycle_k must be at most the vocabulary size {target.vocab_size}, got {recycle_k}")
-    if method == "prompt_lookup":
-        proposer = PromptLookup(num_tokens, max_ngram, min_ngram)
-    else:
-        proposer = SuffixAndRecycling("sam" in method, "recycling" in method, num_tokens, min_match, recycle_k,
-                                      tree_nodes)
+    proposer = make_proposer(target, method, num_tokens, max_ngram, min_ngram, min_match, recycle_k, tree_nodes, preset)
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

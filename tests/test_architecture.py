@@ -20,7 +20,7 @@ CHAPTERS = ["autoregressive", "speculative", "tree", "drafts", "copy_prior", "ad
             "jacobi",
             "lookahead", "retrieval",
             "diffusion_lm", "diffusion_steps", "free_draft", "diffusion", "digit_reversal", "block_diffusion", "dllm_draft",
-            "cllm", "dparallel", "learn2pd"]
+            "cllm", "dparallel", "learn2pd", "pard", "dflash"]
 CORE_FILES = {"refimpl", "refimpl.lm", "refimpl.generation", "refimpl.sampling", "refimpl.data", "refimpl.prompts",
               "refimpl.slot_cache", "refimpl.primitives"}
 MAX_LINES = 400

@@ -86,6 +86,17 @@ def test_refuses_to_time_the_triton_interpreter(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # refused before loading or writing anything
 
 
+def test_the_gpu_step_cost_model_and_its_bad_arguments():
+    """Chapter 16's flat-latency GPU model: one target call plus c_draft per draft call."""
+    from refimpl.bench import capstone
+
+    assert capstone.gpu_step_cost(0.0, 0.1) == 1.0 and abs(capstone.gpu_step_cost(4.0, 0.1) - 1.4) < 1e-12
+    with pytest.raises(ValueError, match="draft_calls_per_step"):
+        capstone.gpu_step_cost(-1.0, 0.1)
+    with pytest.raises(ValueError, match="c_draft"):
+        capstone.gpu_step_cost(1.0, -0.1)
+
+
 def test_capstone_takes_every_chapters_default_row():
     from refimpl.bench import capstone, rows
 

@@ -62,6 +62,19 @@ def same(k=3):
 widgets.interact(same, k=widgets.IntSlider(value=3, min=0, max=10));
 """
 
+# chapter 00, whose speed-up picture (figures.interact_figure: an Image widget) must be on screen after
+# every Run All; and the same chapter with that widget built as it was before (interact + pyplot +
+# plt.show, its self-test cell moving a slider and putting it back): the negative control
+NOTEBOOK_PICTURE = "00_setup_and_cost_of_a_forward_pass.ipynb"
+
+
+def with_shown_picture(nb):
+    """``nb`` (chapter 00) with its picture widget drawn through interact and plt.show."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "ui = interact_figure(plot_speedup" in c.source)
+    cell.source = (cell.source.replace("plt.title(shown, fontsize=9)", "plt.title(shown, fontsize=9); plt.show()")
+                   .replace("ui = interact_figure(", "ui = widgets.interact(").rstrip() + ".widget")
+    return nb
+
 
 # a learner's exercise, the way every chapter lays it out (the stub in one cell, its check in the
 # next), with the reference answers off in this kernel: a learner's run, not CI's
@@ -98,6 +111,7 @@ def lab(tmp_path_factory):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CONSTANT_WIDGET)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "constant_widget.ipynb")
+    nbformat.write(with_shown_picture(nbformat.read(root / NOTEBOOK_PICTURE, 4)), root / "shown_picture.ipynb")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in LEARNER_CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "learner_exercise.ipynb")
@@ -108,6 +122,38 @@ def lab(tmp_path_factory):
                TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
     with serve("jupyterlab", root, tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
+        yield {"base": base, "token": token, "dir": tmp}
+
+
+@pytest.fixture(scope="module")
+def lab_default(lab):
+    """A second JupyterLab on the same folder with the lab's default notebook windowing (cells off
+    screen are not kept painted), as a learner's lab has it."""
+    tmp = lab["dir"] / "default"
+    settings = {k: v for k, v in SETTINGS.items() if "notebook-extension" not in k}
+    for name, text in settings.items():
+        (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
+        (tmp / "settings" / name).write_text(text)
+    env = dict(TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+    with serve("jupyterlab", lab["dir"] / "notebooks", tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
+        yield {"base": base, "token": token, "dir": tmp}
+
+
+@pytest.fixture(scope="module")
+def lab_default(lab):
+    """A second JupyterLab on the same folder with the lab's default notebook windowing (cells off
+    screen are not kept painted), as a learner's lab has it."""
+    tmp = lab["dir"] / "default"
+    settings = {k: v for k, v in SETTINGS.items() if "notebook-extension" not in k}
+    for name, text in settings.items():
+        (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
+        (tmp / "settings" / name).write_text(text)
+    env = dict(TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+    with serve("jupyterlab", lab["dir"] / "notebooks", tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
         yield {"base": base, "token": token, "dir": tmp}
 
 
@@ -309,3 +355,71 @@ def test_a_learner_sees_one_verdict_line_for_each_try_never_a_traceback(browser,
             assert not [o for o in outs if o[0] == "error"], f"after {body!r}: a traceback is shown (screenshot {shot})"
             shown = "".join(text for _, text in outs).strip()
             assert shown == verdict, f"after {body!r}: the check cell shows {shown!r} (screenshot {shot})"
+
+
+def picture_ink(page, name, wait_s=10):
+    """The share of dark pixels of the first widget picture (an image inside a widget) of ``name``
+    as the screen shows it, once it stops changing (up to ``wait_s`` seconds); 0.0 when the page
+    shows no such picture or shows it blank. The lab's default windowing paints only what is on screen."""
+    import io
+
+    from PIL import Image
+
+    page.evaluate(f"""(name) => {{ const panel = ({PANEL})(name);
+        const i = panel.content.widgets.findIndex(c => c.model.type === 'code'
+            && /interact(_figure)?\\(/.test(c.model.sharedModel.getSource()));
+        panel.content.activeCellIndex = i; panel.content.scrollToItem(i); }}""", name)
+    img = page.locator(".jp-Notebook .jupyter-widgets img").first
+    try:
+        img.wait_for(state="attached", timeout=30_000)
+    except sync_api.TimeoutError:
+        return 0.0
+    img.scroll_into_view_if_needed()
+    last, deadline = None, time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        shot = Image.open(io.BytesIO(img.screenshot())).convert("L")
+        ink = sum(1 for v in shot.getdata() if v < 200) / max(1, shot.width * shot.height)
+        if ink > 0.01 and ink == last:
+            break
+        last = ink
+        page.wait_for_timeout(500)
+    return last or 0.0
+
+
+def whole_both_times(inks) -> bool:
+    """The picture was painted after each Run All, the same picture each time."""
+    return min(inks) > 0.01 and max(inks) - min(inks) <= 0.1 * max(inks)
+
+
+def run_all_inks(browser, lab, name, shot, runs=2, stop=None):
+    """Run All ``runs`` times (before each later one the outputs are cleared, as a second Run All
+    replaces them), the picture's ink after each; ``stop(inks)`` ends early."""
+    inks = []
+    with notebook_page(browser, lab, name) as page:
+        for run in range(1, runs + 1):
+            if run > 1:
+                page.evaluate(f"""(name) => {{ for (const c of ({PANEL})(name).content.widgets)
+                    if (c.model.type === 'code') {{ c.model.outputs.clear(); c.model.executionCount = null; }} }}""", name)
+            problems = run_all(page, name, shot)
+            assert not problems, f"{name}, Run All #{run}: {problems} (screenshot {shot})"
+            inks.append(picture_ink(page, name))
+            if stop is not None and stop(inks):
+                break
+        page.screenshot(path=str(shot))
+    return inks
+
+
+def test_a_chapters_picture_is_whole_after_every_run_all(browser, lab_default):
+    """Chapter 00's speed-up picture is on screen, whole, after Run All and after a second Run All,
+    without touching a slider, in a lab with the default windowing."""
+    shot = lab_default["dir"] / "picture.png"
+    inks = run_all_inks(browser, lab_default, NOTEBOOK_PICTURE, shot)
+    assert whole_both_times(inks), f"picture ink after each Run All: {inks} ({shot})"
+
+
+def test_a_picture_left_blank_or_cut_by_run_all_is_caught(browser, lab_default):
+    """Negative control: chapter 00 with its widget drawn through interact + plt.show leaves the
+    picture blank or cut after one of up to three Run Alls (it fails at random, nearly always)."""
+    inks = run_all_inks(browser, lab_default, "shown_picture.ipynb", lab_default["dir"] / "blank.png", runs=3,
+                        stop=lambda inks: len(inks) > 1 and not whole_both_times(inks))
+    assert not whole_both_times(inks), f"picture ink after each Run All: {inks}: no blank or cut picture seen"

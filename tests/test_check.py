@@ -1,5 +1,6 @@
 """``solutions.check`` turns every error in a learner's answer into one line naming the learner's own
 line, never a traceback through the course's plumbing (notebooks/solutions/__init__.py)."""
+import functools
 import linecache
 import os
 import sys
@@ -27,6 +28,25 @@ def project(h, w):
 
 def add_prefix(n):
     return "tok" + n
+
+
+@exercise("00", "count_params")
+def count_params(cfg):
+    raise NotImplementedError
+"""
+# a course cell of the same notebook: a helper the exercise calls (chapter 03's inverse_cdf), and a
+# check whose own code raises on a bad answer (chapter 00's prediction, a str where an int belongs)
+COURSE_CELL = "/tmp/ipykernel_4242/3141592653.py"
+COURSE_SOURCE = """\
+def inverse_cdf(w, u):
+    hit = [i for i, x in enumerate(w) if x > u]
+    return hit[0]
+
+def expected_tau(alpha, gamma):
+    return gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+def check_guess(guess):
+    return expected_tau(0.7, guess)
 """
 
 
@@ -34,10 +54,19 @@ def add_prefix(n):
 def cell(monkeypatch):
     monkeypatch.delenv("COURSE_ANSWERS", raising=False)
     linecache.cache[CELL] = (len(CELL_SOURCE), None, CELL_SOURCE.splitlines(True), CELL)
-    ns = {}
-    exec(compile(CELL_SOURCE, CELL, "exec"), ns)
+    ns = {"exercise": solutions.exercise}
+    exec(compile(CELL_SOURCE, CELL, "exec"), ns)     # its @exercise stub makes it the learner's cell
     yield ns
     linecache.cache.pop(CELL, None)
+    solutions.EXERCISE_FILES.discard(CELL)
+
+
+def course_cell(src=COURSE_SOURCE, name=COURSE_CELL, ns=None):
+    """Run ``src`` as a cell (one with no ``@exercise`` stub is a course cell); -> its namespace."""
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {} if ns is None else ns
+    exec(compile(src, name, "exec"), ns)
+    return ns
 
 
 @pytest.mark.parametrize("call, kind, line", [
@@ -137,3 +166,41 @@ def test_the_chapters_drawing_helpers_are_plumbing_too(monkeypatch):
     status = solutions.check("Exercise 5", draw_nothing)
     assert status.startswith("wrong: your code raised "), status
     assert "figures.py" not in status and status.endswith("of test_check.py: return figures.draw_tree(None, None, None))")
+
+
+def test_an_error_in_a_course_helper_is_not_called_your_cell(cell):
+    """The learner's stub calls a helper of another cell (chapter 03's ``inverse_cdf``), which raises:
+    the verdict names the helper as another cell's and quotes the learner's line that called it.
+    Negative control: the same helper defined in the exercise's own cell is quoted as "your cell"."""
+    course = course_cell()
+    src = "def my_one_position(p, u):\n    return inverse_cdf(p, u)\n"
+    mine = "/tmp/ipykernel_4242/1618033988.py"
+    linecache.cache[mine] = (len(src), None, src.splitlines(True), mine)
+    ns = {"inverse_cdf": course["inverse_cdf"]}
+    exec(compile(src, mine, "exec"), ns)
+    solutions.EXERCISE_FILES.add(mine)
+    try:
+        status = solutions.check("Exercise 1", lambda: ns["my_one_position"]([0.1, 0.2], 0.5))
+    finally:
+        solutions.EXERCISE_FILES.discard(mine)
+    assert status == ("wrong: your code raised IndexError: list index out of range (raised in `inverse_cdf` of "
+                      "another cell of the notebook, called from line 2 of your cell: return inverse_cdf(p, u))"), status
+    assert "hit[0]" not in status
+    # the negative control: the helper in the exercise's cell is the learner's own line
+    both = COURSE_SOURCE + "\n@exercise('03', 'my_one_position')\ndef my_one_position(p, u):\n    return inverse_cdf(p, u)\n"
+    ns = course_cell(both, mine, {"exercise": solutions.exercise})
+    try:
+        status = solutions.check("Exercise 1", lambda: ns["inverse_cdf"]([0.1, 0.2], 0.5))
+    finally:
+        solutions.EXERCISE_FILES.discard(mine)
+    assert status.endswith("(line 3 of your cell: return hit[0])"), status
+
+
+def test_a_check_that_raises_on_a_value_answer_blames_no_cell_of_the_learner(cell):
+    """A value exercise (chapter 00's ``MY_BEST_GAMMA``) has no stub: when the check's own code raises
+    on the answer, no line of a course cell is called "your cell", nor the error "your code"."""
+    course = course_cell()
+    status = solutions.check("Exercise 3", functools.partial(course["check_guess"], "5"))   # no frame here
+    assert status.startswith("wrong: checking your answer raised TypeError: "), status
+    assert status.endswith("(raised in `expected_tau` of another cell of the notebook, not in your exercise's cell)"), status
+    assert "your cell" not in status and "gamma + 1" not in status

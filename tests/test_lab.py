@@ -56,6 +56,8 @@ def test_make_lab_serves_the_ignored_work_copy_with_the_cpu_environment():
     # may pin it, and the passive wait policy was measured slower on an idle machine
     for pinned in ("OMP_NUM_THREADS=", "REFIMPL_THREADS=", "OMP_WAIT_POLICY=PASSIVE"):
         assert pinned not in env, f"LAB_ENV sets {pinned}"
+    # `COURSE_ANSWERS=1 make lab` (the workshop guide's projector) must reach the kernels
+    assert "COURSE_ANSWERS" not in env, "LAB_ENV must pass COURSE_ANSWERS through"
     assert "lab-reset:" in make and "rm -rf $(WORK)" in make.split("lab-reset:", 1)[1].split("\n\n")[0]
 
 

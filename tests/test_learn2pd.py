@@ -138,7 +138,7 @@ def test_bad_arguments_raise(bdlm, ctx):
         learn2pd.Filter(0)
     with pytest.raises(ValueError, match="feats"):
         filt(torch.rand(2, 8))
-    with pytest.raises(ValueError, match="tau"):
+    with pytest.raises(ValueError, match="cutoff"):
         learn2pd.FilterRule(filt, 1.0)
     with pytest.raises(ValueError, match="filt"):
         learn2pd.FilterRule(copy.deepcopy(filt.net), 0.5)

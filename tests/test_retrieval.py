@@ -227,3 +227,55 @@ def test_sam_with_recycling_samples_through_the_tree_losslessly(tiny, monkeypatc
     monkeypatch.setattr(tree.Tree, "sample_walk", first_child_always)
     bad, _ = sampled_pvalue(tiny, prompt, None, method="sam+recycling")
     assert bad < 1e-6
+
+
+class Delegating(sp.Proposer):
+    """A wrapper that records each proposal and delegates the four methods of the contract, ``start``
+    (and so its :class:`speculative.Needs`) included, as chapter 09's ``Recorder`` does."""
+
+    def __init__(self, inner):
+        self.inner, self.sizes = inner, []
+
+    def start(self, ids, mask, settings):
+        return self.inner.start(ids, mask, settings)
+
+    def propose(self, caps):
+        prop = self.inner.propose(caps)
+        self.sizes.append(prop.valid.tolist())
+        return prop
+
+    def accept(self, verdict):
+        self.inner.accept(verdict)
+
+    def select(self, rows):
+        self.inner.select(rows)
+
+
+class DroppingNeeds(Delegating):
+    """WRONG on purpose: starts the inner proposer but hands the loop no needs of its own."""
+
+    def start(self, ids, mask, settings):
+        self.inner.start(ids, mask, settings)
+        return sp.Needs()
+
+
+@pytest.mark.parametrize("method", retrieval.METHODS)
+def test_a_delegating_wrapper_decodes_as_generate_does(tiny, prompts, method):
+    """retrieval.make_proposer is what generate decodes with, and a wrapper that delegates start /
+    propose / accept / select gives generate's tokens and stats exactly, for every method."""
+    want = retrieval.generate(tiny, prompts, max_new_tokens=24, method=method, eos_token_id=[])
+    for prop in (retrieval.make_proposer(tiny, method), Delegating(retrieval.make_proposer(tiny, method))):
+        got = sp.decode(tiny, prop, prompts, max_new_tokens=24, eos_token_id=[])
+        assert got.tokens == want.tokens
+        assert (got.stats.tau, got.stats.target_calls, got.stats.accepted) == \
+               (want.stats.tau, want.stats.target_calls, want.stats.accepted), method
+
+
+def test_a_wrapper_that_drops_the_needs_is_caught(tiny, prompts):
+    """Negative control: recycling seeds its table with the target's logits over the prompt
+    (Needs.fed); a wrapper that drops its needs decodes the same tokens with other stats."""
+    want = retrieval.generate(tiny, prompts, max_new_tokens=24, method="recycling", eos_token_id=[])
+    got = sp.decode(tiny, DroppingNeeds(retrieval.make_proposer(tiny, "recycling")), prompts, max_new_tokens=24,
+                    eos_token_id=[])
+    assert got.tokens == want.tokens
+    assert got.stats.accepted != want.stats.accepted

@@ -1,6 +1,7 @@
 """The CI workflows (.github/workflows/ci.yml) run what the README says: the CPU job runs `.ci/run`
 (which runs `make test`), the GPU job runs `make test-gpu` on a self-hosted GPU runner, and that
-target exists and runs the GPU checks without the interpreter."""
+target exists and runs the GPU checks without the interpreter; the site job runs `make site` and
+publishes the site to GitHub Pages from main."""
 import glob
 import os
 import re
@@ -34,6 +35,41 @@ def test_gpu_job_runs_make_test_gpu_on_a_gpu_runner():
     gpu = [j for j in jobs.values() if "make test-gpu" in commands(j)]
     assert len(gpu) == 1, "exactly one job runs make test-gpu"
     assert {"self-hosted", "gpu"} <= set(gpu[0]["runs-on"])
+
+
+def test_site_job_builds_the_site_and_publishes_it_from_main_only():
+    """`make site` on a CPU runner (Python 3.11; the Makefile takes torch's CPU build there); the built
+    folder goes to GitHub Pages (upload-pages-artifact, then deploy-pages in a job that needs it) on
+    pushes to main only, with the permissions Pages needs and no more."""
+    jobs = workflow()["jobs"]
+    site = [j for j in jobs.values() if "make site" in commands(j)]
+    assert len(site) == 1 and jobs.get("site") is site[0], "one job, `site`, runs make site"
+    site = site[0]
+    assert site["runs-on"] == "ubuntu-latest" and site["timeout-minutes"] <= 90
+    uses = {s.get("uses", "").split("@")[0]: s for s in site["steps"]}
+    assert uses["actions/setup-python"]["with"]["python-version"] == "3.11"
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    assert "download.pytorch.org/whl/cpu" in make.split("TORCH_INDEX ?=", 1)[1].split("\n\n", 1)[0], \
+        "make setup takes torch's CPU build on a machine without an NVIDIA driver"
+    runs = [s.get("run", "") for s in site["steps"]]
+    assert runs.index(next(r for r in runs if "make site" in r)) < [s.get("uses", "") for s in site["steps"]].index(
+        uses["actions/upload-pages-artifact"]["uses"]), "the artifact is uploaded after the build"
+    assert uses["actions/upload-pages-artifact"]["with"]["path"] == "site"
+    on_main = "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    assert uses["actions/upload-pages-artifact"]["if"] == on_main
+    deploy = [(name, j) for name, j in jobs.items() if any("actions/deploy-pages" in s.get("uses", "") for s in j["steps"])]
+    assert len(deploy) == 1, "one job deploys the site"
+    deploy = deploy[0][1]
+    assert deploy["needs"] in ("site", ["site"]) and deploy["if"] == on_main
+    assert deploy["permissions"] == {"pages": "write", "id-token": "write"}
+    assert deploy["environment"]["name"] == "github-pages"
+
+
+def test_make_site_runs_the_site_builder():
+    assert re.search(r"^site: setup", open(os.path.join(ROOT, "Makefile")).read(), re.M)
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", "setup", "site", "CHAPTERS=00 02"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert "notebooks/build_site.py" in out and "--chapters 00 02" in out and "--out site" in out, out
 
 
 def test_both_run_on_push_and_pull_request():

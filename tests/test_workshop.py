@@ -105,3 +105,137 @@ def test_workshop_times_rewrites_every_run_time_from_a_junit_file_and_refuses_a_
     del seconds[chapters[-1]]
     with pytest.raises(ValueError, match="junit_xml"):
         workshop_times.rewrite(open(GUIDE).read(), seconds, date)
+
+
+# ---- the slot plans add up --------------------------------------------------------------------------
+
+#: the longest stretch of chapters (worked or demo) between two breaks, in minutes
+MAX_STRETCH = 120
+#: the longest demo of one chapter, in minutes
+MAX_DEMO = 15
+BREAKS = ("break", "lunch")
+
+
+def learner_minutes(guide_text: str) -> dict:
+    """{chapter id: learner minutes} from the per-chapter table's last column ("~45 min")."""
+    out = {}
+    for line in guide_text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"\d\d[a-z]?", cells[0]):
+            m = re.fullmatch(r"~(\d+) min", cells[5])
+            assert m, f"chapter {cells[0]}: learner time {cells[5]!r} is not '~N min'"
+            out[cells[0]] = int(m.group(1))
+    return out
+
+
+def plans(guide_text: str) -> list:
+    """Every timetable of "Which chapters for which slot": [(heading, length in minutes, rows, late)],
+    rows as (start minutes, minutes, what), late the plan's "If running late" line."""
+    section = guide_text.split("## Which chapters for which slot", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for block in re.split(r"\n(?=#{3,4} )", section)[1:]:
+        heading = block.splitlines()[0]
+        rows = [(int(h) * 60 + int(m), int(n), what.strip())
+                for h, m, n, what in re.findall(r"^\| (\d+):(\d\d) \| (\d+) \| (.+?) \|$", block, flags=re.M)]
+        if not rows:
+            continue
+        m = re.search(r"(\d+) minutes", heading)
+        assert m, f"{heading!r}: the heading must give the slot's length in minutes"
+        late = re.search(r"^\*\*If running late:\*\* (.+)$", block, flags=re.M)
+        out.append((heading, int(m.group(1)), rows, late.group(1) if late else ""))
+    return out
+
+
+def chapter_of(what: str):
+    """("worked" | "demo", chapter id) of a timetable row, or None for intro, breaks and wrap-ups."""
+    m = re.match(r"(demo )?(\d\d[a-z]?):", what)
+    return ("demo" if m.group(1) else "worked", m.group(2)) if m else None
+
+
+def prerequisites(chapter: str) -> set:
+    """The earlier chapters a chapter's opening cell names ("Chapter 00 showed ...")."""
+    path = glob.glob(os.path.join(ROOT, "notebooks", f"{chapter}_*.py"))[0]
+    opening = open(path).read().split("# %% [markdown]")[1]
+    named = set(re.findall(r"[Cc]hapters? (\d\d[a-z]?)", opening))
+    return {c for c in named if c < chapter}
+
+
+def plan_problems(guide_text: str) -> list:
+    """Everything wrong with the guide's slot plans (an empty list when they add up)."""
+    minutes, problems = learner_minutes(guide_text), []
+    found = plans(guide_text)
+    if len(found) < 4:
+        problems.append(f"expected the 90-minute, half-day and two day plans, found {[p[0] for p in found]}")
+    for heading, length, rows, late in found:
+        clock, stretch = 0, 0
+        if not heading.startswith("#### Day 2"):   # the second day builds on the first
+            seen = set()
+        for start, n, what in rows:
+            if start != clock:
+                problems.append(f"{heading}: {what!r} starts at {start} min, the rows before end at {clock}")
+            clock = start + n
+            kind = chapter_of(what)
+            if what.split(":")[0].strip() in BREAKS:
+                stretch = 0
+                continue
+            if kind is None:
+                continue
+            stretch += n
+            if stretch > MAX_STRETCH:
+                problems.append(f"{heading}: {stretch} min of chapters without a break at {what!r}")
+            mode, ch = kind
+            if ch not in minutes:
+                problems.append(f"{heading}: {what!r} names no chapter of the table")
+                continue
+            if mode == "worked" and n != minutes[ch]:
+                problems.append(f"{heading}: {ch} worked in {n} min, its learner time is {minutes[ch]}")
+            if mode == "demo" and n > MAX_DEMO:
+                problems.append(f"{heading}: demo {ch} takes {n} min (at most {MAX_DEMO})")
+            missing = prerequisites(ch) - seen
+            if missing:
+                problems.append(f"{heading}: {ch} builds on {sorted(missing)}, which the plan has not run")
+            seen.add(ch)
+        if clock != length:
+            problems.append(f"{heading}: the rows add up to {clock} min, the slot is {length}")
+        if not any(chapter_of(w) and chapter_of(w)[1] in late for _, _, w in rows):
+            problems.append(f"{heading}: no 'If running late' line naming one of its chapters")
+    return problems
+
+
+def test_the_slot_plans_add_up_against_the_learner_time_column():
+    assert plan_problems(open(GUIDE).read()) == []
+
+
+def test_the_plan_check_can_fail():
+    text = open(GUIDE).read()
+    assert plan_problems(text.replace("| 0:20 | 45 | 02: draft, then verify |", "| 0:20 | 30 | 02: draft, then verify |"))
+    assert plan_problems(text.replace("| 0:05 | 15 | demo 00:", "| 0:05 | 15 | intro again:"))   # 02 needs 00
+    assert plan_problems(text.replace("| 1:30 | 15 | break |\n| 1:45 | 60 | 03", "| 1:30 | 15 | demo 05: x |\n| 1:45 | 60 | 03"))
+
+
+def test_the_guide_states_the_total_learner_time():
+    text = open(GUIDE).read()
+    hours = sum(learner_minutes(text).values()) / 60
+    m = re.search(r"about (\d+) hours of learner time for all of them", text)
+    assert m and abs(int(m.group(1)) - hours) < 1, (m and m.group(0), hours)
+
+
+def test_preflight_runs_every_check_and_reports_a_failure(capsys, monkeypatch):
+    """`make preflight` (the day-before check) exercises SmolLM2 itself, and a failing check is
+    reported by name, the rest still run, and the exit code counts it."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+    import preflight
+
+    assert preflight.main(["python", "triton", "corpus", "smollm2"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m: loaded" in out and "== AR greedy" in out and out.rstrip().endswith("ready")
+
+    def broken():
+        raise RuntimeError("no corpus")
+    monkeypatch.setattr(preflight, "CHECKS", [("corpus", broken), ("python", preflight.check_python)])
+    assert preflight.main() == 1
+    out = capsys.readouterr().out
+    assert "FAIL  corpus: RuntimeError: no corpus" in out and "ok    Python" in out and "not ready: corpus" in out
+    with pytest.raises(ValueError, match="only"):
+        preflight.main(["nonsense"])

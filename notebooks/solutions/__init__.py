@@ -42,9 +42,18 @@ def reference(chapter: str, name: str):
     return getattr(importlib.import_module(f"solutions.ch{chapter}"), name)
 
 
+#: the code files (notebook cells) that define an ``@exercise`` stub: the only cells :func:`check`
+#: calls "your cell"; every other cell is the course's (a helper, a check)
+EXERCISE_FILES: set = set()
+
+
 def exercise(chapter: str, name: str):
-    """Decorator on a stub: returns the stub, or the chapter's reference answer when answers are on."""
+    """Decorator on a stub: returns the stub, or the chapter's reference answer when answers are on.
+    Either way the stub's cell joins :data:`EXERCISE_FILES`."""
     def wrap(stub):
+        code = getattr(stub, "__code__", None)
+        if code is not None:
+            EXERCISE_FILES.add(code.co_filename)
         return reference(chapter, name) if answers_on() else stub
     return wrap
 
@@ -91,33 +100,56 @@ def _is_cell(filename: str) -> bool:
     return "ipykernel_" in filename or filename.startswith(("<ipython-input-", "<cell"))
 
 
-def _learner_frame(err: BaseException):
-    """The innermost traceback frame in the learner's code (a notebook cell, or any file that is
-    not the course's plumbing or a library), or None when every frame is plumbing."""
-    plumbing, found = _plumbing_dirs(), None
+def _frames(err: BaseException) -> list:
+    """``(filename, lineno, function)`` of every traceback frame of ``err`` outside the course's
+    plumbing and the libraries (see :func:`_plumbing`), outermost first."""
+    plumbing, out = _plumbing_dirs(), []
     for frame, lineno in traceback.walk_tb(err.__traceback__):
         name = frame.f_code.co_filename
         if _is_cell(name) or not (name.startswith("<") or _plumbing(name, plumbing)):
-            found = (name, lineno)
-    return found
+            out.append((name, lineno, frame.f_code.co_name))
+    return out
 
 
-def _where(err: BaseException) -> str:
-    """`` (line N of your cell: <source>)`` for the learner's innermost frame, or ``""``."""
-    found = _learner_frame(err)
-    if found is None:
-        return ""
-    name, lineno = found
-    line = linecache.getline(name, lineno).strip()
+def _yours(filename: str) -> bool:
+    """Is ``filename`` the learner's code: the cell of an ``@exercise`` stub (:data:`EXERCISE_FILES`),
+    or a file outside the notebook that is not the course's plumbing? Any other cell is the course's."""
+    return filename in EXERCISE_FILES or not _is_cell(filename)
+
+
+def _line(name: str, lineno: int) -> str:
+    """``line N of your cell: <source>`` (``of <file>.py`` outside a cell)."""
     place = "your cell" if _is_cell(name) else os.path.basename(name)
-    return f" (line {lineno} of {place}: {line})" if line else f" (line {lineno} of {place})"
+    src = linecache.getline(name, lineno).strip()
+    return f"line {lineno} of {place}: {src}" if src else f"line {lineno} of {place}"
+
+
+def _where(err: BaseException) -> tuple:
+    """``(located, yours)``: where ``err`` was raised, as `` (...)`` or ``""``, and whether the
+    learner's code is on the way there. The innermost non-plumbing frame is quoted when it is the
+    learner's; when it is another cell's (a course helper such as ``inverse_cdf``, or the check
+    itself), that function is named as another cell's, with the learner's innermost line that called it."""
+    frames = _frames(err)
+    if not frames:
+        return "", False
+    name, lineno, func = frames[-1]
+    if _yours(name):
+        return f" ({_line(name, lineno)})", True
+    what = f"`{func}`" if not func.startswith("<") else "code"
+    caller = next(((n, ln) for n, ln, _ in reversed(frames) if _yours(n)), None)
+    if caller is None:
+        return f" (raised in {what} of another cell of the notebook, not in your exercise's cell)", False
+    return f" (raised in {what} of another cell of the notebook, called from {_line(*caller)})", True
 
 
 def _raised(err: Exception) -> str:
-    """"wrong: your code raised <Type>: <message> (line N of your cell: <source>)", on one line."""
+    """"wrong: your code raised <Type>: <message> (line N of your cell: <source>)", on one line;
+    "wrong: checking your answer raised ..." when no frame on the way is the learner's."""
     msg = " ".join(str(err).split())
     msg = msg if len(msg) <= MAX_MESSAGE else msg[:MAX_MESSAGE - 3] + "..."
-    return f"wrong: your code raised {type(err).__name__}{': ' + msg if msg else ''}{_where(err)}"
+    located, yours = _where(err)
+    who = "your code" if yours else "checking your answer"
+    return f"wrong: {who} raised {type(err).__name__}{': ' + msg if msg else ''}{located}"
 
 
 def check(title: str, test) -> str:
@@ -127,7 +159,10 @@ def check(title: str, test) -> str:
     - a failed ``assert cond, reason``: "wrong, because <reason>";
     - any other exception (a ZeroDivisionError, an IndexError, a shape mismatch in ``@``...):
       "wrong: your code raised <Type>: <message> (line N of your cell: <source>)", the line being
-      the innermost frame of the learner's own code, so the learner looks there and not here;
+      the innermost frame of the learner's own code (the cell of an ``@exercise`` stub), so the
+      learner looks there and not here; raised in a function of another cell (a course helper),
+      "(raised in `<function>` of another cell of the notebook, called from line N of your cell:
+      <source>)"; with no learner frame on the way, "wrong: checking your answer raised ...";
     - else "correct".
 
     With ``COURSE_ANSWERS=1`` (CI) any verdict but "correct" raises AssertionError chained to the

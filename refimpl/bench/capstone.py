@@ -97,3 +97,14 @@ COLS = [("chapter", "ch", ""), ("method", "method", ""), ("configuration", "conf
         ("speedup", "speed-up vs AR", ".2f"), ("tau", "tau", ".2f"), ("target_nfe_per_token", "target NFE/token", ".2f"),
         ("draft_calls_per_step", "draft calls / step", ".2f"), ("step_cost", "step cost (AR steps)", ".2f"),
         ("exact", "exact vs AR greedy", ".0%")]
+
+
+def gpu_step_cost(draft_calls_per_step: float, c_draft: float) -> float:
+    """A speculative step's cost in AR steps on a GPU-like machine, modelled (chapter 16): scoring
+    ``k`` tokens costs what scoring one does (latency(k) flat), so the target call costs one AR step
+    whatever it scores, and each draft call costs ``c_draft`` of one."""
+    if draft_calls_per_step < 0:
+        raise ValueError(f"draft_calls_per_step must be >= 0, got {draft_calls_per_step!r}")
+    if c_draft < 0:
+        raise ValueError(f"c_draft must be >= 0, got {c_draft!r}")
+    return 1.0 + draft_calls_per_step * c_draft

@@ -14,7 +14,7 @@ median time per prompt:
 - ``dparallel`` (32 new tokens, as the dLLM suite's ``kjv-bdlm``) and ``dparallel-64`` (64, as ``cllm``):
   ``tiny-bdlm`` and ``tiny-bdlm-dparallel`` in blocks of 8, one token
   per step, Fast-dLLM thresholds and Learn2PD's trained filter (:mod:`refimpl.learn2pd`) at three
-  ``tau``, each with the exact block cache; speed-up vs AR ``tiny`` (the model ``tiny-bdlm`` was
+  cutoffs, each with the exact block cache; speed-up vs AR ``tiny`` (the model ``tiny-bdlm`` was
   adapted from).
 
 Quality, because a fine-tuned model is a different model: perplexity of the generated tokens under

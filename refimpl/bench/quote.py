@@ -5,6 +5,18 @@
 JSON file; ``--check`` writes nothing and exits 1 when a block differs (``tests/test_docs.py`` runs
 it). A number quoted in a table therefore cannot drift from the file it comes from: re-run a suite,
 commit its JSON, run this command.
+
+A single figure in prose is quoted inline, on one line, in the same files and in the chapters
+(``notebooks/NN_*.py``: a markdown cell renders the comments invisible)::
+
+    the dynamic tree runs at <!-- quote:capstone/capstone_smollm2-135m|dynamic_tree [cpu]|speedup -->1.04x<!-- /quote --> AR
+
+``FILE|ROW|FIELD``: FILE is a JSON under ``bench_results/`` without ``.json``; ROW picks exactly one of its
+``rows``, either by method name or by ``key=value`` pairs joined with ``&`` (``k=16``,
+``model=tiny-cllm&method=jacobi (window 16)``), empty for the file's top level; FIELD is a key, dotted
+into nested dicts (``per_category_tau.chat``), or ``a/b``, a ratio of two keys. The text between the
+markers is ``[~]NUMBER[x|%]``: ``--check`` fails unless the field, rounded to the decimals written
+(times 100 for ``%``), gives NUMBER, and a rewrite writes the JSON's figure at those decimals.
 """
 from __future__ import annotations
 
@@ -20,6 +32,8 @@ from .decode import markdown_table as table  # (rows, [(key, header, format)]) -
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench_results")
 BLOCK = re.compile(r"(<!-- quote:([\w-]+) -->\n)(.*?)(<!-- /quote -->)", re.S)
+INLINE = re.compile(r"(<!-- quote:([^|>\n]+)\|([^|>\n]*)\|([^|>\n]+) -->)([^<\n]*)(<!-- /quote -->)")
+FIGURE = re.compile(r"(~?)(-?\d+(?:\.(\d+))?)(x|%)?")
 
 #: method families of the headline table: (label, chapters)
 FAMILIES = [("draft model (ch 02-04)", ("02", "03", "04a", "04b")), ("token tree (ch 05)", ("05",)),
@@ -156,38 +170,93 @@ def render(name: str) -> str:
     return fn(*files)
 
 
+def pick(rows: list[dict], selector: str) -> dict:
+    """The one row ``selector`` names: a method name, or ``key=value`` pairs joined by ``&``."""
+    pairs = [re.match(r"(\w+)=(.*)$", part).groups() if re.match(r"\w+=", part) else ("method", part)
+             for part in selector.split("&")]
+    hits = [r for r in rows if all(str(r.get(k)) == v for k, v in pairs)]
+    if len(hits) != 1:
+        raise ValueError(f"row {selector!r} matches {len(hits)} rows, not 1")
+    return hits[0]
+
+
+def figure(source: str, selector: str, field: str) -> float:
+    """The number an inline quote ``source|selector|field`` names (see the module's docstring)."""
+    data = load(source + ".json")
+    row = pick(data["rows"], selector) if selector else data
+    if "/" in field:
+        a, b = field.split("/", 1)
+        return figure(source, selector, a) / figure(source, selector, b)
+    value = row
+    for key in field.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise ValueError(f"field {field!r}: no {key!r} in {source}.json's row {selector!r}")
+        value = value[key]
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"field {field!r} of {source}.json's row {selector!r} is {value!r}, not a number")
+    return float(value)
+
+
+def written(value: float, text: str) -> str:
+    """``value`` written the way ``text`` writes its figure: the same ``~``, decimals and ``x`` / ``%``."""
+    m = FIGURE.fullmatch(text)
+    if not m:
+        raise ValueError(f"quoted text {text!r} is not [~]NUMBER[x|%]")
+    digits = len(m.group(3) or "")
+    return f"{m.group(1)}{value * (100 if m.group(4) == '%' else 1):.{digits}f}{m.group(4) or ''}"
+
+
+def inline(m: re.Match) -> str:
+    """What an inline quote's text should be (raises ValueError for a source, row or field that does not exist)."""
+    return written(figure(m.group(2), m.group(3), m.group(4)), m.group(5))
+
+
 def documents(root: str = ROOT) -> list[str]:
-    """The files whose quote blocks this command owns: README.md, docs/*.md, bench_results/README.md."""
+    """The files whose quotes this command owns: README.md, docs/*.md, bench_results/README.md and its
+    folders' READMEs (tables and inline figures), and the chapters' jupytext sources (inline figures)."""
     paths = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
     paths.append(os.path.join(root, "bench_results", "README.md"))
+    paths += sorted(glob.glob(os.path.join(root, "bench_results", "*", "README.md")))
+    paths += sorted(glob.glob(os.path.join(root, "notebooks", "[0-9][0-9]*_*.py")))
     return [p for p in paths if os.path.exists(p)]
 
 
 def rewrite(text: str) -> str:
-    """``text`` with every quote block's body replaced by its generated table."""
-    return BLOCK.sub(lambda m: m.group(1) + render(m.group(2)) + "\n" + m.group(4), text)
+    """``text`` with every quote block's body replaced by its generated table and every inline figure by its JSON's."""
+    text = BLOCK.sub(lambda m: m.group(1) + render(m.group(2)) + "\n" + m.group(4), text)
+    return INLINE.sub(lambda m: m.group(1) + inline(m) + m.group(6), text)
 
 
 def stale(paths: list[str]) -> list[str]:
-    """``path: NAME`` for every quote block whose body differs from what :func:`rewrite` would write."""
+    """``path: NAME`` for every quote block whose body differs from what :func:`rewrite` would write, and
+    ``path:line: FILE|ROW|FIELD ...`` for every inline figure that differs from its JSON or names nothing."""
     out = []
     for p in paths:
-        text = open(p).read()
+        text, rel = open(p).read(), os.path.relpath(p, ROOT)
         for m in BLOCK.finditer(text):
             if m.group(3) != render(m.group(2)) + "\n":
-                out.append(f"{os.path.relpath(p, ROOT)}: {m.group(2)}")
+                out.append(f"{rel}: {m.group(2)}")
+        for m in INLINE.finditer(text):
+            where = f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(2)}|{m.group(3)}|{m.group(4)}"
+            try:
+                want = inline(m)
+            except (ValueError, OSError) as e:
+                out.append(f"{where}: {e}")
+                continue
+            if m.group(5) != want:
+                out.append(f"{where} says {m.group(5)!r}, the JSON gives {want!r}")
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m refimpl.bench.quote", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a quoted table is stale")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a quoted table or figure differs from its JSON")
     args = ap.parse_args(argv)
     paths = documents()
     if args.check:
         bad = stale(paths)
         for b in bad:
-            print("stale:", b)
+            print("differs from its JSON:", b)
         return 1 if bad else 0
     for p in paths:
         text = open(p).read()
@@ -195,7 +264,7 @@ def main(argv=None) -> int:
         if new != text:
             with open(p, "w") as f:
                 f.write(new)
-            print("rewrote", os.path.relpath(p, ROOT))
+            print("rewrote", os.path.relpath(p, ROOT), "(a chapter: then `make notebooks`)" if p.endswith(".py") else "")
     return 0
 
 

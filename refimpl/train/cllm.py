@@ -198,7 +198,7 @@ def train_tiny_bdlm_dparallel(out_dir: str, steps: int = 600, contexts: int = 10
 
 def train_learn2pd(out_dir: str, base: str = "tiny-bdlm-dparallel", steps: int = 2000, contexts: int = 512,
                    context_length: int = 48, block_length: int = 8, blocks: int = 4, batch: int = 256,
-                   lr: float = 1e-2, hidden: int = 32, tau: float = 0.5, seed: int = 0):
+                   lr: float = 1e-2, hidden: int = 32, cutoff: float = 0.5, seed: int = 0):
     """Learn2PD's filter for the frozen dLLM ``base``: replay ``contexts`` one-token-per-step trajectories
     (``blocks`` blocks of ``block_length`` after ``context_length`` King James tokens, where the benchmark
     decodes) state by state, then ``steps`` steps of binary cross-entropy on "argmax == final"."""
@@ -223,17 +223,17 @@ def train_learn2pd(out_dir: str, base: str = "tiny-bdlm-dparallel", steps: int =
     prompts = data.kjv_prompts(tok, 8)
     one = [block_diffusion.generate(lm, [p], gen_length=32, block_length=block_length, eos_token_id=[]).tokens[0]
            for p in prompts]
-    calls_thr, text_thr = threshold_calls(lm, prompts, tau)
-    calls_filter, text_filter = threshold_calls(lm, prompts, None, rule=FilterRule(filt, tau))
+    calls_thr, text_thr = threshold_calls(lm, prompts, cutoff)
+    calls_filter, text_filter = threshold_calls(lm, prompts, None, rule=FilterRule(filt, cutoff))
     report = {"base": base, "steps": steps, "rows": int(train.feats.shape[0]), "block_length": block_length,
               "context_length": context_length, "hidden": hidden, "params": sum(p.numel() for p in filt.parameters()),
               "held_out_label_rate": round(float(right.float().mean()), 3),
-              f"held_out_filter_above_{tau}": {"fraction": round(float((prob > tau).float().mean()), 3),
-                                               "precision": round(float(right[prob > tau].float().mean()), 3)},
-              f"held_out_confidence_above_{tau}": {"fraction": round(float((conf > tau).float().mean()), 3),
-                                                   "precision": round(float(right[conf > tau].float().mean()), 3)},
-              f"calls_per_32_tokens_threshold_{tau}": round(calls_thr, 2),
-              f"calls_per_32_tokens_filter_{tau}": round(calls_filter, 2),
+              f"held_out_filter_above_{cutoff}": {"fraction": round(float((prob > cutoff).float().mean()), 3),
+                                               "precision": round(float(right[prob > cutoff].float().mean()), 3)},
+              f"held_out_confidence_above_{cutoff}": {"fraction": round(float((conf > cutoff).float().mean()), 3),
+                                                   "precision": round(float(right[conf > cutoff].float().mean()), 3)},
+              f"calls_per_32_tokens_threshold_{cutoff}": round(calls_thr, 2),
+              f"calls_per_32_tokens_filter_{cutoff}": round(calls_filter, 2),
               "agreement_with_one_token_per_step": {"threshold": round(agreement(text_thr, one), 3),
                                                     "filter": round(agreement(text_filter, one), 3)},
               "collect_seconds": round(collect_s), "minutes": round(minutes, 1), "threads": torch.get_num_threads()}

@@ -44,9 +44,11 @@ def wrap_tokenizer(tok):
 
 
 def encode_docs(tokenizer, docs, eos_id: int) -> torch.Tensor:
-    """Concatenate documents into one token stream, each document followed by EOS."""
+    """Concatenate documents into one token stream, each document followed by EOS. A document may be
+    longer than the model's context (the stream is cut into windows later), so the tokenizer's
+    warning about sequences longer than ``model_max_length`` is off for this call (``verbose=False``)."""
     ids: list[int] = []
-    for enc in tokenizer(docs, add_special_tokens=False)["input_ids"]:
+    for enc in tokenizer(docs, add_special_tokens=False, verbose=False)["input_ids"]:
         ids.extend(enc)
         ids.append(eos_id)
     return torch.tensor(ids, dtype=torch.long, device="cpu")  # a host stream; batches move to the model
