@@ -14,9 +14,13 @@ JOBS ?= 2
 # torch: PyPI's Linux wheel is the CUDA build (~900 MB plus ~3 GB of CUDA libraries); on a Linux machine
 # without an NVIDIA driver (no nvidia-smi) the CPU build's index (download.pytorch.org/whl/cpu) goes first,
 # so a laptop gets the ~190 MB CPU wheel. macOS and Windows wheels on PyPI are CPU builds already. A GPU
-# machine keeps PyPI's CUDA build (make test-gpu needs it). TORCH_INDEX= (empty) turns the choice off.
+# machine keeps PyPI's CUDA build (make test-gpu needs it). The index is named only when it answers within
+# 3 s (behind a firewall that lets only a package mirror through, pip would retry it for every package).
+# TORCH_INDEX= (empty) turns the choice off.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(shell [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1 && \
-	echo --extra-index-url https://download.pytorch.org/whl/cpu)
+	$(PYTHON) -c "import socket; socket.create_connection(('download.pytorch.org', 443), 3).close()" 2>/dev/null && \
+	echo --extra-index-url $(TORCH_CPU_INDEX))
 # WHEELHOUSE=path: install from a folder `make wheelhouse` filled, with no network at all (a room of
 # laptops on one Wi-Fi: one download, copied around on a USB stick or a share)
 WHEELHOUSE ?=

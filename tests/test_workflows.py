@@ -49,8 +49,9 @@ def test_site_job_builds_the_site_and_publishes_it_from_main_only():
     uses = {s.get("uses", "").split("@")[0]: s for s in site["steps"]}
     assert uses["actions/setup-python"]["with"]["python-version"] == "3.11"
     make = open(os.path.join(ROOT, "Makefile")).read()
-    assert "download.pytorch.org/whl/cpu" in make.split("TORCH_INDEX ?=", 1)[1].split("\n\n", 1)[0], \
-        "make setup takes torch's CPU build on a machine without an NVIDIA driver"
+    rule = make.split("TORCH_INDEX ?=", 1)[1].split("\n\n", 1)[0]
+    assert "TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu" in make and "$(TORCH_CPU_INDEX)" in rule \
+        and "nvidia-smi" in rule, "make setup takes torch's CPU build on a machine without an NVIDIA driver"
     runs = [s.get("run", "") for s in site["steps"]]
     assert runs.index(next(r for r in runs if "make site" in r)) < [s.get("uses", "") for s in site["steps"]].index(
         uses["actions/upload-pages-artifact"]["uses"]), "the artifact is uploaded after the build"

@@ -47,6 +47,10 @@ CHAPTER_DEFAULTS = [
     (preset_key("recycling", "recycling"), "09"),
     (preset_key("sam+recycling", "sam+recycling"), "09"),
     (preset_key("dllm_draft"), "14"),
+    (preset_key("pard"), "15b"),
+    (preset_key("pard", temperature=SAMPLING_T), "15b"),
+    (preset_key("dflash"), "15b"),
+    (preset_key("dflash", temperature=SAMPLING_T), "15b"),
 ]
 
 #: the learned model of chapter 15 for a target

@@ -126,7 +126,8 @@ def main(argv=None):
             methods = decode_rows() if args.suite == "decode" else lookahead_sweep_rows()
         if args.methods:
             methods = pick(methods, args.methods)
-        methods = [m for m in methods if all(k not in m.needs or has_drafter(lm, k) for k in ("dlm", "medusa", "eagle", "eagle3"))]
+        zoo_kinds = ("dlm", "medusa", "eagle", "eagle3", "pard", "dflash")
+        methods = [m for m in methods if all(k not in m.needs or has_drafter(lm, k) for k in zoo_kinds)]
         ctx = Context(target=lm, model_name=args.model)
         if any("draft" in m.needs for m in methods):
             try:  # (the zoo's default packing: SmolLM2's draft prepacked, tiny's not)

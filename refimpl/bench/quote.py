@@ -38,7 +38,7 @@ FIGURE = re.compile(r"(~?)(-?\d+(?:\.(\d+))?)(x|%)?")
 #: method families of the headline table: (label, chapters)
 FAMILIES = [("draft model (ch 02-04)", ("02", "03", "04a", "04b")), ("token tree (ch 05)", ("05",)),
             ("heads and feature drafts (ch 06a-06b)", ("06", "06a", "06b")), ("Jacobi / lookahead (ch 07-08)", ("07", "08")),
-            ("retrieval (ch 09)", ("09",))]
+            ("retrieval (ch 09)", ("09",)), ("parallel drafters (ch 15b)", ("15b",))]
 
 
 def load(rel: str) -> dict:

@@ -52,7 +52,7 @@ def preset_row(method: str, preset: str = "cpu", **options) -> Method:
             extra["preset"] = preset
         return methods.generate(ctx.target, [ids], method, max_new_tokens=n, **tuned, **extra)
 
-    needs = ("target", kind) if kind in ("draft", "dlm", "medusa", "eagle", "eagle3") else ("target",)
+    needs = ("target", kind) if kind in ("draft", "dlm", "medusa", "eagle", "eagle3", "pard", "dflash") else ("target",)
     name = row_name(method, preset, options) + (" (LOSSY)" if lossy else "")
     config = ", ".join(f"{k} {v}" for k, v in resolved.items())
     return Method(name, run, needs=needs, exact=not temperature, method=method, preset=preset, options=dict(options),
@@ -116,7 +116,8 @@ def decode_rows() -> list[Method]:
         out += preset_rows(method)
     out += [preset_row("speculative", "cpu", temperature=SAMPLING_T),
             preset_row("prompt_lookup", "cpu", temperature=SAMPLING_T),
-            preset_row("medusa", "cpu", acceptance="typical", temperature=SAMPLING_T)]
+            preset_row("medusa", "cpu", acceptance="typical", temperature=SAMPLING_T),
+            preset_row("pard", "cpu", temperature=SAMPLING_T), preset_row("dflash", "cpu", temperature=SAMPLING_T)]
     out += [preset_row("eagle3", "cpu", total=t, depth=d) for t, d in EAGLE3_SIZES]
     return out
 
