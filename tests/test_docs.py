@@ -327,3 +327,16 @@ def test_the_readmes_public_api_example_runs_and_its_greedy_calls_equal_ar():
     for k, (g, sampled) in enumerate(calls):
         if not sampled:
             assert g.tokens[0] and g.tokens[0] == ar[:len(g.tokens[0])], f"call {k} of the README's API tour"
+
+
+def test_the_install_cost_is_measured_and_workshop_quotes_it():
+    """README's install-cost block carries numbers (download, disk, time), and WORKSHOP.md's setup list
+    repeats README's download and disk figures: a teacher plans a room's Wi-Fi and disks from them."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = readme.split("<!-- install-cost -->", 1)[1].split("<!-- /install-cost -->", 1)[0]
+    assert "INSTALL_" not in block
+    download = re.search(r"(\d+) MB of wheels", block)
+    disk = re.search(r"(\d+(?:\.\d+)?) GB for `\.venv`", block)
+    assert download and disk and re.search(r"\d+(?:\.\d+)? minutes", block), block
+    workshop = open(os.path.join(ROOT, "notebooks", "WORKSHOP.md")).read()
+    assert f"{download.group(1)} MB of downloads" in workshop and f"{disk.group(1)} GB of disk" in workshop
