@@ -149,14 +149,16 @@ assert torch.equal(a, b)
 
 # %% [markdown]
 # ## The seeded draw, by hand
-# How does one random number generator become a token? `refimpl.sampling` calls
-# `torch.multinomial`, which (for one sample per row) runs an **exponential race**: give token `i`
-# an alarm that rings after `E_i / p_i` seconds, with `E_i ~ Exp(1)` drawn from the generator, and
-# return the first to ring, `argmax_i p_i / E_i`. `E_i / p_i` is exponential with rate `p_i`, and
-# the first of independent exponential alarms is alarm `i` with probability `rate_i / sum(rates)
-# = p_i`. Built by hand with the same generator, it reproduces the library's draws exactly. (The
-# generator lives on the device of the probabilities, `DEVICE`, and the race is drawn there: a
-# CUDA generator gives a different stream than a CPU one, so both sides use the same device.)
+# How does one random number generator become a token? `torch.multinomial` (for one sample per
+# row) runs an **exponential race**: give token `i` an alarm that rings after `E_i / p_i` seconds,
+# with `E_i ~ Exp(1)` drawn from the generator, and return the first to ring, `argmax_i p_i / E_i`.
+# `E_i / p_i` is exponential with rate `p_i`, and the first of independent exponential alarms is
+# alarm `i` with probability `rate_i / sum(rates) = p_i`. Built by hand with the same generator, it
+# reproduces `torch.multinomial`'s draws exactly. (The generator lives on the device of the
+# probabilities, `DEVICE`, and the race is drawn there: a CUDA generator gives a different stream
+# than a CPU one, so both sides use the same device.) The race draws one random number per token:
+# 49,152 of them a draw on SmolLM2's vocabulary. `refimpl.sampling` draws one per row instead, by the
+# inverse CDF of Exercise 2 below: the same distribution, a different stream.
 
 # %%
 def draw_by_hand(pr, gen):                                 # pr (..., V) -> (...)
@@ -166,8 +168,9 @@ def draw_by_hand(pr, gen):                                 # pr (..., V) -> (...
 
 pr9 = sampling.probs(logits, 0.9).expand(10, -1)
 mine = draw_by_hand(pr9, torch.Generator(device=DEVICE).manual_seed(7))
-assert torch.equal(mine, a), "the race must reproduce refimpl's seeded draws"
-print("by hand == refimpl.sampling.sample, draw for draw:", mine.tolist())
+race = torch.multinomial(pr9, 1, generator=torch.Generator(device=DEVICE).manual_seed(7))[:, 0]
+assert torch.equal(mine, race), "the race must reproduce torch.multinomial's seeded draws"
+print("by hand == torch.multinomial, draw for draw:", mine.tolist())
 
 # %% [markdown]
 # ## Decoding without a cache, by hand
@@ -406,7 +409,7 @@ if SHOW_SOLUTIONS:
 
 # %% [markdown]
 # **2. The seeded draw by inverse CDF.** The exponential race above is one way to draw; the
-# classic one is the inverse CDF: draw one uniform `u` per row from the generator and return the
+# classic one, and the one `refimpl.sampling` uses, is the inverse CDF: draw one uniform `u` per row from the generator and return the
 # first token whose cumulative probability exceeds `u`. Write `my_sample(pr, gen)` for
 # probabilities `pr` of shape `(B, V)`, returning `(B,)` token ids, with every random number taken
 # from `gen` (a `torch.Generator` on the device of `pr`: make your uniforms there). It will not

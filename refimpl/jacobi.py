@@ -39,6 +39,7 @@ import torch
 
 from kernels.verify_greedy import argmax
 
+from . import sampling
 from .generation import Generation, check_positive_int, int_tensor, preset_options
 from .primitives import NgramIndex, unpad
 from .speculative import Needs, Proposal, Proposer, Sampling, Verdict, decode
@@ -125,8 +126,7 @@ class Jacobi(Proposer):
             else:  # SJD: draw the next guesses from p_old and remember p_old as their q
                 ahead = logits[b, k + 1: len(self.guess[b]) + 1]  # (g - k, V)
                 p = s.probs(ahead)  # (g - k, V)
-                gdev = s.generator.device if s.generator is not None else p.device
-                x = torch.multinomial(p.to(gdev), 1, generator=s.generator)[:, 0] if len(p) else p.new_zeros(0)
+                x = sampling.sample_from_probs(p, s.generator) if len(p) else p.new_zeros(0, dtype=torch.long)
                 self.guess[b], self.p_old[b] = x.tolist(), list(p.unbind(0))
 
     def select(self, rows: torch.Tensor) -> None:

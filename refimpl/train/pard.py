@@ -165,7 +165,7 @@ def row_accept_rates(model, rows, kept: torch.Tensor, mask_id: int, k: int, star
 
 
 def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int = 8, keep: float = 0.7,
-                       min_keep: float = 0.2, lr: float = 3e-4, seconds: float = 900.0, gen_seconds: float = 0.0,
+                       min_keep: float = 0.2, lr: float = 3e-4, seconds: float = 1500.0, gen_seconds: float = 0.0,
                        mask_token: str = "<gh_stars>", holdout: int = 20, seed: int = 0, progress: bool = True) -> dict:
     """``smollm2-135m-draft`` adapted into ``smollm2-135m-pard`` (see the module doc); ``steps`` steps or
     ``seconds``; every ``holdout``-th row (by a hash of its tokens) is kept out for the report."""
