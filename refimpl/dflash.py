@@ -38,7 +38,7 @@ from torch import nn
 
 from . import sampling
 from .generation import Generation, check_positive_int, preset_options, required
-from .lm import check_taps, check_vocab, check_width
+from .lm import check_feature_draft, check_taps
 from .primitives import RMSNorm, causal, positions_from_mask, rope_tables, rope_theta, rotate
 from .speculative import Needs, Proposal, Proposer, decode
 from .tree import pack, slot_tree
@@ -306,11 +306,7 @@ def generate(target, prompts, draft: DFlashDraft | None = None, max_new_tokens: 
     ``preset``'s (:data:`PRESETS`). ``draft`` is required (``refimpl.generate(target, prompts,
     method="dflash")`` takes the zoo's). Greedy: exactly AR's tokens; sampling: exactly the target's."""
     required(draft, "draft", "dflash")
-    if not isinstance(draft, DFlashDraft):
-        raise ValueError(f"draft must be a DFlashDraft, got {type(draft).__name__}")
-    check_width("draft", draft.hidden_size, target)
-    check_vocab("draft", draft.embed.shape[0], target)
-    check_taps(draft.taps, target.num_layers)
+    check_feature_draft(draft, DFlashDraft, target)
     o = preset_options(PRESETS, preset, target, block=block, topk=topk, total=total)
     proposer = DFlashProposer(draft.to(target.device).eval(), o["block"], o["topk"], o["total"])
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

@@ -41,7 +41,7 @@ from torch import nn
 
 from .eagle import EagleProposer
 from .generation import Generation, preset_options, required
-from .lm import check_taps, check_vocab, check_width
+from .lm import check_feature_draft, check_taps
 from .primitives import causal, causal_after, positions_from_mask, rope, rope_theta
 from .speculative import decode
 
@@ -176,11 +176,7 @@ def generate(target, prompts, draft: Eagle3Draft | None = None, max_new_tokens: 
     form); a draft passed in runs as given. Greedy: exactly ``autoregressive.generate``'s tokens;
     sampling: distributed exactly as sampling from ``target``."""
     required(draft, "draft", "eagle3")
-    if not isinstance(draft, Eagle3Draft):
-        raise ValueError(f"draft must be an Eagle3Draft, got {type(draft).__name__}")
-    check_width("draft", draft.hidden_size, target)
-    check_vocab("draft", draft.embed.shape[0], target)
-    check_taps(draft.taps, target.num_layers)
+    check_feature_draft(draft, Eagle3Draft, target)
     o = preset_options(PRESETS, preset, target, total=total, depth=depth, topk=topk, floor=floor, copy=copy)
     proposer = EagleProposer(draft.to(target.device).eval(), o["total"], o["depth"], o["topk"], o["floor"], o["copy"])
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

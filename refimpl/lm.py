@@ -273,6 +273,17 @@ def check_vocab(role: str, vocab: int, target, exact: bool = True) -> None:
         raise ValueError(f"{role} was trained for a vocabulary of {vocab} tokens, the target has {target.vocab_size}")
 
 
+def check_feature_draft(draft, cls, target) -> None:
+    """A drafter reading ``target``'s layer features (EAGLE-3, DFlash) is a ``cls`` of the target's width,
+    vocabulary and depth: anything else is a ``ValueError`` naming the mismatch, before any forward."""
+    if not isinstance(draft, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ValueError(f"draft must be {article} {cls.__name__}, got {type(draft).__name__}")
+    check_width("draft", draft.hidden_size, target)
+    check_vocab("draft", draft.embed.shape[0], target)
+    check_taps(draft.taps, target.num_layers)
+
+
 def decoder_of(model):
     """The inner decoder of a Hugging Face causal LM (``model.model`` for Llama-like models)."""
     inner = getattr(model, "model", None)
