@@ -27,7 +27,11 @@ SwiGLU), in plain torch with an explicit boolean mask. Drafting is a :class:`~re
 sampling (each slot drawn from its own ``q_i``), or a tree over the slots' top-k. Ours against upstream:
 the head may score a kept subset of the vocabulary (``kept``, as our EAGLE-3 draft's; upstream scores
 all of it); a target under 8 layers takes distinct taps spread over all its layers (upstream's rule
-repeats a layer there); the mask token's embedding is the target's row for ``mask_id``, as upstream.
+repeats a layer there); the mask token's embedding is the target's row for ``mask_id``, as upstream;
+the first block is drafted at the first step after the prefill (vLLM drafts one right after the
+prefill, so it verifies one block more on the same text); upstream's ``dflash_generate`` decodes one
+sequence at a time, ours a ragged batch; sampling draws each slot from its own ``q_i`` and verifies with
+the lossless rule, as upstream's ``dflash_generate`` at ``temperature > 0``.
 """
 from __future__ import annotations
 

@@ -81,12 +81,15 @@ def block_out(draft: DFlashDraft, tok, feats, a: int) -> torch.Tensor:
 
 
 def train_draft(draft: DFlashDraft, seqs, steps: int = 800, batch: int = 8, anchors: int = 16, lr: float = 2e-3,
-                gamma: float = 7.0, seconds: float = 1e9, holdout: int = 20, seed: int = 0, progress: bool = True):
-    """Train ``draft`` on ``seqs`` (:func:`refimpl.train.eagle3.target_features`); every ``holdout``-th row
-    (by a hash of its tokens) is kept out for the report. Runs ``steps`` steps or ``seconds``."""
+                gamma: float = 7.0, seconds: float = 1e9, holdout: int = 20, seed: int = 0, progress: bool = True,
+                held: list | None = None):
+    """Train ``draft`` on ``seqs`` (:func:`refimpl.train.eagle3.target_features`); ``held`` (rows of the same
+    form) is the report's held-out set, or (None) every ``holdout``-th row by a hash of its tokens is kept
+    out. Runs ``steps`` steps or ``seconds``."""
     from tqdm.auto import tqdm
 
-    held = [s for s in seqs if zlib.crc32(bytes(str(s[0][:16].tolist()), "utf8")) % holdout == 0]
+    if held is None:
+        held = [s for s in seqs if zlib.crc32(bytes(str(s[0].tolist()), "utf8")) % holdout == 0]
     train = [s for s in seqs if not any(s is h for h in held)]
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -137,6 +140,32 @@ def train_dflash_tiny(out_dir: str, steps: int = 800, layers: int = 1, block: in
     return write_report(out_dir, report)
 
 
+def smollm2_heldout(target, taps, progress: bool = True) -> list:
+    """The held-out rows of SmolLM2's drafters (:func:`refimpl.train.eagle3.smollm2_heldout_rows`) with the
+    target's tapped streams: what :func:`accept_rates` reads."""
+    from .eagle3 import smollm2_heldout_rows, target_features
+
+    return target_features(target, smollm2_heldout_rows(progress=progress), taps, progress=progress)
+
+
+def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> dict:
+    """Re-measure a saved SmolLM2 DFlash drafter's held-out acceptance (:func:`smollm2_heldout`) into its
+    ``train_report.json``: ``python -c "from refimpl.train.dflash import heldout_report; heldout_report()"``."""
+    import json
+    import os
+
+    from ..models import MODELS_DIR, load
+
+    target = load("smollm2-135m", device="cpu", fast=False)
+    draft = drafters.load(target, "dflash")
+    held = smollm2_heldout(target, draft.taps, progress)
+    rates = accept_rates(draft, held)
+    path = os.path.join(MODELS_DIR, name, "train_report.json")
+    report = json.load(open(path))
+    report.update(heldout_rows=len(held), accept_rate_per_depth=rates, heldout_chain_tau=round(1 + sum(rates), 3))
+    return write_report(os.path.dirname(path), report)
+
+
 def train_dflash_smollm2(out_dir: str, steps: int = 1500, layers: int = 2, block: int = 8, vocab_keep: int = 8192,
                          seconds: float = 1800.0, gen_seconds: float = 1200.0, mask_token: str = "<gh_stars>",
                          progress: bool = True) -> dict:
@@ -150,8 +179,9 @@ def train_dflash_smollm2(out_dir: str, steps: int = 1500, layers: int = 2, block
     mask_id = target.tokenizer.convert_tokens_to_ids(mask_token)
     draft = new_draft(target, num_layers=layers, block=block, mask_id=mask_id, kept=kept)
     seqs = target_features(target, rows, draft.taps, progress=progress)
+    held = smollm2_heldout(target, draft.taps, progress)
     data_s = time.time() - t0
-    draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress)
+    draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress, held=held)
     report.update(data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads(),
                   mask_token=mask_token, vocab_keep=int(kept.numel()))
     drafters.save(draft, out_dir, target, report)

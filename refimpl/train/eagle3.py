@@ -291,6 +291,33 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
     return rows, target, answer_vocabulary(target.tokenizer, rows, vocab_keep)
 
 
+def smollm2_heldout_rows(n: int = 48, progress: bool = True) -> list:
+    """SmolLM2's fp32 greedy answers to ``n`` prompts of :func:`smollm2_rows`' pool that its cached rows do
+    not answer (the pool's tail): a held-out set for any drafter trained on those rows, where a hash of a
+    row's first tokens would split nothing (every chat row starts with the same system turn). Cached in
+    ``smollm2-heldout-rows.pt``; rows as :func:`refimpl.train.distill_data.generate_answers`'."""
+    import os
+
+    from ..models import load
+    from ..models.hf import cache_dir
+    from .distill_data import generate_answers
+    from .distill_prompts import human_copy_prompts, prompt_pool
+
+    path = os.path.join(cache_dir(), "smollm2-heldout-rows.pt")
+    if os.path.exists(path):
+        rows = torch.load(path)
+        if len(rows) >= n:
+            return rows[:n]
+    trained = os.path.join(cache_dir(), "smollm2-eagle3-rows.pt")
+    seen = {r[3] for r in torch.load(trained)} if os.path.exists(trained) else set()
+    texts = prompt_pool(0) + human_copy_prompts(0)
+    random.Random(0).shuffle(texts)
+    fresh = [t for t in reversed(texts) if t not in seen][:n]
+    target = load("smollm2-135m", device="cpu", fast=False)
+    rows = generate_answers(target, fresh, 96, 16, path=path, progress=progress)
+    return rows[:n]
+
+
 def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: int = 64, ttt: int = 7,
                          lr: float = 1e-3, n_questions: int = 4000, vocab_keep: int = 8192,
                          progress: bool = True) -> dict:

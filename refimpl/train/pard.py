@@ -166,17 +166,17 @@ def row_accept_rates(model, rows, kept: torch.Tensor, mask_id: int, k: int, star
 
 def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int = 8, keep: float = 0.7,
                        min_keep: float = 0.2, lr: float = 3e-4, seconds: float = 1500.0, gen_seconds: float = 0.0,
-                       mask_token: str = "<gh_stars>", holdout: int = 20, seed: int = 0, progress: bool = True) -> dict:
+                       mask_token: str = "<gh_stars>", seed: int = 0, progress: bool = True) -> dict:
     """``smollm2-135m-draft`` adapted into ``smollm2-135m-pard`` (see the module doc); ``steps`` steps or
-    ``seconds``; every ``holdout``-th row (by a hash of its tokens) is kept out for the report."""
+    ``seconds``; the report's held-out rows are SmolLM2's answers to prompts the training rows do not
+    answer (:func:`refimpl.train.eagle3.smollm2_heldout_rows`)."""
     import json
-    import zlib
 
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
     from ..models.smollm2 import load_draft, quantize_int8
-    from .eagle3 import smollm2_rows
+    from .eagle3 import smollm2_heldout_rows, smollm2_rows
 
     torch.manual_seed(seed)
     rows, target, _ = smollm2_rows(8192, gen_seconds, progress)
@@ -185,8 +185,7 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
     mask_id = target.tokenizer.convert_tokens_to_ids(mask_token)
     head = model.lm_head.weight.detach().float()  # (K, H) the target's embedding rows of the kept tokens
     col = torch.full((target.vocab_size,), -1, dtype=torch.long, device="cpu").index_copy_(0, kept, torch.arange(len(kept), device="cpu"))
-    held = [r for r in rows if zlib.crc32(bytes(str(list(r[0][:16])), "utf8")) % holdout == 0]
-    train = [r for r in rows if not any(r is h for h in held)]
+    held, train = smollm2_heldout_rows(progress=progress), rows
     before = row_accept_rates(model, held, kept, mask_id, k)
     gen, pick_rng, t0 = torch.Generator("cpu").manual_seed(seed), random.Random(seed), time.time()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -231,3 +230,26 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
               "accept_rate_per_depth_before": before, "minutes": round((time.time() - t0) / 60, 1),
               "threads": torch.get_num_threads()}
     return write_report(out_dir, report)
+
+
+def heldout_report(progress: bool = True) -> dict:
+    """Re-measure a saved SmolLM2 PARD draft's held-out acceptance (before: the chain draft it started from)
+    into its ``train_report.json``: ``python -c "from refimpl.train.pard import heldout_report; heldout_report()"``."""
+    import json
+
+    from ..models import MODELS_DIR
+    from ..models.smollm2 import load_draft, load_pard
+    from .eagle3 import smollm2_heldout_rows
+
+    held = smollm2_heldout_rows(progress=progress)
+    lm = load_pard(device="cpu")
+    path = os.path.join(MODELS_DIR, lm.name, "train_report.json")
+    k = json.load(open(path))["k"]
+    mask_id, kept = lm.model.config.pard_token, lm.kept_ids.cpu()
+    rates = row_accept_rates(lm.model, held, kept, mask_id, k)
+    start = load_draft(device="cpu", copy_prior=False)
+    before = row_accept_rates(start.model, held, start.kept_ids.cpu(), mask_id, k)
+    report = json.load(open(path))
+    report.update(heldout_rows=len(held), accept_rate_per_depth=rates, heldout_chain_tau=round(1 + sum(rates), 3),
+                  accept_rate_per_depth_before=before)
+    return write_report(os.path.dirname(path), report)
