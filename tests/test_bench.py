@@ -172,3 +172,25 @@ def test_held_out_quality_counts_the_prompts_a_row_breaks(tiny):
     assert out["commas"]["agreement"] < 1.0 and out["commas"]["calls_per_row"] == 4.0
     prompts = learned.kjv_prompts(tiny.tokenizer, 3)
     assert out["commas"]["perplexity"] == pytest.approx(ar_perplexity(tiny, prompts, [[comma] * 8] * 3))
+
+
+def test_capstone_add_rows_replaces_by_name_in_chapter_order(tmp_path):
+    """A later run's rows join a committed capstone table in chapter order, a row of the same name replaced,
+    and the run is recorded; a run with nothing but AR is refused."""
+    import json
+
+    from refimpl.bench import capstone
+
+    names = [n for n, _ in capstone.CHAPTER_DEFAULTS]
+    old = {"rows": [{"method": names[0], "tokens_per_s": 10.0}, {"method": names[-1], "speedup": 0.5},
+                    {"method": names[2], "speedup": 1.1}]}
+    path = tmp_path / "cap.json"
+    path.write_text(json.dumps(old))
+    new = {"args": {"methods": "x"}, "hardware": {}, "rows": [{"method": "ar (cache)", "tokens_per_s": 12.0},
+                                                             {"method": names[-1], "speedup": 0.9}]}
+    merged = capstone.add_rows(str(path), new)
+    assert [r["method"] for r in merged["rows"]] == [names[0], names[2], names[-1]]
+    assert merged["rows"][-1]["speedup"] == 0.9 and merged["rows"][0]["tokens_per_s"] == 10.0
+    assert merged["added_runs"][0]["rows"] == [names[-1]] and merged["added_runs"][0]["ar_tokens_per_s"] == 12.0
+    with pytest.raises(ValueError, match="new"):
+        capstone.add_rows(str(path), {"args": {}, "hardware": {}, "rows": [{"method": "ar (cache)", "tokens_per_s": 1}]})

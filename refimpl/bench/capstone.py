@@ -112,3 +112,25 @@ def gpu_step_cost(draft_calls_per_step: float, c_draft: float) -> float:
     if c_draft < 0:
         raise ValueError(f"c_draft must be >= 0, got {c_draft!r}")
     return 1.0 + draft_calls_per_step * c_draft
+
+
+def add_rows(path: str, new: dict) -> dict:
+    """Put a capstone run's rows (all but its AR row) into the committed capstone result ``path`` (JSON),
+    replacing rows of the same name, in chapter order; each added row keeps its speed-up and step cost
+    against the AR of its own run, and ``added_runs`` records that run (rows, arguments, hardware, its AR's
+    tokens/s). -> the merged result. For rows a new chapter adds, where re-running every row is not needed."""
+    import json
+
+    with open(path) as f:
+        old = json.load(f)
+    names = [r["method"] for r in new["rows"] if r["method"] != "ar (cache)"]
+    if not names:
+        raise ValueError("new: the run has no rows besides AR to add")
+    ar = next(r for r in new["rows"] if r["method"] == "ar (cache)")
+    order = {name: i for i, (name, _) in enumerate(CHAPTER_DEFAULTS)}
+    rows = [r for r in old["rows"] if r["method"] not in names] + [r for r in new["rows"] if r["method"] in names]
+    rows.sort(key=lambda r: order.get(r["method"], len(order)))
+    old["rows"] = rows
+    old.setdefault("added_runs", []).append({"rows": names, "args": new["args"], "hardware": new["hardware"],
+                                             "ar_tokens_per_s": ar["tokens_per_s"]})
+    return old

@@ -70,6 +70,8 @@ def main(argv=None):
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="bench_results")
     p.add_argument("--fast", action="store_true", help="a quick smoke run (1 prompt per category, 1 repeat)")
+    p.add_argument("--add-to", default=None, help="capstone: put this run's rows (not its AR) into a committed "
+                   "capstone JSON (each against this run's AR) and rewrite it and its .md, instead of writing --out")
     p.add_argument("--prepack", choices=["auto", "on", "off"], default="auto",
                    help="pack the target's linear weights for oneDNN (refimpl.models.cpu_linear); "
                         "auto = models.load's default (on for the larger targets on a CPU in fp32)")
@@ -150,13 +152,24 @@ def main(argv=None):
             md += "\n\ndLLM suite (NFE vs quality):\n\n" + markdown_table(result["dllm_rows"], dllm.COLS)
     result["rows"] = rows
     result["prepacked_linears"] = packed
+    if args.add_to:
+        if args.suite != "capstone":
+            p.error("--add-to: only with --suite capstone")
+        result = capstone.add_rows(args.add_to, result)
+        rows, packed = result["rows"], result["prepacked_linears"]
+        md = (markdown_table(rows, capstone.COLS) + "\n\nPer category:\n\n" + category_table(rows) +
+              "\n\nRows added by later runs (each against its own run's AR): " +
+              "; ".join(", ".join(a["rows"]) for a in result["added_runs"]))
+        if result.get("dllm_rows"):
+            md += "\n\ndLLM suite (NFE vs quality):\n\n" + markdown_table(result["dllm_rows"], dllm.COLS)
     hw = result["hardware"]
     header = (f"## {args.suite} benchmark: {args.model}\n\n{hw['device']} ({hw['processor']}, "
               f"{hw['cpu_count']} cores, torch threads {hw['torch_threads']}), torch {hw['torch']}"
               f"{', linear weights prepacked for oneDNN' if packed else ''}"
               f"{', lean forward products by cpu_gemv' if result.get('products') == 'cpu_gemv' else ''}\n\n")
     md = header + md + "\n"
-    stem = os.path.join(args.out, f"{args.suite}_{args.model.replace('/', '_')}")
+    stem = (os.path.splitext(args.add_to)[0] if args.add_to else
+            os.path.join(args.out, f"{args.suite}_{args.model.replace('/', '_')}"))
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2, default=str)
     with open(stem + ".md", "w") as f:
