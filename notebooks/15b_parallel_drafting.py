@@ -283,8 +283,12 @@ print(f"DFlash: tau {gf.stats.tau:.2f}, {gf.stats.draft_calls} draft calls for {
 # distribution `q_j` over the token `j` ahead given the committed text alone. Draw `x_j ~ q_j`, verify
 # with chapter 03's rule `min(1, p_j(x_j) / q_j(x_j))` and the residual: speculative sampling never
 # needs `q` to depend on the earlier drafts, only that `x_j` was drawn from it, so the output is
-# distributed exactly as the target's. A chi-square test on the first two tokens, and a wrong rule
-# (the residual drawn from `p`) as its negative control:
+# distributed exactly as the target's. The price is acceptance: a sequential draft draws token 2 after
+# the token 1 it actually drew, while slot 2 is one distribution over every possible token 1, so once
+# token 1 is drawn away from the most likely one, slot 2's draw rarely continues it. Sampling costs a
+# parallel drafter more tau than it costs a sequential one (the capstone's T = 0.7 rows, chapter 16).
+# A chi-square test on the first two tokens, and a wrong rule (the residual drawn from `p`) as its
+# negative control:
 
 # %%
 import kernels
@@ -416,7 +420,9 @@ for name, (g, s) in measured.items():
 # drafts read the target's features, which is where its tau comes from. On `tiny` every forward is
 # mostly fixed per-call overhead, so fewer calls is the whole story; on SmolLM2 (`python -m refimpl.bench
 # --suite capstone`) the target's verification of a longer block also costs more (chapter 04c), and the
-# best block is shorter than on a GPU, where scoring 16 tokens costs about one.
+# best block is shorter than on a GPU, where scoring 16 tokens costs about one. The zoo's SmolLM2 drafters
+# were trained on this CPU with little data and accept too few drafts to pay there (their held-out
+# acceptance is in docs/models.md, with the recipe for a GPU): tau, not the draft's cost, holds them back.
 #
 # ### Exercise 3: predict the speed-up
 # Write `predicted_speedup(accept, draft_cost, verify_cost)`: `accept[d]` is the probability that the

@@ -67,7 +67,7 @@ LM_DRAFTERS = {"draft": "DRAFT_FOR", "dlm": "DLLM_FOR", "pard": "PARD_FOR"}
 #: zoo takes SmolLM2's order (a real pretrained model), skipping methods it has no drafter for.
 FASTEST = {
     "smollm2-135m": ("eagle3", "eagle", "prompt_lookup", "speculative", "dynamic_tree", "lookahead", "ar"),
-    "tiny": ("prompt_lookup", "sam+recycling", "medusa", "recycling", "sam", "ar"),
+    "tiny": ("prompt_lookup", "sam+recycling", "dflash", "medusa", "recycling", "sam", "ar"),
 }
 
 
