@@ -72,11 +72,10 @@ lab-reset:
 test: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 --junitxml=.pytest-times.xml \
 		tests notebooks --nbval-lax
-	$(MAKE) --no-print-directory test-learner
 
 # every chapter a second time, as a learner meets it in `make lab`: the stubs unsolved (no COURSE_ANSWERS),
 # the interpreter off; Run All must reach the end with no cell raising (a cell that needs an unsolved
-# exercise says so and goes on)
+# exercise says so and goes on). .ci/run runs it after make test (about 3 minutes on 2 cores)
 LEARNER_ENV := env -u TRITON_INTERPRET -u COURSE_ANSWERS OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 	TOKENIZERS_PARALLELISM=false
 test-learner: setup

@@ -10,18 +10,14 @@ Sliding-window attention under draft / verify / roll back. Models such as Mistra
 Gemma 2 / 3 (local layers) and gpt-oss restrict some or all attention layers to a window of the last
 ``W`` positions: the query at position ``i`` sees the keys at positions ``j`` with ``i - W < j <= i``
 (Beltagy, Peters, Cohan, "Longformer", arXiv 2004.05150, §3.1; Jiang et al., "Mistral 7B", arXiv
-2310.06825, §2). Hugging Face's cache for such a layer keeps only the last ``W - 1`` keys, all plain
-decoding needs; a speculative step appends drafts and removes the rejected ones after, and once the
-window is full the keys they pushed out are gone. Token trees and ragged batches break two more of its
-assumptions: the tree's compaction indexes slots by place, and a row with holes (rejected drafts,
-:mod:`refimpl.slot_cache`) has fewer real tokens in its last ``W`` slots than the window allows. So
-:meth:`LM.new_cache` gives such a model a :class:`WindowCache`: every layer keeps every position (the
-memory of a full-attention cache: what a rejected draft needs stays until the generation ends), the
-position id of every slot is recorded, and :func:`layer_masks` measures each window in positions, not
-slots. Every method then stays AR's greedy tokens and lossless when sampling, for any window. A layer
-no cache here can roll back (a recurrent state, chunked attention, a layer reading another's cache) is
-named by :meth:`LM.rollback_problem`, and the decoders refuse it before decoding (:func:`check_rollback`).
-
+2310.06825, §2). Hugging Face's cache for such a layer keeps only the last ``W - 1`` keys: once the window
+is full, the keys a rejected draft pushed out are gone; a tree's compaction indexes slots by place; a row
+with holes (:mod:`refimpl.slot_cache`) has fewer real tokens in its last ``W`` slots than the window
+allows. So :meth:`LM.new_cache` gives such a model a :class:`WindowCache`: every layer keeps every
+position (a full-attention cache's memory), each slot's position id is recorded, and :func:`layer_masks`
+measures each window in positions, not slots: every method stays exact, for any window. A layer no
+cache here can roll back (a recurrent state, chunked attention, a layer reading another's cache) is
+named by :meth:`LM.rollback_problem`; the decoders refuse it before decoding (:func:`check_rollback`).
 Loading by name lives one layer up, in :mod:`refimpl.models`.
 """
 from __future__ import annotations
@@ -274,11 +270,9 @@ def check_vocab(role: str, vocab: int, target, exact: bool = True) -> None:
 
 
 def check_feature_draft(draft, cls, target) -> None:
-    """A drafter reading ``target``'s layer features (EAGLE-3, DFlash) is a ``cls`` of the target's width,
-    vocabulary and depth: anything else is a ``ValueError`` naming the mismatch, before any forward."""
+    """A drafter reading ``target``'s layer features (EAGLE-3, DFlash): a ``cls`` of its width, vocabulary, depth."""
     if not isinstance(draft, cls):
-        article = "an" if cls.__name__[0] in "AEIOU" else "a"
-        raise ValueError(f"draft must be {article} {cls.__name__}, got {type(draft).__name__}")
+        raise ValueError(f"draft must be of type {cls.__name__}, got {type(draft).__name__}")
     check_width("draft", draft.hidden_size, target)
     check_vocab("draft", draft.embed.shape[0], target)
     check_taps(draft.taps, target.num_layers)

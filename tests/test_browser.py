@@ -142,22 +142,6 @@ def lab_default(lab):
 
 
 @pytest.fixture(scope="module")
-def lab_default(lab):
-    """A second JupyterLab on the same folder with the lab's default notebook windowing (cells off
-    screen are not kept painted), as a learner's lab has it."""
-    tmp = lab["dir"] / "default"
-    settings = {k: v for k, v in SETTINGS.items() if "notebook-extension" not in k}
-    for name, text in settings.items():
-        (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
-        (tmp / "settings" / name).write_text(text)
-    env = dict(TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
-    with serve("jupyterlab", lab["dir"] / "notebooks", tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
-        yield {"base": base, "token": token, "dir": tmp}
-
-
-@pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)

@@ -126,3 +126,16 @@ def test_gpu_report_tabulates_kernels_methods_and_notebooks(tmp_path):
     assert ("notebooks", "05_token_trees.ipynb", "FAILED") in rows
     assert ("notebooks", "00_why_decoding_is_slow.ipynb", "passed") in rows
     assert "failed: Cell 1" in text and "1/2 cells" in text and "MISSING" in text
+
+
+def test_ci_runs_every_chapter_as_a_learner_too():
+    """.ci/run executes the chapters a second way after make test (exercises unsolved, the interpreter off):
+    a chapter that stops on an unsolved exercise fails CI."""
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    lines = [line.strip() for line in ci.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert "make test-learner" in lines and lines.index("make test-learner") > lines.index("make test")
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    rule = make.split("\ntest-learner:", 1)[1].split("\n\n", 1)[0]
+    assert "--nbval-lax notebooks" in rule and "LEARNER_ENV" in rule
+    learner_env = make.split("LEARNER_ENV :=", 1)[1].split("\n\n", 1)[0]
+    assert "-u COURSE_ANSWERS" in learner_env and "-u TRITON_INTERPRET" in learner_env
