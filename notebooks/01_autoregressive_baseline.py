@@ -312,6 +312,16 @@ assert torch.allclose(after, fresh, atol=1e-4)
 print("cache length after rollback and one new token:", lm.cache_length(cache))
 
 # %% [markdown]
+# **Which caches can roll back.** Every speculative method in this course rests on this crop. A
+# full-attention layer's cache crops as above. A **sliding-window** layer (Mistral 7B v0.1, Phi-3, the
+# local layers of Gemma 2 / 3 and gpt-oss) normally keeps only its last `W` keys, so the keys a rejected
+# draft pushed out would be lost. For such a model `refimpl` keeps every position and measures each
+# window in positions (`refimpl.lm.WindowCache`), so every method stays exact. A layer that nothing can
+# roll back (a recurrent or linear-attention state, chunked attention) is refused before decoding with a
+# `ValueError` that names the layer. Such a model runs with `method="ar"`, and `methods.available(model)`
+# lists what it can run (docs/models.md, "A model you bring").
+
+# %% [markdown]
 # ## Ragged batches: left padding, by hand
 # Prompts of different lengths are padded on the **left**, so every row's next token sits in the
 # last column. A padding mask hides the pads and `position_ids` count only real tokens, so each row
