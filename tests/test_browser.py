@@ -98,6 +98,17 @@ LEARNER_STEPS = [
 ]
 
 
+def lab_env(tmp, settings: dict) -> dict:
+    """Write JupyterLab ``settings`` (path -> JSON text) under ``tmp/settings``; -> the server's environment
+    (CI's test variables, the settings and workspaces under ``tmp``)."""
+    for name, text in settings.items():
+        (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
+        (tmp / "settings" / name).write_text(text)
+    return dict(TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """JupyterLab on a free local port, serving a temporary copy of notebooks/; stopped afterwards
@@ -115,12 +126,7 @@ def lab(tmp_path_factory):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in LEARNER_CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "learner_exercise.ipynb")
-    for name, text in SETTINGS.items():
-        (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
-        (tmp / "settings" / name).write_text(text)
-    env = dict(TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+    env = lab_env(tmp, SETTINGS)
     with serve("jupyterlab", root, tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
         yield {"base": base, "token": token, "dir": tmp}
 
@@ -130,13 +136,7 @@ def lab_default(lab):
     """A second JupyterLab on the same folder with the lab's default notebook windowing (cells off
     screen are not kept painted), as a learner's lab has it."""
     tmp = lab["dir"] / "default"
-    settings = {k: v for k, v in SETTINGS.items() if "notebook-extension" not in k}
-    for name, text in settings.items():
-        (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
-        (tmp / "settings" / name).write_text(text)
-    env = dict(TRITON_INTERPRET="1", COURSE_ANSWERS="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+    env = lab_env(tmp, {k: v for k, v in SETTINGS.items() if "notebook-extension" not in k})
     with serve("jupyterlab", lab["dir"] / "notebooks", tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
         yield {"base": base, "token": token, "dir": tmp}
 

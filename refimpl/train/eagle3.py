@@ -267,6 +267,16 @@ def train_eagle3_tiny(out_dir: str, steps: int = 1200, seconds: float = 1e9, pro
     return write_report(out_dir, report)
 
 
+def smollm2_pool() -> list[str]:
+    """The prompts :func:`smollm2_rows` answers, in the order it answers them: stage 1's pool and stage 3's
+    copy / edit tasks on human text (:mod:`refimpl.train.distill_prompts`), shuffled with seed 0."""
+    from .distill_prompts import human_copy_prompts, prompt_pool
+
+    texts = prompt_pool(0) + human_copy_prompts(0)
+    random.Random(0).shuffle(texts)
+    return texts
+
+
 def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
     """-> ``(rows, target, kept)``: SmolLM2's own fp32 greedy answers (the target as decoding runs it)
     to the distillation prompts that need no model (stage 1's pool and stage 3's copy / edit tasks on
@@ -277,15 +287,13 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
     from ..models import load
     from ..models.hf import cache_dir
     from .distill_data import generate_answers
-    from .distill_prompts import human_copy_prompts, prompt_pool
 
     target = load("smollm2-135m", device="cpu", fast=False)  # (prepacked: the same logits as decoding's LeanLM)
     path = os.path.join(cache_dir(), "smollm2-eagle3-rows.pt")
     rows = torch.load(path) if os.path.exists(path) else []
-    texts = prompt_pool(0) + human_copy_prompts(0)
-    random.Random(0).shuffle(texts)
     if gen_seconds > 0:
-        rows = generate_answers(target, texts, 96, 64, seconds=gen_seconds, path=path, progress=progress, start=rows)
+        rows = generate_answers(target, smollm2_pool(), 96, 64, seconds=gen_seconds, path=path, progress=progress,
+                                start=rows)
     if not rows:
         raise FileNotFoundError(f"no answers cached at {path}: run with gen_seconds > 0")
     return rows, target, answer_vocabulary(target.tokenizer, rows, vocab_keep)
@@ -301,7 +309,6 @@ def smollm2_heldout_rows(n: int = 48, progress: bool = True) -> list:
     from ..models import load
     from ..models.hf import cache_dir
     from .distill_data import generate_answers
-    from .distill_prompts import human_copy_prompts, prompt_pool
 
     path = os.path.join(cache_dir(), "smollm2-heldout-rows.pt")
     if os.path.exists(path):
@@ -310,9 +317,7 @@ def smollm2_heldout_rows(n: int = 48, progress: bool = True) -> list:
             return rows[:n]
     trained = os.path.join(cache_dir(), "smollm2-eagle3-rows.pt")
     seen = {r[3] for r in torch.load(trained)} if os.path.exists(trained) else set()
-    texts = prompt_pool(0) + human_copy_prompts(0)
-    random.Random(0).shuffle(texts)
-    fresh = [t for t in reversed(texts) if t not in seen][:n]
+    fresh = [t for t in reversed(smollm2_pool()) if t not in seen][:n]
     target = load("smollm2-135m", device="cpu", fast=False)
     rows = generate_answers(target, fresh, 96, 16, path=path, progress=progress)
     return rows[:n]
