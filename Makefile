@@ -67,11 +67,17 @@ lab-reset:
 	rm -rf $(WORK)
 	$(BIN)/python notebooks/work_copy.py $(WORK)
 
+# a chapter cell that runs past NBVAL_CELL_S fails, named (notebook::Cell N), long before CI's own limit
+# (the slowest cell takes ~15 s); tests/procs.py runs pytest and fails if any process it started (a
+# kernel, a server, a browser) is still running once it has exited, naming and stopping it
+NBVAL_CELL_S := 300
+NO_SURVIVORS := $(BIN)/python tests/procs.py --
+
 # .pytest-times.xml (git-ignored): every test's and notebook cell's seconds, which `make workshop-times`
 # turns into notebooks/WORKSHOP.md's run-time column
 test: setup
-	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 --junitxml=.pytest-times.xml \
-		tests notebooks --nbval-lax
+	$(TEST_ENV) $(NO_SURVIVORS) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 \
+		--junitxml=.pytest-times.xml tests notebooks --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_S)
 
 # every chapter a second time, as a learner meets it in `make lab`: the stubs unsolved (no COURSE_ANSWERS),
 # the interpreter off; Run All must reach the end with no cell raising (a cell that needs an unsolved
@@ -79,7 +85,8 @@ test: setup
 LEARNER_ENV := env -u TRITON_INTERPRET -u COURSE_ANSWERS OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 	TOKENIZERS_PARALLELISM=false
 test-learner: setup
-	$(LEARNER_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q -p no:cacheprovider --nbval-lax notebooks
+	$(LEARNER_ENV) $(NO_SURVIVORS) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q -p no:cacheprovider \
+		--nbval-cell-timeout=$(NBVAL_CELL_S) --nbval-lax notebooks
 
 workshop-times: setup
 	$(BIN)/python notebooks/workshop_times.py .pytest-times.xml
@@ -97,7 +104,8 @@ GPU_OUT := bench_results/gpu
 test-gpu: setup
 	mkdir -p $(GPU_OUT)
 	$(GPU_ENV) $(BIN)/python -m pytest -q -rs tests/test_gpu.py --junitxml=$(GPU_OUT)/checks.xml; a=$$?; \
-	$(GPU_ENV) $(BIN)/python -m pytest -q --nbval-lax notebooks/[0-9]*.ipynb --junitxml=$(GPU_OUT)/notebooks.xml; b=$$?; \
+	$(GPU_ENV) $(BIN)/python -m pytest -q --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_S) notebooks/[0-9]*.ipynb \
+		--junitxml=$(GPU_OUT)/notebooks.xml; b=$$?; \
 	$(GPU_ENV) $(BIN)/python tests/gpu_report.py $(GPU_OUT)/checks.xml $(GPU_OUT)/notebooks.xml | tee $(GPU_OUT)/table.md; \
 	test $$a -eq 0 && test $$b -eq 0 || { echo "make test-gpu failed: checks exit $$a, notebooks exit $$b (5: no test ran, e.g. no CUDA device)"; exit 1; }
 

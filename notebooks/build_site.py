@@ -45,17 +45,24 @@ import argparse
 import base64
 import glob
 import html
+import multiprocessing
 import os
 import re
 import shutil
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import time
 from dataclasses import dataclass
+
+from jupyter_client import AsyncKernelManager
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
+from traitlets import Type, default
 
 NOTEBOOKS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(NOTEBOOKS)
 DEFAULT_OUT = os.path.join(ROOT, "site")
-CELL_TIMEOUT_S = 600
+#: seconds a cell may run: ten times the slowest chapter cell on a busy 2-core machine
+CELL_TIMEOUT_S = 180
 #: a file the builder writes into its output folder: an existing folder without it is not a site this
 #: script built, and is never cleared
 MARKER = ".course-site"
@@ -124,6 +131,40 @@ def describe(nb, index: int) -> str:
     return f"cell {index} ({count}first line: {first[:80]!r})"
 
 
+class ShellChannel(AsyncZMQSocketChannel):
+    """The shell channel of :class:`KernelClient`: it sends through its own asyncio socket.
+
+    jupyter_client's ``Session.send`` writes to a blocking *shadow* of an asyncio socket. libzmq's
+    send also processes the socket's pending commands (a reply's arrival among them) and, with them,
+    consumes the wake-up on the socket's edge-triggered file descriptor. pyzmq's asyncio socket
+    re-checks ``zmq.EVENTS`` after each send it makes itself, but never hears of the shadow's, so a
+    reply that arrived just before such a send waits in the socket while the poll for it sleeps until
+    its timeout (then nbclient reads it and goes on as if nothing happened). nbclient sends on the
+    shell channel while it waits for a reply whenever an Output widget (every ``interact``) receives
+    output: it mirrors the widget's new state back to the kernel. A busy machine widens the window
+    between the reply's arrival and that send, which is why such cells stalled under load. Sending
+    through the asyncio socket keeps pyzmq's bookkeeping, and the reply is read when it arrives
+    (tests/test_site.py reproduces both, deterministically)."""
+
+    def send(self, msg: dict) -> None:
+        frames = self.session.serialize(msg) + list(msg.get("buffers") or [])
+        self.socket.send_multipart(frames)   # a Future, already done unless the socket is full
+
+
+class KernelClient(AsyncKernelClient):
+    """nbclient's kernel client with :class:`ShellChannel`."""
+
+    shell_channel_class = Type(ShellChannel)
+
+
+class KernelManager(AsyncKernelManager):
+    """nbclient's kernel manager, handing out :class:`KernelClient`."""
+
+    @default("client_factory")
+    def _client_factory_default(self):
+        return KernelClient
+
+
 def execute(nb, name: str, timeout: int = CELL_TIMEOUT_S, cwd: str = NOTEBOOKS, env: dict | None = None):
     """Run every cell of ``nb`` (in place) in a fresh kernel; -> ``nb`` with its outputs and its
     widgets' saved state in ``nb.metadata.widgets``. A cell that raises or times out: RuntimeError
@@ -134,9 +175,11 @@ def execute(nb, name: str, timeout: int = CELL_TIMEOUT_S, cwd: str = NOTEBOOKS, 
     if timeout <= 0:
         raise ValueError(f"timeout: {timeout} s; a positive number of seconds per cell")
     client = NotebookClient(nb, timeout=timeout, kernel_name=nb.metadata.get("kernelspec", {}).get("name", "python3"),
-                            resources={"metadata": {"path": cwd}}, store_widget_state=True)
+                            resources={"metadata": {"path": cwd}}, store_widget_state=True,
+                            kernel_manager_class=KernelManager)
     with client.setup_kernel(env=kernel_env() if env is None else env, cwd=cwd):
         for index, cell in enumerate(nb.cells):
+            start = time.monotonic()
             try:
                 client.execute_cell(cell, index)
             except CellTimeoutError as e:
@@ -146,6 +189,9 @@ def execute(nb, name: str, timeout: int = CELL_TIMEOUT_S, cwd: str = NOTEBOOKS, 
             except CellExecutionError as e:
                 tail = "\n".join(re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[-6:])  # no colours
                 raise RuntimeError(f"{name}: {describe(nb, index)} raised {e.ename}: {e.evalue}\n{tail}") from e
+            if time.monotonic() - start >= timeout:   # nbclient reads a late reply at its deadline and goes on
+                raise RuntimeError(f"{name}: {describe(nb, index)} ran past {timeout} s per cell "
+                                   "(its reply came only at the deadline)")
         client.set_widgets_metadata()
     return nb
 
@@ -444,7 +490,7 @@ def build(out: str = DEFAULT_OUT, selected: list[str] | None = None, jobs: int =
           timeout: int = CELL_TIMEOUT_S, src: str = NOTEBOOKS) -> list[str]:
     """Build the site of the chapters in ``src`` into ``out``: -> the paths of the pages written,
     index.html first. ``jobs`` chapters run at once (one kernel each); the first failing chapter, in
-    chapter order, raises, and the chapters not started yet are not run."""
+    chapter order, raises, the chapters still running are stopped and those not started yet are not run."""
     if jobs < 1:
         raise ValueError(f"jobs: {jobs}; at least 1")
     if timeout <= 0:
@@ -456,14 +502,12 @@ def build(out: str = DEFAULT_OUT, selected: list[str] | None = None, jobs: int =
     if jobs == 1:
         pages = [build_chapter(*t) for t in tasks]
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = [pool.submit(build_chapter, *t) for t in tasks]
-            try:
-                pages = [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        # spawned workers (a fork would copy this process's threads mid-flight); leaving the block
+        # terminates them, so a failure stops the chapters still running, and their kernels follow
+        # their parents out (ipykernel watches its parent's pid)
+        with multiprocessing.get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
+            running = [pool.apply_async(build_chapter, t) for t in tasks]
+            pages = [r.get() for r in running]
     index = os.path.join(out, "index.html")
     with open(index, "w", encoding="utf-8") as f:
         f.write(index_page(chs))
@@ -475,10 +519,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chapters", nargs="+", metavar="ID", help="chapter ids (00 02 04a ...); default: all")
     p.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: site/ at the repository's root)")
     p.add_argument("--jobs", type=int, default=1, help="chapters executed at once (one kernel each)")
-    p.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds a cell may run")
+    p.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help=f"seconds a cell may run (default {CELL_TIMEOUT_S})")
+    p.add_argument("--src", default=NOTEBOOKS, help="folder of the chapter notebooks (default: notebooks/)")
     args = p.parse_args(argv)
     try:
-        pages = build(args.out, args.chapters, args.jobs, args.timeout)
+        pages = build(args.out, args.chapters, args.jobs, args.timeout, args.src)
     except (RuntimeError, ValueError) as e:   # what failed, without this script's own stack
         print(f"make site failed: {e}", file=sys.stderr)
         return 1

@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # under the interpreter on a busy 2-core machine)
 NOTEBOOK = "05_token_trees.ipynb"
 RUN_ALL_TIMEOUT_S = 240   # generous: this machine is shared; CI takes far less
+CELL_TIMEOUT_S = 120      # one cell (the chapter's slowest takes seconds): a stalled cell is named, well inside the above
 
 if not os.access(CHROMIUM, os.X_OK):
     pytest.skip(f"no Chromium (tried $CHROMIUM, /usr/bin/chromium, chromium and google-chrome on PATH): "
@@ -98,6 +99,11 @@ LEARNER_STEPS = [
 ]
 
 
+# a notebook whose second cell never ends: run_all must fail within its cell timeout, naming that cell
+STALLED = "stalled.ipynb"
+STALL = "import time\nwhile True:\n    time.sleep(1)"
+
+
 def lab_env(tmp, settings: dict) -> dict:
     """Write JupyterLab ``settings`` (path -> JSON text) under ``tmp/settings``; -> the server's environment
     (CI's test variables, the settings and workspaces under ``tmp``)."""
@@ -123,9 +129,10 @@ def lab(tmp_path_factory):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "constant_widget.ipynb")
     nbformat.write(with_shown_picture(nbformat.read(root / NOTEBOOK_PICTURE, 4)), root / "shown_picture.ipynb")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in LEARNER_CELLS])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, root / "learner_exercise.ipynb")
+    for name, cells in (("learner_exercise.ipynb", LEARNER_CELLS), (STALLED, ["x = 1", STALL, "y = 2"])):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, root / name)
     env = lab_env(tmp, SETTINGS)
     with serve("jupyterlab", root, tmp, env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
         yield {"base": base, "token": token, "dir": tmp}
@@ -173,6 +180,14 @@ RUN_FINISHED = f"""(name) => {{
     const running = cells.some(c => c.model.executionState === 'running');
     const done = cells.every(c => c.model.executionCount !== null);
     return !running && (done || failed) && panel.sessionContext.session.kernel.status === 'idle';
+}}"""
+
+# [finished, index of the cell running now (the first one marked running: "run all" marks the queued ones
+# too) or -1, its first line]
+RUN_STATE = f"""(name) => {{
+    const cells = ({PANEL})(name).content.widgets;
+    const now = cells.findIndex(c => c.model.type === 'code' && c.model.executionState === 'running');
+    return [({RUN_FINISHED})(name), now, now < 0 ? '' : cells[now].model.sharedModel.getSource().split('\\n')[0]];
 }}"""
 
 # what went wrong: error outputs in the cell models, cells that never ran, tracebacks shown in any
@@ -226,20 +241,30 @@ def notebook_page(browser, lab, name):
         page.close()
 
 
-def run_all(page, name, shot):
-    """Run all cells (JupyterLab's own command, as Run > Run All Cells does); return the problems."""
+def run_all(page, name, shot, cell_timeout_s=CELL_TIMEOUT_S):
+    """Run all cells (JupyterLab's own command, as Run > Run All Cells does); return the problems. A cell
+    running past ``cell_timeout_s`` fails the test, naming it."""
     page.evaluate(f"""(name) => {{
         const panel = ({PANEL})(name);
         window.jupyterapp.shell.activateById(panel.id);
         window.jupyterapp.commands.execute('notebook:run-all-cells');   // not awaited: we poll
     }}""", name)
-    start = time.monotonic()
-    try:
-        page.wait_for_function(RUN_FINISHED, arg=name, timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
-    except sync_api.TimeoutError:
-        page.screenshot(path=str(shot))
-        pytest.fail(f"{name} did not finish in {RUN_ALL_TIMEOUT_S} s; cells that finished, slowest "
-                    f"first (index, s): {timings(page, name)[:5]}; screenshot {shot}")
+    start = current = since = time.monotonic()
+    while True:
+        finished, running, line = page.evaluate(RUN_STATE, name)
+        if finished:
+            break
+        now = time.monotonic()
+        if running != current:
+            current, since = running, now
+        if running >= 0 and now - since > cell_timeout_s:
+            page.screenshot(path=str(shot))
+            pytest.fail(f"{name}: cell {running} (first line: {line!r}) ran past {cell_timeout_s} s; screenshot {shot}")
+        if now - start > RUN_ALL_TIMEOUT_S:
+            page.screenshot(path=str(shot))
+            pytest.fail(f"{name} did not finish in {RUN_ALL_TIMEOUT_S} s; cells that finished, slowest "
+                        f"first (index, s): {timings(page, name)[:5]}; screenshot {shot}")
+        page.wait_for_timeout(500)
     print(f"{name}: all cells ran in {time.monotonic() - start:.0f} s; "
           f"slowest (cell, s): {timings(page, name)[:5]}")
     page.screenshot(path=str(shot))
@@ -307,6 +332,15 @@ def test_a_slider_that_changes_nothing_is_caught(browser, lab):
         assert v1 != v0, "the slider did not move"
         assert "never depends on k" in before
         assert after == before, "a slider's own readout counted as a change of the widget's output"
+
+
+def test_a_cell_that_never_ends_fails_the_run_within_its_cell_timeout_naming_it(browser, lab):
+    with notebook_page(browser, lab, STALLED) as page:
+        start = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match=r"stalled\.ipynb: cell 1 \(first line: 'import time'\) ran past 5 s"):
+            run_all(page, STALLED, lab["dir"] / "stalled.png", cell_timeout_s=5)
+        assert time.monotonic() - start < 60
+        page.evaluate(f"(name) => ({PANEL})(name).sessionContext.shutdown()", STALLED)   # its kernel stops
 
 
 def test_a_learner_sees_one_verdict_line_for_each_try_never_a_traceback(browser, lab):

@@ -15,21 +15,22 @@ lands in its Output widget, not in the cell), each fail the build with an error 
 The browser tests need a system Chromium (as tests/test_browser.py) and skip without one; the
 builder's own checks run everywhere.
 """
-import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
 
+import procs
+from site_builder import SCRIPT, builder, write_notebook
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "notebooks" / "build_site.py"
 CHAPTERS = ("00", "02")
 BUILD_TIMEOUT_S = 240   # CI takes far less; this machine is shared
+CELL_TIMEOUT_S = 60     # the slowest cell of 00 and 02 takes a few seconds; shorter than the build's limit
 CANDIDATES = ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("google-chrome"))
 CHROMIUM = os.environ.get("CHROMIUM") or next((p for p in CANDIDATES if p and os.access(p, os.X_OK)), "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -38,15 +39,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 pytestmark = pytest.mark.slow
 
 
-def load_builder():
-    spec = importlib.util.spec_from_file_location("build_site", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module   # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = load_builder()
 
 
 def traces() -> set[str]:
@@ -63,11 +55,13 @@ def traces() -> set[str]:
 def site(tmp_path_factory):
     """The site of chapters 00 and 02, built by the script's command line; -> (folder, pages)."""
     out = tmp_path_factory.mktemp("site") / "site"
-    before, start = traces(), time.monotonic()
-    run = subprocess.run([sys.executable, str(SCRIPT), "--chapters", *CHAPTERS, "--out", str(out), "--jobs", "2"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    print(f"site of chapters {' '.join(CHAPTERS)} built in {time.monotonic() - start:.0f} s")
+    before = traces()
+    run = procs.run([sys.executable, str(SCRIPT), "--chapters", *CHAPTERS, "--out", str(out), "--jobs", "2",
+                     "--timeout", str(CELL_TIMEOUT_S)], timeout=BUILD_TIMEOUT_S, cwd=ROOT)
+    print(f"site of chapters {' '.join(CHAPTERS)} built in {run.seconds:.0f} s")
+    assert not run.timed_out, f"the build ran past {BUILD_TIMEOUT_S} s (stopped):\n{run.stderr[-3000:]}"
     assert run.returncode == 0, f"the build failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert not procs.survivors(run.tag), "the build left processes running"
     assert traces() <= before, f"the build changed the work tree: {sorted(traces() - before)}"
     pages = sorted(p.name for p in out.glob("*.html"))
     return out, pages
@@ -210,17 +204,6 @@ def test_each_widget_is_shown_as_a_still_at_its_defaults(browser, site):
     # 02: the text coloured by what made each token, at gamma 4 (its self-test moves gamma to 1 and back)
     (s02,) = stills["02"]
     assert s02["controls"][0][1] == "4" and "gamma 4:" in s02["text"] and "target calls" in s02["text"]
-
-
-def write_notebook(folder: Path, name: str, cells: list[str]) -> Path:
-    import nbformat
-
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# {name[:2]} · a test chapter")]
-                                  + [nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    folder.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, folder / name)
-    return folder / name
 
 
 def test_a_cell_that_raises_fails_the_build_naming_the_chapter_and_the_cell(tmp_path):

@@ -1,0 +1,137 @@
+"""The processes a test run starts, and the proof that none of them outlives it.
+
+A Jupyter kernel runs in a session of its own (jupyter_client starts it so), so killing the process
+group of whatever started it does not reach it: it leaves when ipykernel notices that its parent has
+gone (it polls its parent's pid once a second). To find every process a run started, wherever it
+ended up, the run's environment carries a tag (:data:`TAG`), which every child inherits (kernels,
+pool workers, servers, browsers); Linux shows each process's environment in ``/proc/PID/environ``.
+
+- :func:`run` runs a command in its own process group, with a deadline; past it, the group gets
+  SIGTERM, then SIGKILL.
+- :func:`survivors` lists the processes that still carry a tag, after a grace period.
+- ``python tests/procs.py -- CMD ...`` runs ``CMD`` tagged, then fails (exit 3) if any process it
+  started is still running once it has exited, naming them and stopping them (``make test`` runs
+  pytest this way).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+TAG = "COURSE_PROCESS_TAG"
+GRACE_S = 10.0   # a kernel leaves within ~1 s of its parent; a server's shutdown takes a few seconds
+
+
+def tagged(tag: str) -> dict[int, str]:
+    """{pid: command line} of the live processes whose environment carries ``TAG=tag`` (this one
+    excepted); {} where ``/proc`` does not exist."""
+    needle, found = f"{TAG}={tag}".encode(), {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":   # exited, not yet reaped
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:   # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def survivors(tag: str, grace_s: float = GRACE_S) -> dict[int, str]:
+    """The processes still tagged ``tag`` after up to ``grace_s`` seconds of waiting for them to leave."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = tagged(tag)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def stop(pids) -> None:
+    """SIGKILL each pid (already gone: ignored)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@dataclass
+class Run:
+    returncode: int | None   #: None: stopped at its deadline
+    stdout: str
+    stderr: str
+    seconds: float
+    tag: str
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def tagged_env(env: dict | None = None) -> tuple[dict, str]:
+    """(a copy of ``env`` (default: this process's) with a fresh :data:`TAG`, the tag)."""
+    tag = uuid.uuid4().hex
+    return dict(os.environ if env is None else env, **{TAG: tag}), tag
+
+
+def run(cmd: list[str], timeout: float, env: dict | None = None, cwd=None, term_grace_s: float = 5.0) -> Run:
+    """``cmd`` in a new session (its own process group), tagged, its output captured; past ``timeout``
+    seconds the group gets SIGTERM, and SIGKILL ``term_grace_s`` seconds later."""
+    if timeout <= 0:
+        raise ValueError(f"timeout: {timeout} s; a positive number of seconds")
+    env, tag = tagged_env(env)
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return Run(p.returncode, out, err, time.monotonic() - start, tag)
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, None)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = p.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            out, err = p.communicate()
+        return Run(None, out or "", err or "", time.monotonic() - start, tag)
+
+
+def main(argv: list[str]) -> int:
+    """``-- CMD ...``: run CMD tagged (in this process group: Ctrl-C reaches it), then exit 3 if any
+    process it started is still running ``GRACE_S`` seconds after it exited; else CMD's exit status."""
+    if not argv or argv[0] != "--" or len(argv) < 2:
+        print("usage: python tests/procs.py -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    env, tag = tagged_env()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches CMD (same group); this one waits for it
+    code = subprocess.Popen(argv[1:], env=env).wait()
+    left = survivors(tag)
+    if left:
+        print(f"{len(left)} process(es) that {argv[1]} started outlived it (stopped now):", file=sys.stderr)
+        for pid, line in sorted(left.items()):
+            print(f"  {pid} {line[:200]}", file=sys.stderr)
+        stop(left)
+        return 3
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
