@@ -317,7 +317,8 @@ print(f"kept nodes {keep} -> slots {L}..{L + len(keep) - 1}; next-token logits =
 # `Proposal(tokens, valid, q=None, calls, tree=Tree(parents))` on the target's device (`start`
 # reads it off the prompt ids); the core then does what we did by hand: `Tree.feed` (one forward
 # with the ancestor mask), `Tree.verify` (the walk) and `Tree.compact` (move_slots). `accept` gets
-# the accepted node indices in `verdict.path`.
+# the accepted node indices in `verdict.path` and what each row committed in `verdict.committed` (the
+# accepted nodes' tokens, then the target's own token).
 # The tree's depth is capped by what a row still needs (`caps`).
 
 # %%
@@ -332,12 +333,12 @@ class TopKTree(speculative.Proposer):
         return speculative.Needs(trees=True)               # what it needs from the loop: tree verification
 
     def propose(self, caps):
-        self.rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
-        return tree.pack(self.rows, self.device, calls=min(len(self.widths), max(caps)))
+        rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
+        return tree.pack(rows, self.device, calls=min(len(self.widths), max(caps)))
 
     def accept(self, v):
-        for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            self.ctx[r] += [self.rows[r][0][i] for i in v.path[r, :n].tolist()] + [t]
+        for ctx, new in zip(self.ctx, v.committed):
+            ctx += new
 
     def select(self, rows):
         self.ctx = [self.ctx[i] for i in rows.tolist()]

@@ -99,8 +99,8 @@ class NgramIndex:
 # `speculative.decode` drives any `speculative.Proposer`, four methods: `start` gets the
 # left-padded prompts and returns what the proposer needs from the loop (`speculative.Needs()`:
 # nothing here), `propose(caps)` returns a `Proposal` of at most `caps[b]` tokens per row,
-# `accept(verdict)` learns how many were accepted plus the target's next token, and `select(rows)`
-# drops finished rows. A lookup is deterministic, so there is no `q` (the core treats it as one-hot).
+# `accept(verdict)` learns what each row committed (`verdict.committed[b]`: the accepted drafts, then
+# the target's own token), and `select(rows)` drops finished rows. A lookup is deterministic, so there is no `q` (the core treats it as one-hot).
 
 # %%
 class HandLookup(speculative.Proposer):
@@ -114,15 +114,15 @@ class HandLookup(speculative.Proposer):
         return speculative.Needs()                        # no features, no prompt logits, chains
 
     def propose(self, caps):
-        self.x = [ix.text[a: a + min(self.num_tokens, c)] if (a := ix.lookup(self.min_ngram)) >= 0 else []
-                  for ix, c in zip(self.rows, caps)]
-        g = max(map(len, self.x))
-        tokens = torch.tensor([x + [0] * (g - len(x)) for x in self.x], dtype=torch.long, device=self.device).view(len(caps), g)
-        return speculative.Proposal(tokens, torch.tensor([len(x) for x in self.x], device=self.device))
+        xs = [ix.text[a: a + min(self.num_tokens, c)] if (a := ix.lookup(self.min_ngram)) >= 0 else []
+              for ix, c in zip(self.rows, caps)]
+        g = max(map(len, xs))
+        tokens = torch.tensor([x + [0] * (g - len(x)) for x in xs], dtype=torch.long, device=self.device).view(len(caps), g)
+        return speculative.Proposal(tokens, torch.tensor([len(x) for x in xs], device=self.device))
 
     def accept(self, v):                                  # accepted drafts + the target's token
-        for ix, x, n, t in zip(self.rows, self.x, v.n_list, v.next.tolist()):
-            ix.extend(x[:n] + [t])
+        for ix, new in zip(self.rows, v.committed):
+            ix.extend(new)
 
     def select(self, rows):
         self.rows = [self.rows[i] for i in rows.tolist()]

@@ -128,7 +128,7 @@ print("PARD's block:", [lm.decode([t]) for t in by_hand], "| AR says:", [lm.deco
 # are dropped after each call) and a ragged batch. Its first proposal is our block:
 
 # %%
-prop = pard.PardDraft(pard_draft, MASK, K, 1, K, lm)
+prop = pard.PardProposer(pard_draft, mask_id=MASK, k=K, topk=1, total=K, target=lm)
 prop.start(torch.tensor([ctx], device=DEVICE), None, speculative.Sampling())
 assert prop.propose([NEW_TOKENS]).tokens[0].tolist() == by_hand
 g = pard.generate(lm, prompts, draft=pard_draft, k=K, max_new_tokens=NEW_TOKENS, eos_token_id=[])
@@ -315,7 +315,7 @@ def pvalue(rows, rule=None):                                    # the first two 
 
 def sample_run(rule=None):
     with kernels.references():                                  # the kernels' torch references on a CPU
-        return speculative.decode(lm, dflash.DFlashProposer(flash, 4, 1, 3), [prompt] * SAMPLES, max_new_tokens=3,
+        return speculative.decode(lm, dflash.DFlashProposer(flash, block=4, topk=1, total=3), [prompt] * SAMPLES, max_new_tokens=3,
                                   temperature=1.0, top_k=4, generator=torch.Generator("cpu").manual_seed(SEED),
                                   eos_token_id=[], rule=rule).tokens
 

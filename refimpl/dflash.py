@@ -18,7 +18,7 @@ code: z-lab/dflash ``dflash/model.py``; vLLM's ``model_executor/models/qwen3_dfl
 - **Training (§4.2).** On the target's own responses: random anchor positions per sequence, each
   anchor's block ``[x_a, MASK, ...]`` sees the context strictly before the anchor and its own block
   (:func:`block_loss`: one forward for all of a sequence's anchors with that sparse mask); cross-entropy
-  of slot ``i`` against ``x_{a+i}`` weighted ``exp(-(i - 1) / gamma)``: the early slots decide how many
+  of slot ``i`` against ``x_{a+i}`` weighted ``exp(-(i - 1) / decay)``: the early slots decide how many
   tokens are accepted.
 
 The layer is Qwen3's (vLLM's ``qwen3_dflash.py``: per-head RMSNorm of queries and keys, no biases,
@@ -35,17 +35,14 @@ the lossless rule, as upstream's ``dflash_generate`` at ``temperature > 0``.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from . import sampling
 from .generation import Generation, check_positive_int, preset_options, required
 from .lm import check_feature_draft, check_taps
-from .primitives import RMSNorm, causal, positions_from_mask, rope_tables, rope_theta, rotate
+from .primitives import RMSNorm, positions_from_mask, rope_tables, rope_theta, rotate
 from .speculative import Needs, Proposal, Proposer, decode
-from .tree import pack, slot_tree
+from .tree import pack, slot_proposal
 
 
 def default_taps(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -154,39 +151,40 @@ class DFlashDraft(nn.Module):
 
 
 def block_loss(draft: DFlashDraft, tok: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
-               weights: torch.Tensor | None = None, gamma: float = 7.0):
+               weights: torch.Tensor | None = None, decay: float = 7.0):
     """DFlash's training loss for one batch (see the module doc): ``tok`` (B, T) the text, ``feats`` (B, T,
     len(taps) H) the target's streams at it, ``anchors`` (B, N) block starts (-1: none); ``weights`` (B, T)
     which tokens may be targets (the response's; None: all). All anchors of a row in one forward: block n
-    sees the context before its anchor and itself. -> ``(loss, per-slot accuracy (g - 1,))``, the loss the
-    average cross-entropy of slot i against ``tok[a + i]`` weighted ``exp(-(i - 1) / gamma)``."""
+    sees the context before its anchor and itself. -> ``(loss, per-slot accuracy (Q - 1,))``, the loss the
+    average cross-entropy of slot i against ``tok[a + i]`` weighted ``exp(-(i - 1) / decay)`` (the paper's
+    gamma: here ``gamma`` is always a draft length)."""
     B, T = tok.shape
-    N, g, dev = anchors.shape[1], draft.block, tok.device
+    N, Q, dev = anchors.shape[1], draft.block, tok.device
     ctx = draft.context(feats)  # (B, T, H)
-    off = torch.arange(g, device=dev)
-    bpos = anchors.clamp(min=0)[:, :, None] + off  # (B, N, g) the blocks' positions
-    blk = torch.full((B, N, g), draft.mask_id, dtype=torch.long, device=dev)
+    off = torch.arange(Q, device=dev)
+    bpos = anchors.clamp(min=0)[:, :, None] + off  # (B, N, Q) the blocks' positions
+    blk = torch.full((B, N, Q), draft.mask_id, dtype=torch.long, device=dev)
     blk[:, :, 0] = tok.gather(1, anchors.clamp(min=0))  # the root: the anchor's own token
     see_ctx = torch.arange(T, device=dev)[None, None, None, :] < anchors[:, :, None, None]  # (B, N, 1, T)
-    same = torch.eye(N, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(B, N, g, N, g)
-    allow = torch.cat([see_ctx.expand(B, N, g, T), same.reshape(B, N, g, N * g)], -1).reshape(B, N * g, T + N * g)
-    allow[:, torch.arange(N * g, device=dev), T + torch.arange(N * g, device=dev)] = True  # (no empty rows)
-    pos = torch.cat([torch.arange(T, device=dev).expand(B, T), bpos.reshape(B, N * g)], 1)
-    out, _ = draft.step(blk.reshape(B, N * g), ctx, pos, allow)
-    logits = draft.logits(out.view(B, N, g, -1)[:, :, 1:]).float()  # (B, N, g - 1, V')
-    at = bpos[:, :, 1:]  # (B, N, g - 1) the positions the slots predict
+    same = torch.eye(N, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(B, N, Q, N, Q)
+    allow = torch.cat([see_ctx.expand(B, N, Q, T), same.reshape(B, N, Q, N * Q)], -1).reshape(B, N * Q, T + N * Q)
+    allow[:, torch.arange(N * Q, device=dev), T + torch.arange(N * Q, device=dev)] = True  # (no empty rows)
+    pos = torch.cat([torch.arange(T, device=dev).expand(B, T), bpos.reshape(B, N * Q)], 1)
+    out, _ = draft.step(blk.reshape(B, N * Q), ctx, pos, allow)
+    logits = draft.logits(out.view(B, N, Q, -1)[:, :, 1:]).float()  # (B, N, Q - 1, V')
+    at = bpos[:, :, 1:]  # (B, N, Q - 1) the positions the slots predict
     ok = (anchors[:, :, None] >= 0) & (at < T)
-    target = tok.gather(1, at.clamp(max=T - 1).reshape(B, -1)).view(B, N, g - 1)
+    target = tok.gather(1, at.clamp(max=T - 1).reshape(B, -1)).view(B, N, Q - 1)
     if weights is not None:
-        ok &= weights.gather(1, at.clamp(max=T - 1).reshape(B, -1)).view(B, N, g - 1).bool()
+        ok &= weights.gather(1, at.clamp(max=T - 1).reshape(B, -1)).view(B, N, Q - 1).bool()
     if draft.kept is not None:  # a target outside the kept vocabulary cannot be drafted: no loss there
         col = torch.full((draft.embed.shape[0],), -1, dtype=torch.long, device=dev).index_copy_(
             0, draft.kept, torch.arange(len(draft.kept), device=dev))
         target, ok = col[target], ok & (col[target] >= 0)
-    decay = torch.exp(-torch.arange(g - 1, device=dev, dtype=torch.float32) / gamma)  # (g - 1,)
+    slot_w = torch.exp(-torch.arange(Q - 1, device=dev, dtype=torch.float32) / decay)  # (Q - 1,)
     ce = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.clamp(min=0).reshape(-1),
-                                     reduction="none").view(B, N, g - 1)
-    w = decay * ok
+                                     reduction="none").view(B, N, Q - 1)
+    w = slot_w * ok
     right = ((logits.argmax(-1) == target) & ok).float().sum((0, 1)) / ok.float().sum((0, 1)).clamp(min=1)
     return (ce * w).sum() / w.sum().clamp(min=1e-9), right
 
@@ -227,15 +225,13 @@ class DFlashProposer(Proposer):
         self.roots = [row[-1] for row in ids.tolist()]  # each row's next token for the target: the block's root
         self.pending = None  # per row (n, len(taps) H): committed tokens' features not in the cache yet
         self.kv, self.kmask, self.done = None, None, [0] * ids.shape[0]  # the cache; cached tokens per row
-        self.rows = self.x = None
         return Needs(hidden=self.draft.taps, trees=self.topk > 1)
 
     @torch.no_grad()
     def propose(self, caps: list[int]) -> Proposal:
         B, dev = len(caps), self.draft.embed.device
-        g = min(self.block, max(caps) + 1)  # the root + the drafts
-        self.rows = self.x = None
-        if self.pending is None or g <= 1:
+        g = min(self.block - 1, max(caps))  # drafts: the block is the root and g masks
+        if self.pending is None or g <= 0:
             return pack([([], [])] * B, self.device)
         C = max(p.shape[0] for p in self.pending)
         ctx = torch.zeros((B, C, self.pending[0].shape[1]), device=dev)
@@ -245,43 +241,35 @@ class DFlashProposer(Proposer):
         start = torch.tensor(self.done, device=dev)
         cpos = positions_from_mask(cmask.long(), start)  # (B, C)
         root = start + cmask.sum(-1)  # (B,) the root's position: after every committed token
-        bpos = root[:, None] + torch.arange(g, device=dev)  # (B, g)
-        blk = torch.full((B, g), self.draft.mask_id, dtype=torch.long, device=dev)
+        bpos = root[:, None] + torch.arange(g + 1, device=dev)  # (B, g + 1)
+        blk = torch.full((B, g + 1), self.draft.mask_id, dtype=torch.long, device=dev)
         blk[:, 0] = torch.tensor(self.roots, device=dev)
         P = 0 if self.kv is None else self.kmask.shape[1]
         allow = torch.cat([self.kmask if self.kv is not None else cmask[:, :0], cmask,
-                           torch.ones((B, g), dtype=torch.bool, device=dev)], 1)[:, None, :].expand(B, g, P + C + g)
+                           torch.ones((B, g + 1), dtype=torch.bool, device=dev)], 1)[:, None, :].expand(B, g + 1, P + C + g + 1)
         out, new = self.draft.step(blk, self.draft.context(ctx), torch.cat([cpos, bpos], 1), allow, self.kv)
         self.kv = new if self.kv is None else [(torch.cat([a, k], 2), torch.cat([b, v], 2))
                                                for (a, b), (k, v) in zip(self.kv, new)]
         self.kmask = cmask if self.kmask is None else torch.cat([self.kmask, cmask], 1)
         self.done, self.pending = root.tolist(), [p[:0] for p in self.pending]
-        logits = self.draft.vocab_logits(out[:, 1:], self.draft.embed.shape[0]).float()  # (B, g - 1, V)
-        caps_g = [min(c, g - 1) for c in caps]
-        if self.topk > 1:
-            lp, ids = torch.log_softmax(logits, -1).topk(self.topk, -1)  # (B, g - 1, topk)
-            self.rows = slot_tree(lp, ids, caps_g, self.total)
-            return pack(self.rows, self.device, calls=1)
-        s = self.settings
-        q = None if s.greedy else s.probs(logits)  # (B, g - 1, V) each slot's own distribution
-        x = logits.argmax(-1) if s.greedy else sampling.sample_from_probs(q, s.generator)
-        self.x = x.tolist()
-        return Proposal(x.to(self.device), torch.tensor(caps_g, device=self.device),
-                        None if q is None else q.to(self.device), calls=1)
+        logits = self.draft.logits(out[:, 1:]).float()  # (B, g, V') the masks' slots, over the head's rows
+        return slot_proposal(logits, caps, self.settings, self.topk, self.total, self.device, self.draft.kept,
+                             self.draft.embed.shape[0])
 
     def accept(self, v) -> None:
         """The new context: the features at the root and the accepted drafts (the prompt's too, at first)."""
         path = None if v.path is None else v.path.tolist()
         first = self.pending is None
         pending = []
-        for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
+        for r, new in enumerate(v.committed):
+            n = len(new) - 1  # the accepted drafts; then the target's token, the next block's root
             nodes = (path[r][:n] if path is not None else list(range(n))) if n else []
             f = v.hidden[r, [0] + [1 + i for i in nodes]]  # (n + 1, taps H)
             if first:  # the prompt's tokens before the root, without the left padding
                 fed = v.fed_hidden[r][self.pmask[r, : v.fed_hidden.shape[1]].to(v.fed_hidden.device)]
                 f = torch.cat([fed, f])
             pending.append(f.float().to(self.draft.embed.device))
-            self.roots[r] = t
+            self.roots[r] = new[-1]
         self.pending = pending
 
     def select(self, rows: torch.Tensor) -> None:

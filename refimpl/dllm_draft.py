@@ -82,7 +82,6 @@ class DiffusionDraft(Proposer):
                 q[:, lo:lo + k] = s.probs(logits)
                 x[:, lo:lo + k] = sampling.sample_from_probs(q[:, lo:lo + k], s.generator)
             lo += k
-        self.x = x
         return Proposal(x, valid, q, calls=calls)
 
     def accept(self, v: Verdict) -> None:
@@ -92,8 +91,7 @@ class DiffusionDraft(Proposer):
             self.pending = torch.cat([self.pending, nxt[:, None]], 1)
             self.pmask = torch.cat([fm, torch.ones_like(fm[:, :1])], 1)
             return
-        rows = [xs[:n] + [t] for xs, n, t in zip(self.x.tolist(), v.n_list, nxt.tolist())]
-        self.pending, pm = left_pad(rows, self.dlm.pad_token_id, self.dlm.device)  # (b, max n + 1)
+        self.pending, pm = left_pad(v.committed, self.dlm.pad_token_id, self.dlm.device)  # (b, max n + 1)
         self.pmask = None if len(set(v.n_list)) == 1 else pm
 
     def select(self, rows: torch.Tensor) -> None:

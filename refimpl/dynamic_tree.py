@@ -257,9 +257,7 @@ class DynamicDraftTree(Proposer):
         return pack(self.rows, self.device, calls=D)
 
     def accept(self, v) -> None:
-        path = None if v.path is None else v.path.tolist()
-        for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            new = [self.rows[r][0][i] for i in path[r][:n]] + [t] if n else [t]
+        for r, new in enumerate(v.committed):
             self.pending[r] += new
             self.history[r] += new
 

@@ -137,7 +137,8 @@ class EagleProposer(Proposer):
     confidence ``floor`` (0: EAGLE-2's rule). ``draft`` is an :class:`EagleDraft` or an EAGLE-3 draft
     (:mod:`refimpl.eagle3`): the proposer asks it for the target layers it reads (``taps``; None: the
     last, normed) and fuses them (``fuse``) as it stores the features. The tree's settings are
-    explicit: :data:`PRESETS` names them."""
+    explicit: :data:`PRESETS` names them. After :meth:`propose`, ``rows`` holds each row's ``(tokens,
+    parents)`` (None: nothing proposed) and ``scores`` the kept nodes' cumulative log-confidence."""
 
     compact_at = 0.25  # squeeze the cache's padding out once every row has this fraction of it
 
@@ -247,9 +248,8 @@ class EagleProposer(Proposer):
             return pack([([], [])] * B, self.device)
         root, past, kmask, n = self.encode()
         self.calls = D  # (fewer when growth settles early)
-        rows, self.scores = self.grow(root, past, kmask, n, caps, D)
-        self.rows = rows
-        return pack(rows, self.device, calls=self.calls)
+        self.rows, self.scores = self.grow(root, past, kmask, n, caps, D)
+        return pack(self.rows, self.device, calls=self.calls)
 
     def grow(self, root, past, kmask, n, caps, D):
         """EAGLE-2's tree below the root: ``root`` (B, H) its predicted feature; the context's
@@ -288,13 +288,13 @@ class EagleProposer(Proposer):
         hid = self.draft.fuse(v.hidden.gather(1, idx[..., None].expand(-1, -1, v.hidden.shape[-1])))  # (b, w, H)
         fed_all = v.fed_hidden is not None and v.fed_hidden.shape[1] > 0  # tokens fed before the root
         new = []
-        for r, (nd, nxt) in enumerate(zip(nodes, v.next.tolist())):
+        for r, committed in enumerate(v.committed):
             fed = self.draft.fuse(v.fed_hidden[r]) if fed_all else hid[r, :0]  # (F - 1, H)
             if self.feats is None:  # the prompt: drop the left padding
                 fed = fed[self.pmask[r, : fed.shape[0]].to(fed.device)]
             old = [] if self.feats is None else [self.feats[r]]
             new.append(torch.cat(old + [fed, hid[r, :len(rows[r])]]).to(self.draft.embed.device))
-            self.toks[r] += [self.rows[r][0][i] for i in nd] + [nxt]
+            self.toks[r] += committed
         self.feats = new
 
     def select(self, rows: torch.Tensor) -> None:

@@ -107,23 +107,25 @@ class Outputs:
         """After one verification: ``n`` (b,) drafts accepted of ``prop`` (a Proposal), the target's ``nxt``
         (b,), the candidates per row ``valid`` (b,) and the ``accepted`` tokens (b, max n). Appends each row's
         accepted drafts and the target's token, stopping at EOS / max_new_tokens (one host copy, through
-        ``target.host``) -> ``(n_list, finished batch indices, mean tokens emitted per row)``."""
+        ``target.host``) -> ``(n_list, committed, finished batch indices, mean tokens emitted per row)``,
+        ``committed[i]`` row i's accepted drafts then the target's token (before any EOS cut)."""
         s = self.stats
         s.target_calls, s.draft_calls, s.row_steps = s.target_calls + 1, s.draft_calls + prop.calls, s.row_steps + len(self.rows)
         self.gammas.append(prop.tokens.shape[1])
         n_list, nxt, valid, accepted = target.host(n[:, None], nxt[:, None], valid[:, None], accepted)
-        step, finished, emitted = [0] * len(self.out), [], []
+        step, finished, emitted, committed = [0] * len(self.out), [], [], []
         for i, r in enumerate(self.rows):
             k, left = n_list[i][0], self.max_new - len(self.out[r])
             step[r], s.drafted = k, s.drafted + valid[i][0]
             self.lengths.append(valid[i][0])
-            new, done = truncate_at_eos(accepted[i][:k] + nxt[i], self.eos, left)
+            committed.append(accepted[i][:k] + nxt[i])
+            new, done = truncate_at_eos(committed[-1], self.eos, left)
             self.out[r].extend(new)
             emitted.append(len(new))
             if done or len(self.out[r]) >= self.max_new:
                 finished.append(i)
         s.accepted.append(step)
-        return [k[0] for k in n_list], finished, sum(emitted) / len(emitted)
+        return [k[0] for k in n_list], committed, finished, sum(emitted) / len(emitted)
 
     def drop(self, finished: list[int]) -> list[int]:
         """Take the ``finished`` batch indices out of the batch -> the batch indices that go on."""

@@ -118,8 +118,8 @@ class Jacobi(Proposer):
         logits, s = v.logits, self.settings
         self.vocab = logits.shape[-1]
         top = argmax(logits).tolist() if s.greedy else None  # (b, g + 1) the target's predictions
-        for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            (self.context[b] if self.index is None else self.index[b]).extend(self.guess[b][:k] + [t])
+        for b, k in enumerate(v.n_list):
+            (self.context[b] if self.index is None else self.index[b]).extend(v.committed[b])
             if s.greedy:  # the predictions past the new token become the next guesses
                 self.guess[b] = top[b][k + 1: len(self.guess[b]) + 1]
                 self.p_old[b] = [None] * len(self.guess[b])

@@ -111,22 +111,19 @@ class Lookahead(Proposer):
         see[:, :S, :S] = see_w
         see[:, S:, S:] = anc
         depth = torch.cat([depth_w.expand(len(rows), S), anc.sum(-1)], 1)  # (b, m)
-        self.x = x
         return Proposal(x, torch.tensor([len(t) for t, _ in rows], device=dev), None, 0, Tree(parents, depth, see))
 
     def accept(self, v: Verdict) -> None:
         L, W = len(self.levels[0]), self.W
         S = L * W
         top = argmax(v.logits[:, 1 + (L - 1) * W: 1 + S]).tolist()  # (b, W) Jacobi update of the top level
-        path = v.path.tolist() if v.path is not None else [[] for _ in v.n_list]
-        xs = self.x.tolist()
-        for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            acc = [xs[b][i] for i in path[b][:k]]
+        for b, new in enumerate(v.committed):
+            acc, k = new[:-1], len(new) - 1
             if k:  # a verified guess: move its n-gram to the newest end of the pool
                 hit = [g for g in self.pools[b].get(self.context[b][-1]) if list(g[:k]) == acc]
                 if hit:
                     self.pools[b].add([self.context[b][-1], *hit[-1]])
-            self.context[b].extend(acc + [t])
+            self.context[b].extend(new)
             levels = self.levels[b]
             levels.append(top[b])
             if len(levels) == self.N:  # a full window: each column is an N-gram; slide

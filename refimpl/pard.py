@@ -35,16 +35,15 @@ from __future__ import annotations
 
 import torch
 
-from . import sampling
 from .generation import Generation, check_positive_int, preset_options, required
 from .lm import check_vocab
 from .primitives import left_pad, unpad
 from .slot_cache import SlotCache
 from .speculative import Needs, Proposal, Proposer, Sampling, check_same_tokenizer, decode
-from .tree import pack, slot_tree
+from .tree import pack, slot_proposal
 
 
-class PardDraft(Proposer):
+class PardProposer(Proposer):
     """Proposer: ``draft`` (a causal LM trained for parallel drafting) proposes up to ``k`` tokens a step
     in one call over [the tokens it has not seen, ``mask_id`` x (k - 1)]. ``topk`` > 1: a tree of
     ``total`` nodes over the slots' top-``topk`` (:func:`refimpl.tree.slot_tree`). The draft's cache keeps
@@ -66,8 +65,7 @@ class PardDraft(Proposer):
 
     @torch.no_grad()
     def propose(self, caps: list[int]) -> Proposal:
-        B, g, dev = len(caps), min(self.k, max(caps)), self.draft.device
-        self.rows = None
+        B, g, dev = len(caps), min(self.k, max(caps)), self.draft.device  # g drafts: the last token's + g - 1 masks
         if g <= 0:
             return pack([([], [])] * B, self.device)
         feed, fmask = left_pad(self.pending, self.draft.pad_token_id, dev)  # (B, F)
@@ -77,26 +75,11 @@ class PardDraft(Proposer):
         logits = self.cache.feed(torch.cat([feed, masks], 1), fm, keep=g).logits  # (B, g, V): one call
         self.cache.keep_accepted(g - 1, torch.zeros(B, dtype=torch.long, device=dev), [0] * B)  # drop the masks
         self.pending = [[] for _ in range(B)]
-        caps_g = [min(c, g) for c in caps]
-        valid = torch.tensor(caps_g, device=self.device)
-        s = self.settings
-        if self.topk > 1:  # a tree over the slots' top-k (deterministic children)
-            lp, ids = torch.log_softmax(logits.float(), -1).topk(self.topk, -1)  # (B, g, topk)
-            self.rows = slot_tree(lp, ids, caps_g, self.total)
-            return pack(self.rows, self.device, calls=1)
-        q = None if s.greedy else s.probs(logits)  # (B, g, V): slot j's own distribution, its token drawn from it
-        x = logits.argmax(-1) if s.greedy else sampling.sample_from_probs(q, s.generator)  # (B, g)
-        self.x = x.tolist()
-        return Proposal(x.to(self.device), valid, None if q is None else q.to(self.device), calls=1)
+        return slot_proposal(logits, caps, self.settings, self.topk, self.total, self.device)
 
     def accept(self, v) -> None:
-        path = None if v.path is None else v.path.tolist()
-        for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            if self.rows is not None:  # a tree: the accepted nodes' tokens
-                acc = [self.rows[r][0][i] for i in path[r][:n]]
-            else:
-                acc = self.x[r][:n]
-            self.pending[r] += acc + [t]
+        for pending, new in zip(self.pending, v.committed):
+            pending += new
 
     def select(self, rows: torch.Tensor) -> None:
         self.cache.select(rows.to(self.cache.device))
@@ -148,5 +131,5 @@ def generate(target, prompts, draft=None, mask_id: int | None = None, max_new_to
     if mask_id is None:
         raise ValueError("mask_id is required: this draft's config names no pard_token (train it for PARD first)")
     o = preset_options(PRESETS, preset, target, k=k, topk=topk, total=total)
-    return decode(target, PardDraft(draft, mask_id, o["k"], o["topk"], o["total"], target), prompts, max_new_tokens,
+    return decode(target, PardProposer(draft, mask_id, o["k"], o["topk"], o["total"], target), prompts, max_new_tokens,
                   temperature, top_k, top_p, generator, eos_token_id)

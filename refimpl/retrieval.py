@@ -58,13 +58,13 @@ class PromptLookup(Proposer):
         at = [ix.find() for ix in self.index]  # (b,) where the continuation starts, -1 = no match
         props = [ix.history[a: a + min(self.num_tokens, c)] if a >= 0 else [] for ix, a, c in zip(self.index, at, caps)]
         g = max(len(p) for p in props)
-        self.x = [p + [0] * (g - len(p)) for p in props]
-        return Proposal(torch.tensor(self.x, dtype=torch.long, device=self.device).view(len(props), g),
+        x = [p + [0] * (g - len(p)) for p in props]
+        return Proposal(torch.tensor(x, dtype=torch.long, device=self.device).view(len(props), g),
                         torch.tensor([len(p) for p in props], device=self.device))
 
     def accept(self, v: Verdict) -> None:
-        for ix, x, n, t in zip(self.index, self.x, v.n_list, v.next.tolist()):
-            ix.extend(x[:n] + [t])
+        for ix, new in zip(self.index, v.committed):
+            ix.extend(new)
 
     def select(self, rows: torch.Tensor) -> None:
         self.index = [self.index[i] for i in rows.tolist()]
@@ -207,16 +207,14 @@ class SuffixAndRecycling(Proposer):
         return self.prop
 
     def accept(self, v: Verdict) -> None:
-        xs, valid = self.prop.tokens.tolist(), self.prop.valid.tolist()
-        paths = v.path.tolist() if v.path is not None else [list(range(k)) for k in v.n_list]
+        xs, valid = self.prop.tokens.tolist(), self.prop.valid.tolist()  # every scored draft (recycling's table)
         top = v.logits.topk(self.k, dim=-1).indices.tolist() if self.recycling else None  # (b, 1 + g, k)
         if self.recycling and self.prompts is not None and v.fed is not None and v.fed.shape[1]:
             fed = v.fed.topk(self.k, dim=-1).indices.tolist()  # (b, F - 1, k): the prefill scored the prompt
             for b, r in enumerate(self.prompts):  # left padding: row b's tokens are the last len(r) columns
                 self.tables[b].update(r[:-1], fed[b][len(fed[b]) - (len(r) - 1):] if len(r) > 1 else [])
         self.prompts = None
-        for b, (k, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            new = [xs[b][i] for i in paths[b][:k]] + [t]
+        for b, new in enumerate(v.committed):
             if self.recycling:  # every scored position rewrites its token's successors
                 self.tables[b].update([self.last[b]] + xs[b][: valid[b]], top[b][: 1 + valid[b]])
             if self.sam:

@@ -129,6 +129,7 @@ class Verdict(NamedTuple):
     n: torch.Tensor  # (b,) drafts accepted per row
     next: torch.Tensor  # (b,) the target's token after them (correction or bonus)
     n_list: list  # n on the host
+    committed: list  # per row, on the host: the accepted drafts' tokens, then next (what the row committed)
     emitted: float  # mean tokens emitted per row this step (for length policies)
     logits: torch.Tensor | None = None  # (b, g + 1, V) the target's logits after the root and each draft
     path: torch.Tensor | None = None  # (b, max n) accepted node indices of a tree proposal (-1 = none)
@@ -150,7 +151,8 @@ class Proposer:
     - ``propose(caps: list[int]) -> Proposal``: at most ``caps[r]`` drafts for row r (a row that needs
       ``k`` more tokens gets ``caps = k - 1``: the target adds one itself), on the target's device.
     - ``accept(verdict: Verdict)``: row r accepted ``verdict.n_list[r]`` drafts (a tree: the nodes in
-      ``verdict.path[r]``), then the target's ``verdict.next[r]``; roll back whatever the proposer keeps.
+      ``verdict.path[r]``), then the target's ``verdict.next[r]``: it committed the tokens
+      ``verdict.committed[r]``; roll back whatever the proposer keeps.
     - ``select(rows: LongTensor)``: only these rows go on (the others finished).
     """
 
@@ -238,14 +240,14 @@ def decode(target, proposer: Proposer, prompts, max_new_tokens: int = 64, temper
             fed, logits = scored.logits[:, :-g - 1], scored.logits[:, -g - 1:]  # before the root; (b, g + 1, V)
             n, nxt, path = shape.verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
             accepted = x if path is None else x.gather(1, path.clamp(min=0))  # (b, max n) the accepted tokens
-            n_list, finished, emitted = run.emit(target, prop, n, nxt, shape.candidates(valid), accepted)
+            n_list, committed, finished, emitted = run.emit(target, prop, n, nxt, shape.candidates(valid), accepted)
             if len(finished) == len(run.rows):
                 break
             if g:  # 4. roll back past the rejected drafts; the proposer does the same for its state
                 shape.compact(tgt, g, path, n, n_list)
             h = scored.hidden
-            proposer.accept(Verdict(n=n, next=nxt, n_list=n_list, emitted=emitted, logits=logits, path=path,
-                                    fed=fed, hidden=None if h is None else h[:, F - 1:],
+            proposer.accept(Verdict(n=n, next=nxt, n_list=n_list, committed=committed, emitted=emitted,
+                                    logits=logits, path=path, fed=fed, hidden=None if h is None else h[:, F - 1:],
                                     fed_hidden=None if h is None else h[:, : F - 1]))
             feed, fmask = nxt[:, None], None
             if finished:

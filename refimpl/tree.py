@@ -296,6 +296,33 @@ def slot_tree(lp, ids, caps: list[int], total: int) -> list[tuple[list[int], lis
     return rows
 
 
+
+def slot_proposal(logits: torch.Tensor, caps: list[int], settings, topk: int, total: int, device,
+                  kept: torch.Tensor | None = None, vocab: int | None = None):
+    """The proposal of a parallel drafter's one call (PARD, DFlash) from its slots' logits ``logits`` (B, g, V'),
+    slot ``j`` scoring the token ``j + 1`` ahead; at most ``caps[b]`` drafts for row b; ``kept`` (V',) the
+    token ids of the logits' columns (a head over a kept subset of a ``vocab``-token vocabulary; None: all).
+    ``topk`` > 1: a ``total``-node tree over the slots' top-k (:func:`slot_tree`, deterministic children).
+    Otherwise a chain: each slot's argmax (greedy), or a token drawn from the slot's own distribution
+    ``q_j`` (``settings.probs``, returned as ``q`` (B, g, V) over the whole vocabulary ``V``): the slots do
+    not see each other's draws, so ``x_j ~ q_j`` and the lossless rule applies. One draft call."""
+    if kept is not None and vocab is None:
+        raise ValueError("vocab is required with kept: the size of the vocabulary the kept ids index")
+    caps_g = [min(c, logits.shape[1]) for c in caps]
+    ids = (lambda i: i) if kept is None else (lambda i: kept[i])  # column -> token id
+    if topk > 1:
+        lp, top = torch.log_softmax(logits.float(), -1).topk(topk, -1)  # (B, g, topk)
+        return pack(slot_tree(lp, ids(top), caps_g, total), device, calls=1)
+    valid = torch.tensor(caps_g, device=device)
+    if settings.greedy:
+        return Proposal(ids(argmax(logits)).to(device), valid, None, calls=1)  # (B, g)
+    q = settings.probs(logits)  # (B, g, V') each slot's own distribution
+    x = ids(sampling.sample_from_probs(q, settings.generator))  # (B, g)
+    if kept is not None:  # q over the whole vocabulary, 0 outside the kept tokens
+        q = q.new_zeros((*q.shape[:-1], vocab)).index_copy_(-1, kept, q)
+    return Proposal(x.to(device), valid, q.to(device), calls=1)
+
+
 # ---------------------------------------------------------------------------------------
 # a proposer: the draft model's top-k tree
 # ---------------------------------------------------------------------------------------
@@ -337,13 +364,12 @@ class DraftTree(Proposer):
         return Needs(trees=True, max_length=self.max_length)
 
     def propose(self, caps: list[int]) -> Proposal:
-        self.rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
-        return pack(self.rows, self.device, calls=min(len(self.widths), max(caps)))
+        rows = [grow(self.draft, c, self.widths[:cap]) for c, cap in zip(self.ctx, caps)]
+        return pack(rows, self.device, calls=min(len(self.widths), max(caps)))
 
     def accept(self, v) -> None:
-        for r, (n, t) in enumerate(zip(v.n_list, v.next.tolist())):
-            accepted = [] if v.path is None else [self.rows[r][0][i] for i in v.path[r, :n].tolist()]
-            self.ctx[r] += accepted + [t]
+        for ctx, new in zip(self.ctx, v.committed):
+            ctx += new
 
     def select(self, rows: torch.Tensor) -> None:
         self.ctx = [self.ctx[i] for i in rows.tolist()]

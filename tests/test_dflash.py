@@ -101,7 +101,7 @@ def test_eos_inside_an_accepted_run(tiny, spec_prompts, spec_ar_free):
 def chi_pvalue(tiny, draft, rule, samples=800):
     prompt = tiny.encode("And the LORD spake unto Moses, saying")
     exact = exact_first_two(tiny, prompt, 1.0, 4)
-    g = speculative.decode(tiny, dflash.DFlashProposer(draft, 4, 1, 3), [prompt] * samples, max_new_tokens=3,
+    g = speculative.decode(tiny, dflash.DFlashProposer(draft, block=4, topk=1, total=3), [prompt] * samples, max_new_tokens=3,
                            temperature=1.0, top_k=4, generator=torch.Generator().manual_seed(5), eos_token_id=[],
                            rule=rule)
     return first_two_pvalue(g.tokens, exact), g.stats.alpha
@@ -114,7 +114,7 @@ def test_sampling_is_lossless_and_a_wrong_rule_is_caught(tiny):
     assert chi_pvalue(tiny, d, wrong_residual_is_p)[0] < 1e-6
 
 
-def brute_force_loss(draft, tok, feats, anchors, gamma):
+def brute_force_loss(draft, tok, feats, anchors, decay):
     """Every anchor's block run alone (``block_out``), its slots' cross-entropy weighted as block_loss."""
     total = weight = 0.0
     T = tok.shape[1]
@@ -126,7 +126,7 @@ def brute_force_loss(draft, tok, feats, anchors, gamma):
             logits = draft.logits(out)
             for i in range(draft.block - 1):
                 if a + 1 + i < T:
-                    w = float(torch.exp(torch.tensor(-i / gamma)))
+                    w = float(torch.exp(torch.tensor(-i / decay)))
                     ce = torch.nn.functional.cross_entropy(logits[i][None], tok[r, a + 1 + i][None])
                     total, weight = total + w * ce, weight + w
     return total / weight

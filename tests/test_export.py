@@ -574,7 +574,7 @@ def test_pard_export_proposes_our_parallel_drafts(tiny_target, tmp_path):
     """``tiny-pard`` -> a plain Hugging Face Llama folder with ``pard_token``; vLLM's ``draft_model`` with
     ``parallel_drafting`` (``copy_and_expand_eagle_inputs_kernel``) feeds it [context..., bonus, MASK x (K - 1)]
     at consecutive positions, causally, and samples the K slots from the bonus on: their argmaxes are our
-    :class:`refimpl.pard.PardDraft`'s greedy proposals (k = K, topk = 1) on King James prompts, the bonus the
+    :class:`refimpl.pard.PardProposer`'s greedy proposals (k = K, topk = 1) on King James prompts, the bonus the
     target's greedy next token. Negative control: another token in the mask slots changes the proposals."""
     from transformers import LlamaForCausalLM
 
@@ -603,7 +603,7 @@ def test_pard_export_proposes_our_parallel_drafts(tiny_target, tmp_path):
         with torch.no_grad():
             bonus = int(tiny_target.model(torch.tensor([ctx])).logits[0, -1].argmax())
         ids = ctx + [bonus]
-        prop = pard.PardDraft(lm, mask, K, 1, K, tiny_target)
+        prop = pard.PardProposer(lm, mask_id=mask, k=K, topk=1, total=K, target=tiny_target)
         prop.start(torch.tensor([ids]), None, speculative.Sampling())
         ours = prop.propose([K]).tokens[0]  # (K,)
         got = theirs(ids, mask)

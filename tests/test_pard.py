@@ -66,7 +66,7 @@ def chi_pvalue(tiny, rule, samples=1200):
     untrained mask slot proposes tokens p rarely gives, so its residual is nearly p anyway)."""
     prompt = tiny.encode("The sons of")
     exact = exact_first_two(tiny, prompt, 1.0, 4)
-    prop = pard.PardDraft(early_exit(tiny, 2), MASK, 3, 1, 3, tiny)
+    prop = pard.PardProposer(early_exit(tiny, 2), mask_id=MASK, k=3, topk=1, total=3, target=tiny)
     g = speculative.decode(tiny, prop, [prompt] * samples, max_new_tokens=3, temperature=1.0, top_k=4,
                            generator=torch.Generator().manual_seed(7), eos_token_id=[], rule=rule)
     return first_two_pvalue(g.tokens, exact), g.stats.alpha

@@ -9,7 +9,7 @@ the proposer reads the mask id from the draft config (``dflash_config.mask_token
 ``dspark_noise_token_id``, then ``pard_token``), feeds the draft the tokens the target just verified, the bonus
 token and ``K - 1`` mask tokens at consecutive positions (causal, ``copy_and_expand_eagle_inputs_kernel`` in
 ``vllm/v1/spec_decode/utils.py``) and takes the ``K`` argmaxes at the bonus and mask slots: our
-:class:`refimpl.pard.PardDraft` with ``k = K``, ``topk = 1``. Differences: vLLM writes the mask slots' keys
+:class:`refimpl.pard.PardProposer` with ``k = K``, ``topk = 1``. Differences: vLLM writes the mask slots' keys
 into cache slots the next tokens overwrite, ours drops them (the same attention); vLLM's draft scores the whole
 vocabulary (a ``draft_model`` has no ``d2t``), so SmolLM2's head over 8,192 kept tokens travels as
 :func:`~refimpl.export.common.full_head` (same argmax) and the context tokens our trimmed draft adds to its head
