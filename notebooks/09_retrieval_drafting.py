@@ -331,7 +331,8 @@ from refimpl import tree
 
 prop = tree.pack([(draft_tokens, draft_parents)], DEVICE)            # on the target's device
 slots = speculative.SlotCache(lm, 1, lm.device)
-logits = prop.tree.feed(slots, torch.tensor([context], device=DEVICE), None, prop.tokens, prop.valid).logits
+m = prop.tokens.shape[1]                                             # nodes; keep the logits after the root and each
+logits = prop.tree.feed(slots, torch.tensor([context], device=DEVICE), None, prop.tokens, prop.valid, keep=m + 1).logits
 n, nxt, path = prop.tree.verify(prop.tokens, logits, prop.valid, None, speculative.Sampling(0.0))
 accepted = [draft_tokens[i] for i in path[0].tolist()]
 greedy = autoregressive.generate(lm, [context], max_new_tokens=len(accepted) + 1, eos_token_id=[]).tokens[0]

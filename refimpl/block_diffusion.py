@@ -129,7 +129,7 @@ def block_step(sc: SlotCache, pending: torch.Tensor, pmask: torch.Tensor | None,
     # sees all the others (and, as every node does, the cache and the pending tokens)
     slots = Tree(torch.full((B, b), SIDE, device=dev), torch.arange(1, b + 1, device=dev).expand(B, b),
                  torch.ones(B, b, b, dtype=torch.bool, device=dev))
-    logits = slots.feed(sc, pending, pmask, block, torch.full((B,), b, device=dev), full=True).logits  # (B, F + b, V)
+    logits = slots.feed(sc, pending, pmask, block, torch.full((B,), b, device=dev)).logits  # (B, F + b, V)
     sc.keep(b, torch.zeros_like(block), P + Fn, new_holes=False)  # drop the block's keys/values
     return logits[:, :Fn], logits[:, Fn:]
 

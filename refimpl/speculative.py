@@ -174,8 +174,8 @@ class Proposer:
 # ---------------------------------------------------------------------------------------
 def verify(x, logits, valid, q, settings: Sampling, rule=None):
     """Accepted counts and next tokens (b,), (b,) for drafts ``x`` (b, g) under target ``logits``
-    (b, g + 1, V). ``q`` None = deterministic drafts (one-hot). ``rule`` replaces the lossless
-    sampling rule (:func:`kernels.rejection_sample.rejection_sample`), e.g. a lossy or a wrong one."""
+    (b, g + 1, V): greedy, or the lossless rule (:func:`kernels.rejection_sample.rejection_sample`), or
+    ``rule(x, p, q, u, valid) -> (n, next)`` in its place. ``q`` None = deterministic drafts (one-hot)."""
     if settings.greedy:
         return verify_greedy(x, logits, valid)
     p = settings.probs(logits)  # (b, g + 1, V)
@@ -191,7 +191,9 @@ class Chain:
     ``compact`` (roll back) the rejected drafts' slots."""
 
     @staticmethod
-    def feed(slots, feed, fmask, x, valid, full=True, hidden=False, keep=0) -> Scored:
+    def feed(slots, feed, fmask, x, valid, hidden=False, keep=0) -> Scored:
+        """(``valid``: the shapes' common signature; a chain scores every column, the verifier stops at
+        ``valid``.)"""
         fm = None if fmask is None else torch.cat([fmask, torch.ones_like(x)], 1)
         return slots.feed(torch.cat([feed, x], 1), fm, hidden=hidden, keep=keep)  # (b, F + g or keep, V)
 
@@ -216,8 +218,9 @@ def decode(target, proposer: Proposer, prompts, max_new_tokens: int = 64, temper
 
     Greedy (``temperature=0``) returns exactly ``autoregressive.generate``'s tokens; otherwise the
     tokens are distributed exactly as sampling from ``target`` with the same settings (seeded by
-    ``generator``). ``rule(x, p, q, u, valid) -> (n, next)`` replaces the chain's sampling rule
-    (:func:`kernels.rejection_sample.rejection_sample`, lossless), e.g. by a lossy or a wrong one.
+    ``generator``). ``rule(x, p, q, u, valid) -> (n, next)`` replaces a chain's acceptance rule
+    (:func:`kernels.rejection_sample.rejection_sample`, lossless): the chapters plug in lossy and wrong
+    rules to watch the chi-square test tell them apart; a token tree keeps its own rule (refused).
     ``stats.accepted[step][row]``: drafts row ``row`` accepted at that step (0 once finished);
     ``stats.extra["gammas"][step]``: the step's draft length; ``extra["mean_gamma"]``: the mean
     number of drafts per row and step."""
@@ -236,7 +239,7 @@ def decode(target, proposer: Proposer, prompts, max_new_tokens: int = 64, temper
             shape, x, valid = prop.tree or Chain, prop.tokens.to(target.device), prop.valid.to(target.device)
             F, g = feed.shape[1], x.shape[1]
             keep = 0 if needs.fed or F == 1 else g + 1  # logits from the root on only (0 = all F + g)
-            scored = shape.feed(tgt, feed, fmask, x, valid, full=True, hidden=needs.hidden, keep=keep)  # 2. score
+            scored = shape.feed(tgt, feed, fmask, x, valid, hidden=needs.hidden, keep=keep)  # 2. score
             fed, logits = scored.logits[:, :-g - 1], scored.logits[:, -g - 1:]  # before the root; (b, g + 1, V)
             n, nxt, path = shape.verify(x, logits, valid, prop.q, settings, rule)  # 3. accept / reject
             accepted = x if path is None else x.gather(1, path.clamp(min=0))  # (b, max n) the accepted tokens

@@ -100,14 +100,13 @@ class Tree:
 
     # -- 1. one forward over the unprocessed tokens + every node ---------------------------
     def feed(self, slots, feed: torch.Tensor, fmask: torch.Tensor | None, x: torch.Tensor,
-             valid: torch.Tensor, full: bool = False, hidden=False, keep: int = 0) -> Scored:
+             valid: torch.Tensor, hidden=False, keep: int = 0) -> Scored:
         """Append ``feed`` (b, F) (``fmask`` marks real tokens) and the nodes ``x`` (b, m) to the
         :class:`~refimpl.slot_cache.SlotCache` ``slots`` -> :class:`~refimpl.slot_cache.Scored`: logits
-        (b, 1 + m, V) after the root, then after each node (``full``: (b, F + m, V), after every fed token
-        too), and with ``hidden`` the target's last hidden states (b, 1 + m or F + m, H) alongside (a tuple
-        of layer ids: those layers' streams side by side, as :meth:`refimpl.lm.LM.forward`). ``keep`` > 0
-        with ``full``: logits for the last ``keep`` positions only (the model's ``logits_to_keep``), the
-        hidden states still (b, F + m, H)."""
+        (b, F + m, V) after every fed token, then after each node, and with ``hidden`` the target's last hidden
+        states (b, F + m, H) alongside (a tuple of layer ids: those layers' streams side by side, as
+        :meth:`refimpl.lm.LM.forward`). ``keep`` > 0: logits for the last ``keep`` positions only (the
+        model's ``logits_to_keep``), the hidden states still (b, F + m, H)."""
         b, F = feed.shape
         m, dev = x.shape[1], feed.device
         P = slots.length
@@ -129,13 +128,12 @@ class Tree:
             allow[:, diag, P + diag] = True  # a pad or padding node sees itself: no empty softmax rows
         slots.append(F + m, valid_slots, holes=fmask is not None)  # (padding nodes never outlive compact)
         extra = {"output_hidden_states": hidden} if hidden else {}
-        if keep and full:
+        if keep:
             extra["logits_to_keep"] = keep
         out = slots.lm.forward(torch.cat([feed, x], 1), slots.cache, position_ids=pos,
                                attention_mask=additive(allow), **extra)
         slots.cache = out[1]
-        rows = slice(None) if full else slice(F - 1, None)
-        return Scored(out[0][:, rows], out[2][:, rows] if hidden else None)
+        return Scored(out[0], out[2] if hidden else None)
 
     # -- 2. walk down from the root ---------------------------------------------------------
     def verify(self, x: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor, q: torch.Tensor | None,

@@ -159,7 +159,7 @@ def test_dense_slots_feed_like_masked_ones(tiny):
             slots.mask = slots.mask  # the same all-ones mask, now explicit: the general path
         assert slots.dense == dense
         for F in (2, 1):  # two feeds: the second one after the first one's tree slots
-            logits, h = tree.feed(slots, torch.tensor([[11, 12]])[:, :F], None, x, torch.tensor([5]), full=True,
+            logits, h = tree.feed(slots, torch.tensor([[11, 12]])[:, :F], None, x, torch.tensor([5]),
                                   hidden=True)
             outs.append((logits, h, slots.length, slots.count.tolist(), slots.mask.tolist()))
         assert slots.dense == dense
