@@ -50,7 +50,9 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 
 from jupyter_client import AsyncKernelManager
@@ -158,11 +160,25 @@ class KernelClient(AsyncKernelClient):
 
 
 class KernelManager(AsyncKernelManager):
-    """nbclient's kernel manager, handing out :class:`KernelClient`."""
+    """nbclient's kernel manager, handing out :class:`KernelClient`, its kernels on IPC (Unix sockets under a
+    path of the kernel's own in the temporary folder) where the platform has them. Over TCP, jupyter_client picks free
+    ports by binding and closing them, and the kernel binds them later: a kernel starting meanwhile in
+    another process can take one first (seen: "Address already in use", the kernel dead before its
+    first reply, once in 50 two-chapter builds on a busy machine)."""
 
     @default("client_factory")
     def _client_factory_default(self):
         return KernelClient
+
+    @default("transport")
+    def _transport_default(self):
+        return "tcp" if os.name == "nt" else "ipc"
+
+    @default("ip")
+    def _ip_default(self):  # jupyter_client's IPC default is a relative path, shared by every kernel in a cwd
+        if self.transport == "ipc":
+            return os.path.join(tempfile.gettempdir(), f"course-kernel-{uuid.uuid4().hex[:16]}")
+        return super()._ip_default()
 
 
 def execute(nb, name: str, timeout: int = CELL_TIMEOUT_S, cwd: str = NOTEBOOKS, env: dict | None = None):

@@ -181,18 +181,22 @@ def normalize_prompts(prompts: Any, max_length: int | None = None, max_new_token
             raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
         if vocab_size is not None and (min(p) < 0 or max(p) >= vocab_size):
             raise ValueError(f"prompts[{i}] has token ids outside [0, {vocab_size}): wrong tokenizer?")
-        if max_length is not None:
-            if len(p) > max_length:
-                raise ValueError(
-                    f"prompts[{i}] has {len(p)} tokens, longer than the model's context ({max_length})"
-                )
-            if max_new_tokens is not None and len(p) + max_new_tokens > max_length:
-                raise ValueError(
-                    f"prompts[{i}] ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                    f"the model's context ({max_length})"
-                )
         out.append(list(p))
+    check_fits(out, max_length, max_new_tokens)
     return out
+
+
+def check_fits(prompts: list[list[int]], max_length: int | None, max_new_tokens: int | None = None) -> None:
+    """``ValueError`` naming the prompt that (with ``max_new_tokens``) does not fit a ``max_length`` context
+    (None: no limit)."""
+    if max_length is None:
+        return
+    for i, p in enumerate(prompts):
+        if len(p) > max_length:
+            raise ValueError(f"prompts[{i}] has {len(p)} tokens, longer than the model's context ({max_length})")
+        if max_new_tokens is not None and len(p) + max_new_tokens > max_length:
+            raise ValueError(f"prompts[{i}] ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                             f"the model's context ({max_length})")
 
 
 def check_positive_int(name: str, value) -> int:

@@ -25,16 +25,15 @@ imports this module at its first call.
 from __future__ import annotations
 
 import inspect
-import os
 
 from . import (adaptive, autoregressive, dflash, dllm_draft, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa,
-               models, pard, retrieval, speculative, tree)
+               pard, retrieval, speculative, tree)
 from .generation import Generation
 from .lm import check_rollback
 from .models import drafters
 
-#: method name -> (module, what it drafts with: "draft" a draft LM, "dlm" a block-diffusion LM,
-#: "heads" / "eagle" / "eagle3" trained heads, None nothing, and the options it fixes)
+#: method name -> (module, the kind of drafter it drafts with (:data:`refimpl.models.drafters.KINDS`: the
+#: keyword its ``generate`` takes it as, where the zoo keeps it) or None, the options it fixes)
 METHODS = {
     "ar": (autoregressive, None, {}),
     "speculative": (speculative, "draft", {}),
@@ -55,13 +54,6 @@ METHODS = {
     "dflash": (dflash, "dflash", {}),
 }
 
-#: what a method's ``generate`` calls the drafter it takes, by kind
-DRAFTER_ARG = {"draft": "draft", "dlm": "dlm", "pard": "draft", "medusa": "heads", "eagle": "draft", "eagle3": "draft",
-               "dflash": "draft"}
-
-#: drafters that are whole models of the zoo (by kind: the zoo table naming each target's)
-LM_DRAFTERS = {"draft": "DRAFT_FOR", "dlm": "DLLM_FOR", "pard": "PARD_FOR"}
-
 #: per zoo target, the lossless methods faster than AR, fastest first, at their default presets
 #: (greedy, ``bench_results/capstone/capstone_<target>.json``); then ``"ar"``. A target outside the
 #: zoo takes SmolLM2's order (a real pretrained model), skipping methods it has no drafter for.
@@ -71,24 +63,14 @@ FASTEST = {
 }
 
 
-def has_drafter(target, kind: str | None) -> bool:
-    """Does the zoo hold ``kind``'s drafter (see :data:`METHODS`) trained for ``target``'s weights? A target is
-    known by its weights, never by its folder's name (:func:`refimpl.models.drafters.zoo_name`)."""
-    if kind is None:
-        return True
-    if kind in LM_DRAFTERS:
-        table, name = getattr(models, LM_DRAFTERS[kind]), drafters.zoo_name(target)
-        return name in table and models.in_zoo(table[name]) and drafters.trained_for(
-            os.path.join(models.MODELS_DIR, table[name]), target)
-    return drafters.folder(target, kind) is not None
-
-
 def available(target) -> list[str]:
     """The methods :func:`generate` can run on ``target`` with the zoo's drafters, in :data:`METHODS` order
     (only ``"ar"`` when the target's cache cannot be rolled back: :meth:`refimpl.lm.LM.rollback_problem`)."""
-    if target.rollback_problem() if hasattr(target, "rollback_problem") else None:
+    try:
+        check_rollback(target, "a drafting method")
+    except ValueError:
         return ["ar"]
-    return [m for m, (_, kind, _) in METHODS.items() if has_drafter(target, kind)]
+    return [m for m, (_, kind, _) in METHODS.items() if kind is None or drafters.has(target, kind)]
 
 
 def fastest(target) -> str:
@@ -96,15 +78,6 @@ def fastest(target) -> str:
     SmolLM2's order) that it can run."""
     order, can = FASTEST.get(drafters.zoo_name(target), FASTEST["smollm2-135m"]), available(target)
     return next(m for m in order if m in can)
-
-
-def drafter(target, kind: str):
-    """The zoo's drafter of ``kind`` for ``target``, loaded once and kept with it: a draft LM (``"draft"``), a
-    block-diffusion drafter (``"dlm"``), Medusa heads or an EAGLE / EAGLE-3 draft in its fast form."""
-    if kind not in LM_DRAFTERS:
-        return drafters.zoo(target, kind)
-    table = getattr(models, LM_DRAFTERS[kind])
-    return target.once(("zoo", kind), lambda: models.load(table[drafters.zoo_name(target)], device=target.device))
 
 
 def generate(target, prompts, method: str = "fastest", **options) -> Generation:
@@ -116,18 +89,16 @@ def generate(target, prompts, method: str = "fastest", **options) -> Generation:
     if method not in METHODS:
         raise ValueError(f"method must be 'fastest' or one of {sorted(METHODS)}, got {method!r}")
     module, kind, fixed = METHODS[method]
-    if method != "ar":
-        check_rollback(target, f"method {method!r}")
     takes = list(inspect.signature(module.generate).parameters)[2:]  # after (target, prompts)
     unknown = sorted(set(options) - set(takes) | set(options) & set(fixed))
     if unknown:
         allowed = sorted(set(takes) - set(fixed))
         raise ValueError(f"method {method!r} does not take {unknown}; it takes {allowed}")
-    slot = DRAFTER_ARG.get(kind)
+    slot = None if kind is None else drafters.KINDS[kind].arg
     if slot is not None and options.get(slot) is None:
-        if not has_drafter(target, kind):
-            raise ValueError(f"the zoo has no {kind} drafter for this target ({getattr(target, 'name', '?')!r}: "
-                             f"the zoo's drafters belong to its targets' weights); pass {slot}=... or pick one of "
-                             f"the methods it can run: {available(target)}")
-        options[slot] = drafter(target, kind)
+        if not drafters.has(target, kind):
+            raise ValueError(f"the zoo has no {drafters.KINDS[kind].what} for this target "
+                             f"({getattr(target, 'name', '?')!r}: the zoo's drafters belong to its targets' weights); "
+                             f"pass {slot}=... or pick one of the methods it can run: {available(target)}")
+        options[slot] = drafters.zoo(target, kind)
     return module.generate(target, prompts, **fixed, **options)

@@ -32,10 +32,12 @@ class SlotCache:
     """One model's KV cache plus a (B, slots) mask of valid slots and per-row valid counts.
 
     ``mask`` (B, length) long and ``count`` (B,) long read and assign like tensors; ``length`` is
-    the physical number of slots, ``holes`` says whether any row has a 0 in ``mask``."""
+    the physical number of slots, ``holes`` says whether any row has a 0 in ``mask``. A model whose cache
+    cannot be rolled back is refused (:func:`refimpl.lm.check_rollback`), the message naming ``user``
+    (what decodes with it) and ``role`` (the model's part there)."""
 
-    def __init__(self, lm, batch: int, device):
-        check_rollback(lm, "a decoder that rolls its cache back", "model")
+    def __init__(self, lm, batch: int, device, user: str = "a decoder that rolls its cache back", role: str = "model"):
+        check_rollback(lm, user, role)
         self.lm = lm
         self.cache = None
         self.rows, self.length, self.device = batch, 0, torch.device(device)

@@ -52,9 +52,8 @@ from kernels.rejection_sample import rejection_sample
 from kernels.verify_greedy import argmax, verify_greedy
 
 from . import sampling
-from .generation import (Generation, Outputs, Timer, check_generate_args, check_positive_int, eos_set,
+from .generation import (Generation, Outputs, Timer, check_fits, check_generate_args, check_positive_int, eos_set,
                          normalize_prompts, preset_options, required)
-from .lm import check_rollback
 from .primitives import left_pad
 from .slot_cache import Scored, SlotCache  # noqa: F401  (re-exported: ``speculative.SlotCache`` is public)
 
@@ -225,15 +224,14 @@ def decode(target, proposer: Proposer, prompts, max_new_tokens: int = 64, temper
     ``stats.extra["gammas"][step]``: the step's draft length; ``extra["mean_gamma"]``: the mean
     number of drafts per row and step."""
     check_generate_args(max_new_tokens, temperature, top_k, top_p)
-    check_rollback(target, f"speculative decoding ({type(proposer).__name__})")
     prompts = normalize_prompts(prompts, target.max_length, max_new_tokens, target.vocab_size)
     settings, run = Sampling(temperature, top_k, top_p, generator), Outputs(prompts, max_new_tokens, eos_set(
         eos_token_id, target.eos_token_id))
     with Timer(run.stats):
         ids, pmask = left_pad(prompts, target.pad_token_id, target.device)  # (B, L)
         feed, fmask = ids, (pmask if bool((pmask == 0).any()) else None)  # what the target has not processed yet
+        tgt = SlotCache(target, len(prompts), target.device, f"speculative decoding ({type(proposer).__name__})", "target")
         needs = check_needs(proposer, proposer.start(ids, fmask, settings), prompts, max_new_tokens, rule)
-        tgt = SlotCache(target, len(prompts), target.device)
         while True:
             prop = proposer.propose(run.caps())  # 1. draft
             shape, x, valid = prop.tree or Chain, prop.tokens.to(target.device), prop.valid.to(target.device)
@@ -270,7 +268,7 @@ def check_needs(proposer, needs, prompts, max_new_tokens: int, rule) -> Needs:
     if rule is not None and needs.trees:
         raise ValueError("rule= replaces the chain's acceptance rule; this proposer drafts token trees")
     if needs.max_length is not None:
-        normalize_prompts(prompts, needs.max_length, max_new_tokens)  # a draft with a shorter context
+        check_fits(prompts, needs.max_length, max_new_tokens)  # a draft with a shorter context
     return needs
 
 

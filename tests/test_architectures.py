@@ -180,7 +180,7 @@ def test_a_cache_that_cannot_roll_back_is_refused_before_decoding(tmp_path, tok,
     assert methods.available(lm) == ["ar"]
     ar = autoregressive.generate(lm, prompts, max_new_tokens=8, eos_token_id=[]).tokens
     assert generate(lm, prompts, max_new_tokens=8, eos_token_id=[]).tokens == ar
-    with pytest.raises(ValueError, match=r"method 'prompt_lookup'.*'chunked_attention'.*method='ar'"):
+    with pytest.raises(ValueError, match=r"speculative decoding \(PromptLookup\).*'chunked_attention'.*method='ar'"):
         generate(lm, prompts, method="prompt_lookup", max_new_tokens=8)
     with pytest.raises(ValueError, match=r"speculative decoding \(DraftModel\).*'chunked_attention'"):
         speculative.generate(lm, prompts, draft=lm, max_new_tokens=8)
@@ -197,7 +197,7 @@ def test_a_target_is_known_by_its_weights_not_its_folder_name(tmp_path, tok, tin
     foreign = random_model(tmp_path / "tiny", "qwen2", {}, tok, seed=0)
     assert foreign.name == "tiny" and drafters.zoo_name(foreign) is None
     assert set(methods.available(foreign)) == {"ar", *DRAFTER_FREE}
-    with pytest.raises(ValueError, match="no eagle3 drafter"):
+    with pytest.raises(ValueError, match="no EAGLE-3 draft for this target"):
         refimpl.generate(foreign, prompts, method="eagle3")
     with pytest.raises(ValueError, match="draft was trained for hidden size 256, the target has 64"):
         eagle3.generate(foreign, prompts, draft=drafters.load(tiny, "eagle3"))

@@ -10,6 +10,17 @@ from refimpl.bench import decode
 from refimpl.generation import Generation, Stats
 
 
+@pytest.fixture
+def no_interpreter(monkeypatch):
+    """The benchmark refuses to time Triton's interpreter: TRITON_INTERPRET unset, and the kernel files this
+    process imported under it (their dispatchers would still call it) take their torch paths."""
+    import kernels
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with kernels.references():
+        yield
+
+
 class Fake:
     """A method whose k-th call takes ``secs[k]`` seconds and returns ``tokens``; logs its calls."""
 
@@ -51,8 +62,7 @@ def test_run_decode_interleaves_and_takes_medians(tiny, monkeypatch):
     assert by["fast"]["draft_calls_per_step"] == 0.0
 
 
-def test_command_line_writes_json_and_markdown(tmp_path, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the bench refuses to time the interpreter
+def test_command_line_writes_json_and_markdown(tmp_path, no_interpreter):
     out = tmp_path / "res"
     result = bench.main(["--model", "tiny", "--fast", "--methods", "speculative [cpu];prompt", "--threads",
                          "1", "--max-new-tokens", "8", "--out", str(out)])
@@ -107,8 +117,7 @@ def test_capstone_takes_every_chapters_default_row():
     assert {"01", "02", "03", "04a", "04b", "05", "06a", "06b", "07", "08", "09", "14", "15", "15b"} <= chapters
 
 
-def test_capstone_command_line(tmp_path, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def test_capstone_command_line(tmp_path, no_interpreter):
     out = tmp_path / "cap"
     result = bench.main(["--suite", "capstone", "--model", "tiny", "--fast", "--methods", "speculative [cpu];jacobi",
                          "--threads", "1", "--max-new-tokens", "8", "--out", str(out)])
@@ -136,8 +145,7 @@ def test_roofline_bytes_breakdown_and_bandwidth(tiny):
         roofline.read_bandwidth(0)
 
 
-def test_latency_suite_reports_the_floor(tmp_path, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def test_latency_suite_reports_the_floor(tmp_path, no_interpreter):
     from refimpl.bench import cli
 
     out = str(tmp_path)

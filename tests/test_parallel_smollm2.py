@@ -3,7 +3,8 @@ their modules, through the front door, on a chat prompt and a copy prompt."""
 import pytest
 
 import refimpl
-from refimpl import autoregressive, dflash, methods, models, pard
+from refimpl import autoregressive, dflash, models, pard
+from refimpl.models import drafters
 from refimpl.prompts import encode_prompt
 
 
@@ -20,7 +21,7 @@ def prompts(smol):
 
 @pytest.mark.parametrize("method,module", [("pard", pard), ("dflash", dflash)])
 def test_every_preset_equals_ar_greedy_on_smollm2(smol, prompts, method, module):
-    assert methods.has_drafter(smol, method), f"the zoo has no {method} drafter for smollm2-135m"
+    assert drafters.has(smol, method), f"the zoo has no {method} drafter for smollm2-135m"
     ar = autoregressive.generate(smol, prompts, max_new_tokens=8).tokens
     for preset in module.PRESETS:
         g = refimpl.generate(smol, prompts, method=method, preset=preset, max_new_tokens=8)

@@ -13,6 +13,7 @@ from refimpl import autoregressive, dllm_draft, methods, models, speculative
 from refimpl.bench import capstone
 from refimpl.bench.rows import decode_rows, lookahead_sweep_rows, preset_row
 from refimpl.generation import default_preset, preset_options
+from refimpl.models import drafters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 12
@@ -36,7 +37,7 @@ def reference(target, prompts):
 def drafter_kw(target, method):
     """The zoo's drafter for a method that takes one as an argument (the front door loads it itself)."""
     kind = methods.METHODS[method][1]
-    return {methods.DRAFTER_ARG[kind]: methods.drafter(target, kind)} if kind else {}
+    return {drafters.KINDS[kind].arg: drafters.zoo(target, kind)} if kind else {}
 
 
 PLAIN = [m for m in methods.METHODS if m != "ar"]
@@ -90,9 +91,9 @@ def test_the_front_door_refuses_what_does_not_exist(target, prompts):
     with pytest.raises(ValueError, match="preset must be one of"):
         refimpl.generate(target, prompts, method="eagle3", preset="turbo")
     stranger = models.load("tiny-cllm", device="cpu")  # tiny's shapes, other weights: the zoo has nothing for it
-    with pytest.raises(ValueError, match="no eagle3 drafter.*prompt_lookup"):
+    with pytest.raises(ValueError, match="no EAGLE-3 draft.*prompt_lookup"):
         refimpl.generate(stranger, prompts, method="eagle3")
-    with pytest.raises(ValueError, match="no draft drafter for this target \\('tiny-cllm'"):
+    with pytest.raises(ValueError, match="no draft model for this target \\('tiny-cllm'"):
         refimpl.generate(stranger, prompts, method="speculative")
     assert methods.fastest(stranger) == "prompt_lookup"  # SmolLM2's order, without drafters
 
@@ -149,3 +150,20 @@ def test_fastest_follows_the_committed_capstone_results(path):
     model = os.path.basename(path)[len("capstone_"):-len(".json")]
     assert model in methods.FASTEST, f"{model}: add its order to refimpl.methods.FASTEST"
     assert methods.FASTEST[model] == committed_ranking(path)
+
+
+def test_a_new_kind_of_drafter_is_one_registry_entry(target, prompts, reference, monkeypatch):
+    """docs/architecture.md's checklist: a kind of drafter (one ``KINDS`` entry) and its method (one
+    ``METHODS`` row) are all the front door, the zoo lookup and the benchmark's rows need; a target the
+    zoo has no such drafter for is told so, by the kind's name."""
+    monkeypatch.setitem(drafters.KINDS, "toy", drafters.Kind("toy draft model", "draft", models={"tiny": "tiny-draft"}))
+    monkeypatch.setitem(methods.METHODS, "toy_speculative", (speculative, "toy", {}))
+    assert "toy_speculative" in methods.available(target)
+    g = refimpl.generate(target, prompts, method="toy_speculative", max_new_tokens=N)
+    assert g.tokens == reference and g.stats.draft_calls > 0
+    assert preset_row("toy_speculative", "cpu").needs == ("target", "toy")
+    stranger = models.load("tiny-cllm", device="cpu")
+    assert "toy_speculative" not in methods.available(stranger)
+    with pytest.raises(ValueError, match="no toy draft model for this target"):
+        refimpl.generate(stranger, prompts, method="toy_speculative")
+

@@ -23,7 +23,7 @@ import torch
 
 from .. import models
 from ..models import cpu_linear, lean_llama
-from ..methods import has_drafter
+from ..models import drafters
 from ..prompts import encode_prompt, prompt_set
 from . import capstone, dllm, learned, roofline
 from .decode import DECODE_COLS, Context, category_table, hardware, markdown_table, run_decode
@@ -128,13 +128,14 @@ def main(argv=None):
             methods = decode_rows() if args.suite == "decode" else lookahead_sweep_rows()
         if args.methods:
             methods = pick(methods, args.methods)
-        zoo_kinds = ("dlm", "medusa", "eagle", "eagle3", "pard", "dflash")
-        methods = [m for m in methods if all(k not in m.needs or has_drafter(lm, k) for k in zoo_kinds)]
+        # the rows whose drafter the zoo holds for this target ("draft": loaded once below, for every row)
+        methods = [m for m in methods if all(k == "draft" or drafters.has(lm, k) for k in m.needs if k in drafters.KINDS)]
         ctx = Context(target=lm, model_name=args.model)
         if any("draft" in m.needs for m in methods):
+            chain_drafts = drafters.KINDS["draft"].models
             try:  # (the zoo's default packing: SmolLM2's draft prepacked, tiny's not)
-                ctx.draft = (models.load(models.DRAFT_FOR[args.model], device=args.device)
-                             if args.model in models.DRAFT_FOR else None)
+                ctx.draft = (models.load(chain_drafts[args.model], device=args.device)
+                             if args.model in chain_drafts else None)
             except (FileNotFoundError, ValueError) as e:
                 print(f"(no draft for {args.model}: {e})")
             if ctx.draft is None:
@@ -147,7 +148,7 @@ def main(argv=None):
         else:
             rows, cols = run_decode(ctx, methods, prompts, args.max_new_tokens, reps), DECODE_COLS
         md = markdown_table(rows, cols) + "\n\nPer category:\n\n" + category_table(rows)
-        if args.suite == "capstone" and args.model in models.DLLM_FOR and not args.methods:  # the dLLM suite: NFE vs quality
+        if args.suite == "capstone" and args.model in drafters.KINDS["dlm"].models and not args.methods:  # the dLLM suite: NFE vs quality
             result["dllm_rows"] = dllm.run(fast=args.fast)
             md += "\n\ndLLM suite (NFE vs quality):\n\n" + markdown_table(result["dllm_rows"], dllm.COLS)
     result["rows"] = rows

@@ -16,6 +16,7 @@ import os
 import torch
 
 from .. import methods, models
+from ..models import drafters
 from ..prompts import encode_prompt
 from .decode import Context, Method, hardware, markdown_table, run_decode
 from .rows import preset_row, preset_rows
@@ -61,7 +62,7 @@ def plain_row(method: str) -> Method:
     module, kind, fixed = methods.METHODS[method]
 
     def run(ctx: Context, ids, n):
-        extra = {methods.DRAFTER_ARG[kind]: methods.drafter(ctx.target, kind)} if kind else {}
+        extra = {drafters.KINDS[kind].arg: drafters.zoo(ctx.target, kind)} if kind else {}
         return module.generate(ctx.target, [ids], max_new_tokens=n, **fixed, **extra)
     return Method(f"{method} (plain call)", run, method=method)
 
@@ -112,7 +113,7 @@ def main(argv=None):
     for m in picked:
         rows_in += [plain_row(m)] + rows_for(m)
     ctx = Context(target=lm, model_name=args.model)
-    ctx.draft = methods.drafter(lm, "draft") if methods.has_drafter(lm, "draft") else None
+    ctx.draft = drafters.zoo(lm, "draft") if drafters.has(lm, "draft") else None
     prompts = [(cat, encode_prompt(lm, text)) for cat, text in HELD_OUT[: args.limit]]
     for m in rows_in:  # warm up: drafters loaded and packed, kernels built, before anything is timed
         m.run(ctx, prompts[0][1], 8)

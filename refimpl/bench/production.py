@@ -140,7 +140,7 @@ CONTEXT = {ours_medusa_chain: ("heads", lambda t, f: drafters.load(t, "medusa"))
            ours_draft_model: ("exported_draft", lambda t, f: models.load(f)),
            ours_pard: ("pard", lambda t, f: models.load(f)),  # the exported folder: the model vLLM runs
            ours_dflash: ("dflash", lambda t, f: drafters.load(t, "dflash")),
-           ours_dynamic_tree: ("draft", lambda t, f: models.load(models.DRAFT_FOR[t.name]))}
+           ours_dynamic_tree: ("draft", lambda t, f: models.load(drafters.KINDS["draft"].models[t.name]))}
 
 
 #: the production map: every method of the course -> (vLLM 0.32, SGLang, Hugging Face generate, TensorRT-LLM),

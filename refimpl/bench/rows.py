@@ -4,7 +4,7 @@ prompts, same process).
 
 A row is a :class:`refimpl.bench.decode.Method`: ``run(ctx, prompt_ids, max_new_tokens) ->
 Generation`` on one prompt, the roles it needs (``"draft"``: the zoo's draft for the target,
-:data:`refimpl.models.DRAFT_FOR`) and whether its greedy output must equal AR greedy (``exact``).
+:data:`refimpl.models.drafters.KINDS`) and whether its greedy output must equal AR greedy (``exact``).
 Rows of the course's methods are :func:`preset_row`\\ s: a front-door method (:data:`refimpl.methods.METHODS`),
 one of its module's presets and, for a sweep, options on top; they run through
 :func:`refimpl.methods.generate`, exactly the call a user makes, so the numbers a chapter quotes are
@@ -52,7 +52,7 @@ def preset_row(method: str, preset: str = "cpu", **options) -> Method:
             extra["preset"] = preset
         return methods.generate(ctx.target, [ids], method, max_new_tokens=n, **tuned, **extra)
 
-    needs = ("target", kind) if kind in ("draft", "dlm", "medusa", "eagle", "eagle3", "pard", "dflash") else ("target",)
+    needs = ("target",) if kind is None else ("target", kind)
     name = row_name(method, preset, options) + (" (LOSSY)" if lossy else "")
     config = ", ".join(f"{k} {v}" for k, v in resolved.items())
     return Method(name, run, needs=needs, exact=not temperature, method=method, preset=preset, options=dict(options),

@@ -54,11 +54,13 @@ def export_pard(name: str, out: str) -> dict:
     """The zoo's PARD draft ``name`` (``tiny-pard``, ``smollm2-135m-pard``) -> a Hugging Face Llama folder with
     ``pard_token`` (see the module doc); the target's tokenizer files travel with it."""
     from .. import models
+    from ..models.drafters import KINDS
     from ..pard import PRESETS
 
-    if name not in models.PARD_FOR.values():
-        raise ValueError(f"name must be one of {sorted(models.PARD_FOR.values())}, got {name!r}")
-    target = next(t for t, p in models.PARD_FOR.items() if p == name)
+    pards = KINDS["pard"].models
+    if name not in pards.values():
+        raise ValueError(f"name must be one of {sorted(pards.values())}, got {name!r}")
+    target = next(t for t, p in pards.items() if p == name)
     lm = models.load(name, prepack=False)
     mask_id = getattr(lm.model.config, "pard_token", None)
     if mask_id is None:

@@ -72,16 +72,6 @@ ZOO: dict[str, Entry] = {
 }
 
 
-#: the draft model the zoo pairs with each target (chapters 02-05: speculative, adaptive, trees)
-DRAFT_FOR = {"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}
-
-#: the block-diffusion drafter the zoo pairs with a target (chapter 14)
-DLLM_FOR = {"tiny": "tiny-bdlm"}
-
-#: the parallel (PARD) draft the zoo pairs with a target (chapter 15b)
-PARD_FOR = {"tiny": "tiny-pard", "smollm2-135m": "smollm2-135m-pard"}
-
-
 def in_zoo(name: str) -> bool:
     """Is zoo model ``name`` on this machine (committed under ``models/`` or, for SmolLM2's target,
     installed from its package)? Loads nothing."""

@@ -1,5 +1,10 @@
-"""Layer 3: the drafters trained for a target -- Medusa heads, EAGLE and EAGLE-3 drafts, Learn2PD filters,
-and the draft models of the zoo -- on disk, and which target each one belongs to.
+"""Layer 3: the drafters trained for a target -- Medusa heads, EAGLE and EAGLE-3 drafts, DFlash drafters,
+Learn2PD filters, and the draft models of the zoo -- on disk, and which target each one belongs to.
+
+:data:`KINDS` is the one registry of drafter kinds: what each is, the keyword a method's ``generate``
+takes it as, and where the zoo keeps it. The front door (:mod:`refimpl.methods`), the benchmark and the
+exporters read it; a new kind of drafter is one entry there (its method is one row of
+:data:`refimpl.methods.METHODS`).
 
 A drafter is trained on one target's outputs or features, so it belongs to that target's *weights*, not
 to a folder name. Every drafter folder records the target it was trained for in ``target.json``: the
@@ -20,18 +25,30 @@ import glob
 import hashlib
 import json
 import os
-
-import torch
+from dataclasses import dataclass
+from typing import Callable
 
 from .. import dflash, eagle, eagle3, learn2pd, medusa
 from ..lm import check_taps, check_width
 from .hf import MODELS_DIR
 
-#: kind -> (what it is, the class the weights load into)
-KINDS = {"medusa": ("Medusa heads", medusa.MedusaHeads), "eagle": ("EAGLE draft", eagle.EagleDraft),
-         "eagle3": ("EAGLE-3 draft", eagle3.Eagle3Draft), "learn2pd": ("Learn2PD filter", learn2pd.Filter),
-         "dflash": ("DFlash drafter", dflash.DFlashDraft)}
 SAMPLES = 64  # weight values a fingerprint records
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of drafter (an entry of :data:`KINDS`). Either a whole model of the zoo, named per zoo target
+    (``models``: zoo target -> zoo model), or a module trained on a frozen target, saved under
+    ``models/<kind>-<target>/`` (``cls`` its class; ``state`` / ``config`` / ``build``: its tensors, its
+    config.json, and the drafter rebuilt for a target from them)."""
+
+    what: str  #: its name in messages: "EAGLE-3 draft"
+    arg: str | None  #: the keyword its method's ``generate`` takes it as (None: no method drafts with it)
+    models: dict | None = None
+    cls: type | None = None
+    state: Callable | None = None
+    config: Callable | None = None
+    build: Callable | None = None
 
 
 # -- which target a drafter belongs to ----------------------------------------------------------------
@@ -109,10 +126,11 @@ def save(drafter, path: str, target, report: dict | None = None) -> None:
     ``path``: its tensors (fp16; a filter's fp32), ``config.json`` and ``target.json``."""
     from safetensors.torch import save_file
 
-    kind = next((k for k, (_, cls) in KINDS.items() if type(drafter) is cls), None)
+    kind = next((k for k, c in KINDS.items() if c.cls is not None and type(drafter) is c.cls), None)
     if kind is None:
-        raise ValueError(f"drafter must be one of {[c.__name__ for _, c in KINDS.values()]}, got {type(drafter).__name__}")
-    state, cfg = STATE[kind](drafter), CONFIG[kind](drafter)
+        raise ValueError(f"drafter must be one of {[c.cls.__name__ for c in KINDS.values() if c.cls]}, "
+                         f"got {type(drafter).__name__}")
+    state, cfg = KINDS[kind].state(drafter), KINDS[kind].config(drafter)
     cfg.update(base_model=target.name, report=report or {})
     kept = getattr(drafter, "kept", None)
     os.makedirs(path, exist_ok=True)
@@ -130,7 +148,7 @@ def load(target, kind: str, path: str | None = None):
     with a ``ValueError`` naming the mismatch; a missing one is a ``FileNotFoundError`` saying how to train it."""
     from safetensors.torch import load_file
 
-    what = KINDS[kind][0]
+    what = KINDS[kind].what
     path = path or folder(target, kind)
     if path is None or not os.path.exists(weights_file(path, kind)):
         name = zoo_name(target)
@@ -141,20 +159,45 @@ def load(target, kind: str, path: str | None = None):
         cfg = json.load(f)
     state = load_file(weights_file(path, kind))
     kept = state.pop("kept_ids").long() if "kept_ids" in state else None
-    return BUILD[kind](target, state, kept, cfg)
+    return KINDS[kind].build(target, state, kept, cfg)
+
+
+def has(target, kind: str) -> bool:
+    """Does the zoo hold a ``kind`` drafter (:data:`KINDS`) trained for ``target``'s weights? A target is known
+    by its weights, never by its folder's name (:func:`zoo_name`)."""
+    from . import in_zoo
+
+    models = check_kind(kind).models
+    if models is None:
+        return folder(target, kind) is not None
+    name = zoo_name(target)
+    return name in models and in_zoo(models[name]) and trained_for(os.path.join(MODELS_DIR, models[name]), target)
 
 
 def zoo(target, kind: str):
     """The zoo's ``kind`` drafter for ``target``, loaded once per target and kept with it, in its fast form:
-    an EAGLE / EAGLE-3 draft beside a target on the lean CPU forward runs its products on that forward's
-    kernel, on int8 panels (:func:`refimpl.models.lean_draft.lean`; the same trees up to rounding)."""
+    a whole model as :func:`refimpl.models.load` gives it on the target's device; an EAGLE / EAGLE-3 draft
+    beside a target on the lean CPU forward runs its products on that forward's kernel, on int8 panels
+    (:func:`refimpl.models.lean_draft.lean`; the same trees up to rounding)."""
+    from . import load as load_model
     from .lean_draft import lean
     from .lean_llama import LeanLM
 
+    models = check_kind(kind).models
+
     def build():
+        if models is not None:
+            return load_model(models[zoo_name(target)], device=target.device)
         d = load(target, kind)
         return lean(d, int8=True) if kind in ("eagle", "eagle3") and isinstance(target, LeanLM) else d
     return target.once(("zoo drafter", kind), build)
+
+
+def check_kind(kind: str) -> Kind:
+    """``KINDS[kind]``; ``ValueError`` naming ``kind`` for one that does not exist."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    return KINDS[kind]
 
 
 # -- each kind's tensors, config and constructor --------------------------------------------------------
@@ -266,10 +309,28 @@ def build_learn2pd(dllm, state, kept, cfg):
     return f.eval()
 
 
-STATE = {"medusa": medusa_state, "eagle": half_state, "eagle3": half_state,
-         "dflash": lambda d: {k: v for k, v in half_state(d).items() if not k.startswith("head.")},
-         "learn2pd": lambda f: {k: v.detach().float().contiguous() for k, v in f.state_dict().items()}}
-CONFIG = {"medusa": medusa_config, "eagle": eagle_config, "eagle3": eagle3_config, "learn2pd": learn2pd_config,
-          "dflash": dflash_config}
-BUILD = {"medusa": build_medusa, "eagle": build_eagle, "eagle3": build_eagle3, "learn2pd": build_learn2pd,
-         "dflash": build_dflash}
+def dflash_state(d) -> dict:
+    """Its own tensors; the head is the target's (frozen, rebuilt from the target)."""
+    return {k: v for k, v in half_state(d).items() if not k.startswith("head.")}
+
+
+def learn2pd_state(f) -> dict:
+    """A filter's ~1 K parameters, in fp32."""
+    return {k: v.detach().float().contiguous() for k, v in f.state_dict().items()}
+
+
+#: the one registry of drafter kinds (see the module doc)
+KINDS = {
+    "draft": Kind("draft model", "draft", models={"tiny": "tiny-draft", "smollm2-135m": "smollm2-135m-draft"}),
+    "dlm": Kind("block-diffusion drafter", "dlm", models={"tiny": "tiny-bdlm"}),
+    "pard": Kind("PARD draft model", "draft", models={"tiny": "tiny-pard", "smollm2-135m": "smollm2-135m-pard"}),
+    "medusa": Kind("Medusa heads", "heads", cls=medusa.MedusaHeads, state=medusa_state, config=medusa_config,
+                   build=build_medusa),
+    "eagle": Kind("EAGLE draft", "draft", cls=eagle.EagleDraft, state=half_state, config=eagle_config, build=build_eagle),
+    "eagle3": Kind("EAGLE-3 draft", "draft", cls=eagle3.Eagle3Draft, state=half_state, config=eagle3_config,
+                   build=build_eagle3),
+    "dflash": Kind("DFlash drafter", "draft", cls=dflash.DFlashDraft, state=dflash_state, config=dflash_config,
+                   build=build_dflash),
+    "learn2pd": Kind("Learn2PD filter", None, cls=learn2pd.Filter, state=learn2pd_state, config=learn2pd_config,
+                     build=build_learn2pd),
+}
