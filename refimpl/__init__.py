@@ -24,10 +24,24 @@ __version__ = "0.1.0"
 
 
 def generate(target, prompts, method: str = "fastest", **options) -> Generation:
-    """Decode ``prompts`` with any method of the course by name (``"fastest"``, ``"ar"``,
-    ``"speculative"``, ``"dynamic_tree"``, ``"medusa"``, ``"eagle3"``, ``"prompt_lookup"``, ...), at
-    its preset for ``target``: :func:`refimpl.methods.generate`, imported at the first call so that
-    ``import refimpl`` stays the core alone."""
-    from .methods import generate as front_door
+    """The front door: decode ``prompts`` (a ragged batch of token-id lists) with any method of the course
+    by name (``"fastest"``, ``"ar"``, ``"speculative"``, ``"dynamic_tree"``, ``"medusa"``, ``"eagle3"``,
+    ``"prompt_lookup"``, ...) at its module's preset for ``target``; ``options`` go to the method's
+    ``generate`` (``max_new_tokens``, ``temperature``, ``preset``, a tree's size, ``draft=``, ...). A method
+    that drafts with a trained drafter gets the zoo's for the target unless one is passed. The tables it
+    reads (:mod:`refimpl.methods`, layer 3) are imported at the first call, so that ``import refimpl``
+    stays the core alone."""
+    import inspect
 
-    return front_door(target, prompts, method, **options)
+    from .methods import METHODS, fastest, with_drafter
+
+    if method == "fastest":
+        method = fastest(target)
+    if method not in METHODS:
+        raise ValueError(f"method must be 'fastest' or one of {sorted(METHODS)}, got {method!r}")
+    module, kind, fixed = METHODS[method]
+    takes = list(inspect.signature(module.generate).parameters)[2:]  # after (target, prompts)
+    unknown = sorted(set(options) - set(takes) | set(options) & set(fixed))
+    if unknown:
+        raise ValueError(f"method {method!r} does not take {unknown}; it takes {sorted(set(takes) - set(fixed))}")
+    return module.generate(target, prompts, **fixed, **with_drafter(target, kind, options))

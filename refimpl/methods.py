@@ -1,5 +1,6 @@
-"""The front door: ``refimpl.generate(target, prompts, method=..., **options)``, every decoding method
-of the course by name, each at its module's preset for the target (``PRESETS`` in the module).
+"""The front door's tables. ``refimpl.generate(target, prompts, method=..., **options)`` (the one door, in
+``refimpl/__init__.py``) runs every decoding method of the course by name, each at its module's preset for
+the target (``PRESETS`` in the module), from :data:`METHODS`, :data:`FASTEST` and :func:`available`.
 
 ::
 
@@ -24,11 +25,8 @@ imports this module at its first call.
 """
 from __future__ import annotations
 
-import inspect
-
 from . import (adaptive, autoregressive, dflash, dllm_draft, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa,
                pard, retrieval, speculative, tree)
-from .generation import Generation
 from .lm import check_rollback
 from .models import drafters
 
@@ -80,25 +78,15 @@ def fastest(target) -> str:
     return next(m for m in order if m in can)
 
 
-def generate(target, prompts, method: str = "fastest", **options) -> Generation:
-    """Decode ``prompts`` (a ragged batch of token-id lists) with ``method`` at its module's preset
-    for ``target``; ``options`` go to the method's ``generate`` (``max_new_tokens``, ``temperature``,
-    ``preset``, a tree's size, ``draft=``, ...). See the module doc."""
-    if method == "fastest":
-        method = fastest(target)
-    if method not in METHODS:
-        raise ValueError(f"method must be 'fastest' or one of {sorted(METHODS)}, got {method!r}")
-    module, kind, fixed = METHODS[method]
-    takes = list(inspect.signature(module.generate).parameters)[2:]  # after (target, prompts)
-    unknown = sorted(set(options) - set(takes) | set(options) & set(fixed))
-    if unknown:
-        allowed = sorted(set(takes) - set(fixed))
-        raise ValueError(f"method {method!r} does not take {unknown}; it takes {allowed}")
+def with_drafter(target, kind: str | None, options: dict) -> dict:
+    """``options`` with the zoo's ``kind`` drafter for ``target`` under the keyword its method takes
+    (:data:`refimpl.models.drafters.KINDS`), unless ``options`` passes one; ``ValueError`` naming the kind and
+    what ``target`` can run when the zoo has none for it."""
     slot = None if kind is None else drafters.KINDS[kind].arg
-    if slot is not None and options.get(slot) is None:
-        if not drafters.has(target, kind):
-            raise ValueError(f"the zoo has no {drafters.KINDS[kind].what} for this target "
-                             f"({getattr(target, 'name', '?')!r}: the zoo's drafters belong to its targets' weights); "
-                             f"pass {slot}=... or pick one of the methods it can run: {available(target)}")
-        options[slot] = drafters.zoo(target, kind)
-    return module.generate(target, prompts, **fixed, **options)
+    if slot is None or options.get(slot) is not None:
+        return options
+    if not drafters.has(target, kind):
+        raise ValueError(f"the zoo has no {drafters.KINDS[kind].what} for this target ({getattr(target, 'name', '?')!r}: "
+                         f"the zoo's drafters belong to its targets' weights); pass {slot}=... or pick one of the "
+                         f"methods it can run: {available(target)}")
+    return {**options, slot: drafters.zoo(target, kind)}

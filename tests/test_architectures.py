@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from first_two import exact_first_two, first_two_pvalue
+import refimpl
 from refimpl import adaptive, autoregressive, dynamic_tree, methods, models, speculative, tree
 
 pytestmark = pytest.mark.usefixtures("torch_kernels")
@@ -88,7 +89,7 @@ def pair(request, tmp_path_factory, tok):
 def test_every_method_equals_ar_greedy_on_a_ragged_batch(pair, prompts):
     target, draft = pair
     ar = autoregressive.generate(target, prompts, max_new_tokens=NEW, eos_token_id=[]).tokens
-    runs = {m: lambda m=m: methods.generate(target, prompts, method=m, max_new_tokens=NEW, eos_token_id=[])
+    runs = {m: lambda m=m: refimpl.generate(target, prompts, method=m, max_new_tokens=NEW, eos_token_id=[])
             for m in DRAFTER_FREE}
     for name, d in (("random draft", draft), ("itself as draft", target)):
         for mod in (speculative, adaptive, tree, dynamic_tree):
@@ -190,7 +191,6 @@ def test_a_target_is_known_by_its_weights_not_its_folder_name(tmp_path, tok, tin
     """The zoo's drafters attach by fingerprint (models/<drafter>/target.json). Negative control: a
     foreign model saved in a folder named ``tiny`` gets none of them, and a drafter passed by hand that
     does not fit it is refused before any forward; tiny's own weights under another name get them all."""
-    import refimpl
     from refimpl import eagle3, medusa
     from refimpl.models import drafters
 
@@ -234,7 +234,7 @@ def test_every_method_equals_ar_far_past_larger_windows(window, model_type, fiel
     draft = random_model(tmp_path / "draft", model_type, fields, tok, seed=1)
     new = 24
     ar = autoregressive.generate(target, batch, max_new_tokens=new, eos_token_id=[]).tokens
-    runs = {m: lambda m=m: methods.generate(target, batch, method=m, max_new_tokens=new, eos_token_id=[])
+    runs = {m: lambda m=m: refimpl.generate(target, batch, method=m, max_new_tokens=new, eos_token_id=[])
             for m in DRAFTER_FREE}
     for name, d in (("random draft", draft), ("itself as draft", target)):
         for mod in (speculative, adaptive, tree, dynamic_tree) if window < 1024 else (speculative, adaptive, dynamic_tree):

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from .. import methods, models
+from .. import generate, methods, models
 from ..models import drafters
 from ..prompts import encode_prompt
 from .decode import Context, Method, hardware, markdown_table, run_decode
@@ -107,8 +107,8 @@ def main(argv=None):
     lm = models.load(args.model, device="cpu")
     avail = methods.available(lm)
     picked = args.methods.split(",") if args.methods else [m for m in avail if m not in ("ar", "dllm_draft")]
-    fastest = Method("fastest (front door)", lambda c, ids, n: methods.generate(c.target, [ids], max_new_tokens=n))
-    rows_in = [Method("ar (cache)", lambda c, ids, n: methods.generate(c.target, [ids], "ar", max_new_tokens=n)),
+    fastest = Method("fastest (front door)", lambda c, ids, n: generate(c.target, [ids], max_new_tokens=n))
+    rows_in = [Method("ar (cache)", lambda c, ids, n: generate(c.target, [ids], "ar", max_new_tokens=n)),
                fastest]
     for m in picked:
         rows_in += [plain_row(m)] + rows_for(m)

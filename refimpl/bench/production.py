@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from .. import autoregressive, dflash, eagle, eagle3, medusa, methods, models, pard, prompts, retrieval, speculative
+from .. import autoregressive, dflash, eagle, eagle3, generate, medusa, models, pard, prompts, retrieval, speculative
 from ..models import drafters
 from ..export import export
 from ..models.hf import MODELS_DIR, cache_dir
@@ -109,7 +109,7 @@ def ours_dynamic_tree(ctx, ids, n):  # dynamic_tree.PRESETS["cpu"]
 
 
 def ours_eagle3_preset(ctx, ids, n):  # eagle3.PRESETS["cpu"] through the front door: the zoo's draft on int8 panels
-    return methods.generate(ctx["target"], [ids], method="eagle3", max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
+    return generate(ctx["target"], [ids], method="eagle3", max_new_tokens=n, preset="cpu", eos_token_id=NO_EOS)
 
 
 #: (name, export name or None ("{target}": the target's zoo name), vLLM speculative_config without "model" (None:

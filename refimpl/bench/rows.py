@@ -7,12 +7,12 @@ Generation`` on one prompt, the roles it needs (``"draft"``: the zoo's draft for
 :data:`refimpl.models.drafters.KINDS`) and whether its greedy output must equal AR greedy (``exact``).
 Rows of the course's methods are :func:`preset_row`\\ s: a front-door method (:data:`refimpl.methods.METHODS`),
 one of its module's presets and, for a sweep, options on top; they run through
-:func:`refimpl.methods.generate`, exactly the call a user makes, so the numbers a chapter quotes are
+:func:`refimpl.generate`, exactly the call a user makes, so the numbers a chapter quotes are
 the defaults a user gets. A test checks that every row names a preset its module exports.
 """
 from __future__ import annotations
 
-from .. import autoregressive, drafts, methods, speculative
+from .. import autoregressive, drafts, generate, methods, speculative
 from ..copy_prior import ContextCopyLM
 from ..generation import preset_options
 from ..lm import LM
@@ -50,7 +50,7 @@ def preset_row(method: str, preset: str = "cpu", **options) -> Method:
             extra.update(temperature=temperature, generator=ctx.generator)
         if method != "ar":
             extra["preset"] = preset
-        return methods.generate(ctx.target, [ids], method, max_new_tokens=n, **tuned, **extra)
+        return generate(ctx.target, [ids], method, max_new_tokens=n, **tuned, **extra)
 
     needs = ("target",) if kind is None else ("target", kind)
     name = row_name(method, preset, options) + (" (LOSSY)" if lossy else "")

@@ -2,7 +2,7 @@
 total=5,depth=5 --config total=6,depth=5``.
 
 For each prompt of the benchmark set, AR and every configuration run back to back (interleaved, so drift of the
-machine hits them alike), through the front door :func:`refimpl.methods.generate`; each configuration's greedy
+machine hits them alike), through the front door :func:`refimpl.generate`; each configuration's greedy
 tokens must equal AR's. Per configuration: tau (new tokens / target calls, the prefill's call included, so a
 little below the decode suite's), draft calls per step, the step's time and its speed-up over AR, summed over
 the repeats after the first (a warm-up). Options not given keep the method's preset for the target. The decode
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from .. import autoregressive, methods, models
+from .. import autoregressive, generate, methods, models
 from ..prompts import encode_prompt, prompt_set
 
 
@@ -57,7 +57,7 @@ def sweep(target, prompts: list[list[int]], method: str, configs: list[dict], ma
             runs = [(ar, time.perf_counter() - t0)]
             for cfg in configs:
                 t0 = time.perf_counter()
-                g = methods.generate(target, [ids], method, max_new_tokens=max_new_tokens, **cfg)
+                g = generate(target, [ids], method, max_new_tokens=max_new_tokens, **cfg)
                 runs.append((g, time.perf_counter() - t0))
                 assert g.tokens[0] == ar.tokens[0], f"{method} {cfg} differs from AR greedy on a prompt"
             if rep in keep:
