@@ -200,17 +200,48 @@ plt.tight_layout(); plt.show()
 # predicts the token `i` after the root. The target's embedding and LM head are shared.
 #
 # The target's verification call returns the streams DFlash reads (`output_hidden_states=taps`), so
-# the context costs no extra target pass. One drafter call by hand, from the prompt's features:
+# the context costs no extra target pass. Here is one DFlash layer written out (Qwen3's layer, with the
+# context as extra keys and values): the block's queries; keys and values over `[context; block]`, the
+# context's fused features as they are and the block's stream normed; rotary positions for both; no mask.
+
+# %%
+from refimpl.primitives import rope_tables, rotate
+
+
+def dflash_layer(layer, x, ctx_feats, cos, sin):   # x (1, Q, H) the block's stream, ctx_feats (1, C, H) the context
+    Q, C, d, rep = x.shape[1], ctx_feats.shape[1], layer.d, layer.heads // layer.kv_heads
+    h = layer.input_norm(x)
+    q = layer.q_norm(layer.q_proj(h).view(1, Q, layer.heads, d)).transpose(1, 2)             # (1, heads, Q, d)
+    kv = torch.cat([ctx_feats, h], 1)                                                         # (1, C + Q, H)
+    k = layer.k_norm(layer.k_proj(kv).view(1, C + Q, layer.kv_heads, d)).transpose(1, 2)      # (1, kv heads, C + Q, d)
+    v = layer.v_proj(kv).view(1, C + Q, layer.kv_heads, d).transpose(1, 2)
+    q, k = rotate(q, cos[:, :, C:], sin[:, :, C:]), rotate(k, cos, sin)                       # the block after the context
+    w = torch.softmax(q @ k.repeat_interleave(rep, 1).transpose(-1, -2) / d ** 0.5, -1)       # (1, heads, Q, C + Q): all see all
+    x = x + layer.o_proj((w @ v.repeat_interleave(rep, 1)).transpose(1, 2).reshape(1, Q, -1))
+    h = layer.post_norm(x)
+    return x + layer.down(torch.nn.functional.silu(layer.gate(h)) * layer.up(h))
+
+# %% [markdown]
+# One drafter call by hand, from the prompt's features: fuse the tapped streams, embed the block with the
+# target's embedding, run the layers, read the slots with the target's head. The library's
+# `DFlashDraft.step` must give the same outputs:
 
 # %%
 _, _, feats = lm.forward(torch.tensor([ctx], device=DEVICE), output_hidden_states=flash.taps)  # (1, L, m H)
 n = len(ctx) - 1                                                  # the root: the prompt's last token
 blk = torch.tensor([[ctx[-1]] + [flash.mask_id] * (BLOCK - 1)], device=DEVICE)
 positions = torch.arange(n + BLOCK, device=DEVICE)[None]          # context 0..n-1, then the block
-see_all = torch.ones(1, BLOCK, n + BLOCK, dtype=torch.bool, device=DEVICE)
-out, _ = flash.step(blk, flash.context(feats[:, :n]), positions, see_all)
-drafts = flash.full(flash.logits(out[0, 1:]).argmax(-1)).tolist()
-print("DFlash's block:", [lm.decode([t]) for t in drafts])
+with torch.no_grad():
+    fused = flash.hidden_norm(flash.fc(feats[:, :n]))             # (1, n, H): ctx = norm(fc([h_1; ...; h_m]))
+    cos, sin = rope_tables(positions, flash.head_dim, flash.rope_theta, torch.float32)
+    x = flash.embed[blk]                                          # (1, BLOCK, H) the target's embedding
+    for layer in flash.layers:
+        x = dflash_layer(layer, x, fused, cos, sin)
+    mine = flash.norm(x)
+    lib, _ = flash.step(blk, flash.context(feats[:, :n]), positions, torch.ones(1, BLOCK, n + BLOCK, dtype=torch.bool, device=DEVICE))
+assert torch.allclose(mine, lib, atol=1e-5), "the layer by hand must equal dflash.DFlashDraft.step"
+drafts = flash.full(flash.logits(mine[0, 1:]).argmax(-1)).tolist()
+print("DFlash's block, by hand == the library's:", [lm.decode([t]) for t in drafts])
 
 # %% [markdown]
 # ## Picture: one DFlash call
@@ -237,13 +268,32 @@ plt.tight_layout(); plt.show()
 # In training, all anchors of a sequence are drafted in one forward. Write `dflash_allow(T, anchors, g)`
 # -> bool `(N g, T + N g)` for `N = len(anchors)` blocks of `g` slots after a `T`-token context: block
 # `n`'s slots see the context positions strictly before `anchors[n]` and the `g` slots of their own
-# block, nothing else. The check runs `dflash.block_loss` and a version with your mask.
+# block, nothing else. The check reads your mask, then trains nothing but compares two losses on a
+# King James sequence: `dflash.block_loss` and the same loss computed with your mask (the helper below).
 
 # %%
 @exercise("15b", "dflash_allow")
 def dflash_allow(T, anchors, g):
     # your code here
     raise NotImplementedError
+
+# %% [markdown]
+# The helper: DFlash's training loss (module doc of `refimpl.dflash`) computed with a mask you give, for
+# one sequence `tok` (1, T) with its target features `feats` and blocks of `g` positions at `anchors`:
+
+# %%
+def block_loss_with(allow, tok, feats, anchors, g, decay=7.0):
+    T, N, a = tok.shape[1], len(anchors), torch.tensor(anchors, device=DEVICE)
+    blk = torch.full((N, g), flash.mask_id, device=DEVICE)
+    blk[:, 0] = tok[0, a]                                                  # each block's root: its anchor's token
+    pos = torch.cat([torch.arange(T, device=DEVICE), (a[:, None] + torch.arange(g, device=DEVICE)).reshape(-1)])[None]
+    out, _ = flash.step(blk.reshape(1, -1), flash.context(feats), pos, allow.to(DEVICE)[None])
+    logits = flash.logits(out.view(N, g, -1)[:, 1:]).float()              # (N, g - 1, V) the mask slots
+    at = a[:, None] + torch.arange(1, g, device=DEVICE)                   # (N, g - 1) the positions they predict
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tok[0, at.clamp(max=T - 1)].reshape(-1),
+                                           reduction="none").view(N, g - 1)
+    w = torch.exp(-torch.arange(g - 1, device=DEVICE) / decay) * (at < T)  # later slots weigh less; past T: no target
+    return (ce * w).sum() / w.sum()
 
 # %% [markdown]
 # The check:
@@ -260,6 +310,13 @@ def check_dflash_allow():
             own = rows[:, T + n * g:T + (n + 1) * g]
             others = torch.cat([rows[:, T:T + n * g], rows[:, T + (n + 1) * g:]], 1)
             assert own.all() and not others.any(), f"block {n}: it must see all of its own slots and no other block"
+    assert flash.kept is None, "this drafter's head scores every token (the helper maps no kept subset)"
+    tok, anchors = torch.tensor([ctx[:16]], device=DEVICE), [3, 9]
+    with torch.no_grad():
+        feats = lm.forward(tok, output_hidden_states=flash.taps)[2]
+        yours = block_loss_with(torch.as_tensor(dflash_allow(16, anchors, BLOCK), dtype=torch.bool), tok, feats, anchors, BLOCK)
+        lib = dflash.block_loss(flash, tok, feats, torch.tensor([anchors], device=DEVICE))[0]
+    assert torch.allclose(yours, lib, atol=1e-5), f"the loss with your mask is {yours:.4f}, dflash.block_loss's {lib:.4f}"
 
 
 check("Exercise 2", check_dflash_allow)

@@ -2,8 +2,9 @@
 kernels included) go into an empty folder, as a package of another name, and run there on a plain
 transformers ``LlamaForCausalLM`` (a tiny random config) through the ``LM`` adapter, with ``refimpl``
 and ``triton`` unimportable (Triton has no wheel on macOS or Windows; the CPU path never needs it).
-The tokens must equal the package's own, for five algorithms: speculative sampling, EAGLE-2's dynamic
-tree, the EAGLE-3 draft's tree, SAM decoding, and Fast-dLLM's threshold sampler."""
+The tokens must equal the package's own, for seven algorithms: speculative sampling, EAGLE-2's dynamic
+tree, the EAGLE-3 draft's tree, SAM decoding, Fast-dLLM's threshold sampler, and the parallel drafters
+PARD (greedy and sampled) and DFlash."""
 import ast
 import json
 import os
@@ -14,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from refimpl import diffusion, dynamic_tree, eagle3, models, retrieval, speculative
+from refimpl import dflash, diffusion, dynamic_tree, eagle3, models, pard, retrieval, speculative
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("torch_kernels")
@@ -133,6 +134,37 @@ def test_eagle3_copied_out(tmp_path, llamas, tiny):
     want = eagle3.generate(t, prompts, draft=draft, max_new_tokens=16, eos_token_id=[]).tokens
     mod = copy_out("refimpl.eagle3", tmp_path)
     got = run_copied(tmp_path, mod, LOAD + f"t = load({str(llamas / 'target')!r})\nd = M.new_draft(t)\n"
+                     f"d.load_state_dict(torch.load({str(tmp_path / 'draft.pt')!r}))\n"
+                     f"g = M.generate(t, {prompts!r}, draft=d, max_new_tokens=16, eos_token_id=[])\n"
+                     "print(json.dumps(g.tokens))")
+    assert got == want
+
+
+def test_pard_copied_out(tmp_path, llamas, tiny):
+    """The random draft as a PARD draft (its mask token: tiny's MASK), greedy and sampled."""
+    prompts, mask = prompts_for(tiny), tiny.tokenizer.mask_token_id
+    t, d = (models.load(str(llamas / n), device="cpu") for n in ("target", "draft"))
+    want = [pard.generate(t, prompts, draft=d, mask_id=mask, k=4, max_new_tokens=16, eos_token_id=[], temperature=temp,
+                          generator=torch.Generator().manual_seed(5)).tokens for temp in (0.0, 0.8)]
+    mod = copy_out("refimpl.pard", tmp_path)
+    got = run_copied(tmp_path, mod, LOAD + f"t, d = load({str(llamas / 'target')!r}), load({str(llamas / 'draft')!r})\n"
+                     f"g = [M.generate(t, {prompts!r}, draft=d, mask_id={mask}, k=4, max_new_tokens=16, eos_token_id=[], "
+                     "temperature=temp, generator=torch.Generator().manual_seed(5)).tokens for temp in (0.0, 0.8)]\n"
+                     "print(json.dumps(g))")
+    assert got == want
+
+
+def test_dflash_copied_out(tmp_path, llamas, tiny):
+    """A random two-layer DFlash drafter on the random target (its taps, its block of 5)."""
+    prompts = prompts_for(tiny)
+    t = models.load(str(llamas / "target"), device="cpu")
+    torch.manual_seed(3)
+    draft = dflash.new_draft(t, num_layers=2, block=5, mask_id=tiny.tokenizer.mask_token_id)
+    torch.save(draft.state_dict(), tmp_path / "draft.pt")
+    want = dflash.generate(t, prompts, draft=draft, max_new_tokens=16, eos_token_id=[]).tokens
+    mod = copy_out("refimpl.dflash", tmp_path)
+    got = run_copied(tmp_path, mod, LOAD + f"t = load({str(llamas / 'target')!r})\n"
+                     f"d = M.new_draft(t, num_layers=2, block=5, mask_id={tiny.tokenizer.mask_token_id})\n"
                      f"d.load_state_dict(torch.load({str(tmp_path / 'draft.pt')!r}))\n"
                      f"g = M.generate(t, {prompts!r}, draft=d, max_new_tokens=16, eos_token_id=[])\n"
                      "print(json.dumps(g.tokens))")
