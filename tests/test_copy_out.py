@@ -125,19 +125,25 @@ def test_dynamic_tree_copied_out(tmp_path, llamas, tiny):
     assert got == want
 
 
-def test_eagle3_copied_out(tmp_path, llamas, tiny):
+def fresh_draft_copied_out(tmp_path, llamas, tiny, module, **kw):
+    """A fresh random drafter (``module.new_draft(target, **kw)``, seeded) on the random target: the copied
+    module's greedy tokens against the package's."""
     prompts = prompts_for(tiny)
     t = models.load(str(llamas / "target"), device="cpu")
     torch.manual_seed(3)
-    draft = eagle3.new_draft(t)
+    draft = module.new_draft(t, **kw)
     torch.save(draft.state_dict(), tmp_path / "draft.pt")
-    want = eagle3.generate(t, prompts, draft=draft, max_new_tokens=16, eos_token_id=[]).tokens
-    mod = copy_out("refimpl.eagle3", tmp_path)
-    got = run_copied(tmp_path, mod, LOAD + f"t = load({str(llamas / 'target')!r})\nd = M.new_draft(t)\n"
+    want = module.generate(t, prompts, draft=draft, max_new_tokens=16, eos_token_id=[]).tokens
+    mod = copy_out(module.__name__, tmp_path)
+    got = run_copied(tmp_path, mod, LOAD + f"t = load({str(llamas / 'target')!r})\nd = M.new_draft(t, **{kw!r})\n"
                      f"d.load_state_dict(torch.load({str(tmp_path / 'draft.pt')!r}))\n"
                      f"g = M.generate(t, {prompts!r}, draft=d, max_new_tokens=16, eos_token_id=[])\n"
                      "print(json.dumps(g.tokens))")
     assert got == want
+
+
+def test_eagle3_copied_out(tmp_path, llamas, tiny):
+    fresh_draft_copied_out(tmp_path, llamas, tiny, eagle3)
 
 
 def test_pard_copied_out(tmp_path, llamas, tiny):
@@ -156,19 +162,7 @@ def test_pard_copied_out(tmp_path, llamas, tiny):
 
 def test_dflash_copied_out(tmp_path, llamas, tiny):
     """A random two-layer DFlash drafter on the random target (its taps, its block of 5)."""
-    prompts = prompts_for(tiny)
-    t = models.load(str(llamas / "target"), device="cpu")
-    torch.manual_seed(3)
-    draft = dflash.new_draft(t, num_layers=2, block=5, mask_id=tiny.tokenizer.mask_token_id)
-    torch.save(draft.state_dict(), tmp_path / "draft.pt")
-    want = dflash.generate(t, prompts, draft=draft, max_new_tokens=16, eos_token_id=[]).tokens
-    mod = copy_out("refimpl.dflash", tmp_path)
-    got = run_copied(tmp_path, mod, LOAD + f"t = load({str(llamas / 'target')!r})\n"
-                     f"d = M.new_draft(t, num_layers=2, block=5, mask_id={tiny.tokenizer.mask_token_id})\n"
-                     f"d.load_state_dict(torch.load({str(tmp_path / 'draft.pt')!r}))\n"
-                     f"g = M.generate(t, {prompts!r}, draft=d, max_new_tokens=16, eos_token_id=[])\n"
-                     "print(json.dumps(g.tokens))")
-    assert got == want
+    fresh_draft_copied_out(tmp_path, llamas, tiny, dflash, num_layers=2, block=5, mask_id=tiny.tokenizer.mask_token_id)
 
 
 def test_sam_copied_out(tmp_path, llamas, tiny):
