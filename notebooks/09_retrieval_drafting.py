@@ -521,21 +521,39 @@ assert pv_good > 1e-3 and pv_bad < 1e-3
 # ## Play: method, draft length, minimum match
 # Pick a prompt and a method; `num_tokens` caps the copied chain (prompt lookup, SAM), `min_match`
 # is the shortest n-gram prompt lookup accepts and the shortest suffix match SAM uses (below it,
-# SAM + recycling falls back to the table). Recycling alone ignores both. The text never changes
-# (it is always the greedy text); the colours and tau do.
+# SAM + recycling falls back to the table). Recycling alone ignores both. Picking a method puts the
+# sliders at its preset, the table's settings; the line above the text says when they differ. The text
+# never changes (it is always the greedy text); the colours and tau do.
 
 # %%
 import ipywidgets as widgets
 
 
+def preset_of(method):                                  # (num_tokens, min_match) of the method's preset: the table's
+    o = retrieval.PRESETS["cpu" if method == "prompt_lookup" else method]
+    return o["num_tokens"], o["min_match"] if "sam" in method else (o["min_ngram"] if method == "prompt_lookup" else None)
+
+
 def play(prompt="psalm 136", method="prompt_lookup", num_tokens=10, min_match=1):
     global shown
-    shown = coloured(prompt, method, num_tokens, min_match)
-    display(HTML(shown))
+    table = preset_of(method)
+    same = method == "recycling" or (num_tokens, min_match) == table   # recycling alone reads neither slider
+    shown = coloured(prompt, method, *((None, None) if same else (num_tokens, min_match)))
+    note = "the table's settings" if same else f"the table above uses num_tokens {table[0]}, min_match {table[1]}"
+    display(HTML(f"<i>num_tokens {num_tokens}, min_match {min_match}: {note}</i><br>{shown}"))
 
 
 ui = widgets.interact(play, prompt=widgets.Dropdown(options=list(ids)), method=widgets.Dropdown(options=retrieval.METHODS),
                       num_tokens=widgets.IntSlider(value=10, min=1, max=24), min_match=widgets.IntSlider(value=1, min=1, max=8)).widget
+
+
+def to_preset(change):                                  # a new method: its sliders at the table's settings
+    n, m = preset_of(change["new"])
+    ui.children[2].value = n
+    ui.children[3].value = m if m is not None else ui.children[3].value
+
+
+ui.children[1].observe(to_preset, names="value")
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,
@@ -545,6 +563,9 @@ before = shown
 ui.children[2].value = 1                               # move the num_tokens slider, as a person would
 assert shown != before, "moving a control must change the output"
 ui.children[2].value = default
+ui.children[1].value = "sam+recycling"                 # another method: the sliders take the table's settings
+assert (ui.children[2].value, ui.children[3].value) == preset_of("sam+recycling") and f"tau {taus['psalm 136', 'sam+recycling']:.2f}" in shown
+ui.children[1].value = "prompt_lookup"
 
 # %% [markdown]
 # ## Summary
