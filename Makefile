@@ -55,9 +55,13 @@ WORK    := work
 LAB_ENV := env -u TRITON_INTERPRET -u OMP_NUM_THREADS PYTHONPATH=$(CURDIR)/notebooks \
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
+# as root (a container, a cloud notebook) JupyterLab refuses to start without --allow-root: given, and said
+LAB_ROOT := $(shell [ "$$(id -u 2>/dev/null)" = 0 ] && echo --allow-root)
+
 lab: setup
 	$(BIN)/python notebooks/work_copy.py $(WORK)
-	$(LAB_ENV) $(BIN)/jupyter lab --notebook-dir=$(WORK)
+	@$(if $(LAB_ROOT),echo "make lab: running as root (a container?): JupyterLab starts with --allow-root")
+	$(LAB_ENV) $(BIN)/jupyter lab --notebook-dir=$(WORK) $(LAB_ROOT)
 
 # the day-before check of a workshop machine: every check a chapter needs, SmolLM2's conversion included
 preflight: setup

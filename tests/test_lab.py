@@ -61,6 +61,20 @@ def test_make_lab_serves_the_ignored_work_copy_with_the_cpu_environment():
     assert "lab-reset:" in make and "rm -rf $(WORK)" in make.split("lab-reset:", 1)[1].split("\n\n")[0]
 
 
+
+def test_make_lab_starts_as_root_with_allow_root_and_as_a_user_without(tmp_path):
+    """JupyterLab refuses root without --allow-root (containers, cloud notebooks run as root): make lab
+    adds it there, says so in one line, and never for a user (``id -u`` faked on PATH)."""
+    for uid, as_root in (("0", True), ("1000", False)):
+        fake = tmp_path / uid
+        fake.mkdir()
+        (fake / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+        (fake / "id").chmod(0o755)
+        out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", "setup", "lab"], cwd=ROOT, check=True,
+                             capture_output=True, text=True, env=dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")).stdout
+        lab = next(ln for ln in out.splitlines() if "jupyter lab" in ln)
+        assert ("--allow-root" in lab) == as_root and ("running as root" in out) == as_root, (uid, out)
+
 # ---------------------------------------------------------------------------------------
 # end to end: a Jupyter server on the copy, a save through the contents API, git status
 # ---------------------------------------------------------------------------------------

@@ -239,3 +239,27 @@ def test_preflight_runs_every_check_and_reports_a_failure(capsys, monkeypatch):
     assert "FAIL  corpus: RuntimeError: no corpus" in out and "ok    Python" in out and "not ready: corpus" in out
     with pytest.raises(ValueError, match="only"):
         preflight.main(["nonsense"])
+
+
+def test_preflight_runs_a_chapter_in_a_kernel_and_judges_speeds(tmp_path, monkeypatch, capsys):
+    """The kernel check runs chapter 00 with its widget in a headless kernel; negative controls: a chapter
+    whose widget never comes (no slider state) and one whose cell never ends (past its cell timeout, the cell
+    named) fail it. A speed under half the course machine's is called slow."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+    import nbformat
+    import preflight
+
+    assert preflight.main(["kernel"]) == 0 and "with its widget" in capsys.readouterr().out
+    for cells, why in ((["x = 1"], "left no state"), (["import time\nwhile True:\n    time.sleep(1)"], "ran past 3 s")):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / preflight.KERNEL_CHAPTER)
+        monkeypatch.setattr(preflight, "NOTEBOOKS", str(tmp_path))
+        monkeypatch.setattr(preflight, "CELL_TIMEOUT_S", 3)
+        assert preflight.main(["kernel"]) == 1
+        out = capsys.readouterr().out
+        assert "FAIL  kernel" in out and why in out, out
+    want = preflight.expected_tok_s("tiny")
+    assert want and "as expected" in preflight.judged("tiny", 0.6 * want) and "SLOW" in preflight.judged("tiny", 0.4 * want)
+
