@@ -165,9 +165,12 @@ def check_pard_allow():
         slot, pos, allow = pard.training_layout(torch.zeros(1, T, dtype=torch.long, device="cpu"), k)
         keep = slot * T + pos                                         # the layout keeps the masks with an anchor
         assert tuple(got.shape) == (k * T, k * T), f"shape {tuple(got.shape)}, expected {(k * T, k * T)}"
-        bad = (got[keep][:, keep] != allow).nonzero()
-        assert not len(bad), (f"T={T}, k={k}: item (copy {int(slot[bad[0, 0]])}, position {int(pos[bad[0, 0]])}) and "
-                              f"item (copy {int(slot[bad[0, 1]])}, position {int(pos[bad[0, 1]])}) disagree")
+        mine = got[keep][:, keep]
+        item = lambda i: f"(copy {int(slot[i])}, position {int(pos[i])})"  # noqa: E731
+        for wrong, what in ((mine & ~allow, "may see {} but must not: it would read what it predicts"),
+                            (~mine & allow, "must see {} but does not: it would miss its context")):
+            bad = wrong.nonzero()
+            assert not len(bad), f"T={T}, k={k}: item {item(bad[0, 0])} " + what.format(item(bad[0, 1]))
 
 
 check("Exercise 1", check_pard_allow)

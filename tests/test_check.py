@@ -62,7 +62,8 @@ def cell(monkeypatch):
 
 
 def course_cell(src=COURSE_SOURCE, name=COURSE_CELL, ns=None):
-    """Run ``src`` as a cell (one with no ``@exercise`` stub is a course cell); -> its namespace."""
+    """Run ``src`` as a cell of the course (its code one of the chapter's cells); -> its namespace."""
+    solutions.COURSE_CELLS.add(src.strip())
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     ns = {} if ns is None else ns
     exec(compile(src, name, "exec"), ns)
@@ -184,7 +185,7 @@ def test_an_error_in_a_course_helper_is_not_called_your_cell(cell):
     finally:
         solutions.EXERCISE_FILES.discard(mine)
     assert status == ("wrong: your code raised IndexError: list index out of range (raised in `inverse_cdf` of "
-                      "another cell of the notebook, called from line 2 of your cell: return inverse_cdf(p, u))"), status
+                      "a cell of the course, called from line 2 of your cell: return inverse_cdf(p, u))"), status
     assert "hit[0]" not in status
     # the negative control: the helper in the exercise's cell is the learner's own line
     both = COURSE_SOURCE + "\n@exercise('03', 'my_one_position')\ndef my_one_position(p, u):\n    return inverse_cdf(p, u)\n"
@@ -202,5 +203,49 @@ def test_a_check_that_raises_on_a_value_answer_blames_no_cell_of_the_learner(cel
     course = course_cell()
     status = solutions.check("Exercise 3", functools.partial(course["check_guess"], "5"))   # no frame here
     assert status.startswith("wrong: checking your answer raised TypeError: "), status
-    assert status.endswith("(raised in `expected_tau` of another cell of the notebook, not in your exercise's cell)"), status
+    assert status.endswith("(raised in `expected_tau` of a cell of the course, not in a cell of yours)"), status
     assert "your cell" not in status and "gamma + 1" not in status
+
+
+def learner_cell(src, name="/tmp/ipykernel_4242/1414213562.py", ns=None):
+    """Run ``src`` as a cell the learner wrote (its code none of the chapter's); -> its namespace."""
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {"exercise": solutions.exercise} if ns is None else ns
+    exec(compile(src, name, "exec"), ns)
+    return ns
+
+
+def test_a_function_with_no_return_is_told_so(cell):
+    """The learner forgot ``return``: the check trips over None; the verdict says the function returned None
+    (negative control: a function that returns its value but a wrong one keeps the check's own verdict)."""
+    ns = learner_cell("@exercise('00', 'scale')\ndef scale(x):\n    y = x * 2\n")
+    status = solutions.check("Exercise 1", lambda: ns["scale"](torch.ones(2)).dtype)
+    assert status == "wrong: your function `scale` returned None: it has no `return <value>` (a missing return?)", status
+    ns = learner_cell("@exercise('00', 'scale')\ndef scale(x):\n    return x * 3\n")
+
+    def twice():
+        assert torch.equal(ns["scale"](torch.ones(2)), torch.full((2,), 2.0)), "scale must double"
+    assert solutions.check("Exercise 1", twice).startswith("wrong, because scale must double")  # (pytest adds its own lines)
+
+
+def test_a_helper_the_learner_wrote_in_a_new_cell_is_theirs(cell):
+    """A cell the learner added (a helper their answer calls) is "your cell", not the course's; a cell of the
+    course, unchanged, stays the course's (test_an_error_in_a_course_helper_is_not_called_your_cell)."""
+    course_cell()   # the chapter's cells are known
+    helper = learner_cell("def my_helper(w):\n    return w[len(w)]\n", "/tmp/ipykernel_4242/1732050807.py", {})
+    status = solutions.check("Exercise 1", lambda: helper["my_helper"]([1, 2]))
+    assert status == "wrong: your code raised IndexError: list index out of range (line 2 of your cell: return w[len(w)])", status
+
+
+def test_an_answer_that_runs_forever_is_stopped_with_a_one_line_verdict(cell, monkeypatch, capsys):
+    monkeypatch.setattr(solutions, "TIME_LIMIT_S", 1)
+    ns = learner_cell("@exercise('00', 'spin')\ndef spin():\n    while True:\n        pass\n")
+    status = solutions.check("Exercise 2", ns["spin"])
+    assert status == "wrong: your code ran past 1 s (an endless loop?) (line 3 of your cell: while True:)" or \
+        status == "wrong: your code ran past 1 s (an endless loop?) (line 4 of your cell: pass)", status
+    assert "Traceback" not in capsys.readouterr().out
+
+    def interrupted():
+        raise KeyboardInterrupt
+    assert solutions.check("Exercise 2", interrupted).startswith("stopped: you interrupted the check")
+
