@@ -279,8 +279,8 @@ def plot_speedup(alpha=0.8, c=0.05):
     plt.figure(figsize=(5, 3)); plt.plot(gammas, s, "o-"); plt.axhline(1, color="gray", ls=":")
     plt.xlabel("gamma"); plt.ylabel("expected speedup"); plt.title(shown, fontsize=9)
 
-ui = interact_figure(plot_speedup, alpha=widgets.FloatSlider(value=0.8, min=0.1, max=0.99, step=0.01, description="alpha"),
-                     c=widgets.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01, description="c"))
+ui = interact_figure(plot_speedup, alpha=widgets.FloatSlider(continuous_update=False, value=0.8, min=0.1, max=0.99, step=0.01, description="alpha"),
+                     c=widgets.FloatSlider(continuous_update=False, value=0.05, min=0.0, max=0.5, step=0.01, description="c"))
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

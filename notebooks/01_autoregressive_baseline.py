@@ -123,8 +123,8 @@ def plot_probs(T=1.0, top_p=1.0, n=15):
     plt.xticks(range(n), [lm.tokenizer.decode([t]) for t in i.tolist()], rotation=60, fontsize=8)
     plt.title(shown, fontsize=9); plt.tight_layout(); plt.show()
 
-ui = widgets.interact(plot_probs, T=widgets.FloatSlider(value=1.0, min=0.1, max=2.0, step=0.1),
-                      top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05), n=widgets.fixed(15)).widget
+ui = widgets.interact(plot_probs, T=widgets.FloatSlider(continuous_update=False, value=1.0, min=0.1, max=2.0, step=0.1),
+                      top_p=widgets.FloatSlider(continuous_update=False, value=1.0, min=0.05, max=1.0, step=0.05), n=widgets.fixed(15)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -378,7 +378,7 @@ def play(gamma=4):
 # The widget (move `gamma` from 4 to 1: every call then emits at most two tokens):
 
 # %%
-ui = widgets.interact(play, gamma=widgets.IntSlider(value=4, min=1, max=10)).widget
+ui = widgets.interact(play, gamma=widgets.IntSlider(continuous_update=False, value=4, min=1, max=10)).widget
 
 # %% tags=["ci-only", "remove-input"] jupyter={"source_hidden": true}
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

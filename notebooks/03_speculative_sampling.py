@@ -463,9 +463,9 @@ def play(gamma=GAMMA, temperature=TEMPERATURE, seed=SEED):
 # The widget renders once, below the sliders.
 
 # %%
-ui = widgets.interact(play, gamma=widgets.IntSlider(value=GAMMA, min=1, max=10),
-                      temperature=widgets.FloatSlider(value=TEMPERATURE, min=0.0, max=2.0, step=0.1),
-                      seed=widgets.IntSlider(value=SEED, min=0, max=20)).widget
+ui = widgets.interact(play, gamma=widgets.IntSlider(continuous_update=False, value=GAMMA, min=1, max=10),
+                      temperature=widgets.FloatSlider(continuous_update=False, value=TEMPERATURE, min=0.0, max=2.0, step=0.1),
+                      seed=widgets.IntSlider(continuous_update=False, value=SEED, min=0, max=20)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

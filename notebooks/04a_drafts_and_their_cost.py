@@ -480,9 +480,9 @@ def play(k=1, gamma=4, prompt_index=0):
 # Move the sliders (in a live notebook):
 
 # %%
-ui = widgets.interact(play, k=widgets.IntSlider(value=1, min=1, max=target.num_layers - 1),
-                      gamma=widgets.IntSlider(value=4, min=1, max=8),
-                      prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1)).widget
+ui = widgets.interact(play, k=widgets.IntSlider(continuous_update=False, value=1, min=1, max=target.num_layers - 1),
+                      gamma=widgets.IntSlider(continuous_update=False, value=4, min=1, max=8),
+                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -356,9 +356,9 @@ def play(threshold=0.1, policy="cumulative", prompt_index=0):
 # Move the sliders (in a live notebook):
 
 # %%
-ui = widgets.interact(play, threshold=widgets.FloatSlider(value=0.1, min=0.0, max=1.0, step=0.05),
+ui = widgets.interact(play, threshold=widgets.FloatSlider(continuous_update=False, value=0.1, min=0.0, max=1.0, step=0.05),
                       policy=widgets.Dropdown(options=["cumulative", "threshold"], value="cumulative"),
-                      prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1)).widget
+                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

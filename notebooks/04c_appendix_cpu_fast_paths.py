@@ -205,8 +205,8 @@ def play(v=1.0, c=0.3):
 # Move the sliders (in a live notebook):
 
 # %%
-ui = widgets.interact(play, v=widgets.FloatSlider(value=1.0, min=0.5, max=3.0, step=0.1),
-                      c=widgets.FloatSlider(value=0.3, min=0.0, max=1.0, step=0.05)).widget
+ui = widgets.interact(play, v=widgets.FloatSlider(continuous_update=False, value=1.0, min=0.5, max=3.0, step=0.1),
+                      c=widgets.FloatSlider(continuous_update=False, value=0.3, min=0.0, max=1.0, step=0.05)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

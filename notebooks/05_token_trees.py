@@ -690,8 +690,8 @@ def play(prompt=0, k1=2, k2=2):
 # The widget (move `k1` from 2 to 1 and the tree loses a branch):
 
 # %%
-ui = widgets.interact(play, prompt=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1),
-                      k1=widgets.IntSlider(value=2, min=1, max=4), k2=widgets.IntSlider(value=2, min=1, max=4)).widget
+ui = widgets.interact(play, prompt=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1),
+                      k1=widgets.IntSlider(continuous_update=False, value=2, min=1, max=4), k2=widgets.IntSlider(continuous_update=False, value=2, min=1, max=4)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

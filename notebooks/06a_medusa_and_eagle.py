@@ -462,8 +462,8 @@ def play(prompt=demo, size=8):
     ax.set_title(shown, fontsize=9); plt.show()
 
 
-ui = widgets.interact(play, prompt=widgets.IntSlider(value=demo, min=0, max=len(prompts) - 1),
-                      size=widgets.IntSlider(value=8, min=1, max=24)).widget
+ui = widgets.interact(play, prompt=widgets.IntSlider(continuous_update=False, value=demo, min=0, max=len(prompts) - 1),
+                      size=widgets.IntSlider(continuous_update=False, value=8, min=1, max=24)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -237,7 +237,7 @@ def play(T=8, step=3):
     ax.set_ylabel(f"query t of step {step}"); ax.set_title(f"green: may attend | {shown}", fontsize=9); plt.tight_layout(); plt.show()
 
 
-ui = widgets.interact(play, T=widgets.IntSlider(value=8, min=2, max=12), step=widgets.IntSlider(value=3, min=0, max=5)).widget
+ui = widgets.interact(play, T=widgets.IntSlider(continuous_update=False, value=8, min=2, max=12), step=widgets.IntSlider(continuous_update=False, value=3, min=0, max=5)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -511,8 +511,8 @@ def trajectory(window=WINDOW, prompt=0, seed=SEED):
     ax.set_title(f"window {window}, seed {seed}, {PROMPTS[prompt]!r}: {PICTURE_TOKENS / len(shown):.2f} tokens per call")
     plt.tight_layout(); plt.show()
 
-widgets.interact(trajectory, window=widgets.IntSlider(value=WINDOW, min=1, max=12),
-                 prompt=widgets.IntSlider(value=0, min=0, max=len(PROMPTS) - 1), seed=widgets.IntSlider(value=SEED, min=0, max=20))
+widgets.interact(trajectory, window=widgets.IntSlider(continuous_update=False, value=WINDOW, min=1, max=12),
+                 prompt=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(PROMPTS) - 1), seed=widgets.IntSlider(continuous_update=False, value=SEED, min=0, max=20))
 before = shown
 trajectory(window=2, prompt=1)
 assert shown != before, "moving the sliders changes the trajectory"

@@ -413,9 +413,9 @@ def play(window=W, ngram=N, guesses=G):
     display(HTML(head + coloured(r)))
 
 
-widgets.interact(play, window=widgets.IntSlider(value=W, min=1, max=15, description="W"),
-                 ngram=widgets.IntSlider(value=N, min=2, max=8, description="N"),
-                 guesses=widgets.IntSlider(value=G, min=1, max=15, description="G"))
+widgets.interact(play, window=widgets.IntSlider(continuous_update=False, value=W, min=1, max=15, description="W"),
+                 ngram=widgets.IntSlider(continuous_update=False, value=N, min=2, max=8, description="N"),
+                 guesses=widgets.IntSlider(continuous_update=False, value=G, min=1, max=15, description="G"))
 play(); tau_default = last.stats.tau
 play(1, 2, 1)
 assert last.stats.tau != tau_default and len(last.tokens[0]) == NEW_TOKENS

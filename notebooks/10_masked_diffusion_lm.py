@@ -355,8 +355,8 @@ def play(t=0.3, seed=SEED):
     display(HTML(shown))
 
 
-ui = widgets.interact(play, t=widgets.FloatSlider(value=0.3, min=0.05, max=1.0, step=0.05),
-                      seed=widgets.IntSlider(value=SEED, min=0, max=20)).widget
+ui = widgets.interact(play, t=widgets.FloatSlider(continuous_update=False, value=0.3, min=0.05, max=1.0, step=0.05),
+                      seed=widgets.IntSlider(continuous_update=False, value=SEED, min=0, max=20)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -200,7 +200,7 @@ def play(step=GEN // 2, block=8):
     display(HTML(shown))
 
 
-ui = widgets.interact(play, step=widgets.IntSlider(value=GEN // 2, min=0, max=GEN),
+ui = widgets.interact(play, step=widgets.IntSlider(continuous_update=False, value=GEN // 2, min=0, max=GEN),
                       block=widgets.Dropdown(options=[8, GEN], value=8)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]

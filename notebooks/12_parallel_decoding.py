@@ -461,8 +461,8 @@ def play(t=0.9, prompt_index=0):
     display(HTML(shown))
 
 
-ui = widgets.interact(play, t=widgets.FloatSlider(value=0.9, min=0.02, max=1.0, step=0.02),
-                      prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1)).widget
+ui = widgets.interact(play, t=widgets.FloatSlider(continuous_update=False, value=0.9, min=0.02, max=1.0, step=0.02),
+                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -648,8 +648,8 @@ def play(prompt_index=0, threshold=0.9, block=BLOCK):
     display(HTML(shown))
 
 
-ui = widgets.interact(play, prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1),
-                      threshold=widgets.FloatSlider(value=0.9, min=0.05, max=1.0, step=0.05),
+ui = widgets.interact(play, prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1),
+                      threshold=widgets.FloatSlider(continuous_update=False, value=0.9, min=0.05, max=1.0, step=0.05),
                       block=widgets.Dropdown(options=[4, 8, 16, 32], value=BLOCK)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]

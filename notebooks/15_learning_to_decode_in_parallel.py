@@ -753,8 +753,8 @@ def play(prompt_index=0, block=BLOCK, model="tiny-cllm"):
     plt.show()
 
 
-ui = widgets.interact(play, prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1),
-                      block=widgets.IntSlider(value=BLOCK, min=4, max=24, step=4),
+ui = widgets.interact(play, prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1),
+                      block=widgets.IntSlider(continuous_update=False, value=BLOCK, min=4, max=24, step=4),
                       model=widgets.Dropdown(options=list(ZOO), value="tiny-cllm")).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]

@@ -422,8 +422,8 @@ def play(block=BLOCK, prompt_index=0):
     display(HTML(shown))
 
 
-ui = widgets.interact(play, block=widgets.IntSlider(value=BLOCK, min=2, max=16),
-                      prompt_index=widgets.IntSlider(value=0, min=0, max=len(prompts) - 1)).widget
+ui = widgets.interact(play, block=widgets.IntSlider(continuous_update=False, value=BLOCK, min=2, max=16),
+                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1)).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -435,7 +435,7 @@ else:
 import ipywidgets as widgets
 
 shown = None
-c_slider = widgets.FloatSlider(value=0.1, min=0.0, max=0.5, step=0.05, description="c_draft")
+c_slider = widgets.FloatSlider(continuous_update=False, value=0.1, min=0.0, max=0.5, step=0.05, description="c_draft")
 
 
 def play(machine="measured CPU", c_draft=0.1):

@@ -96,6 +96,17 @@ def test_a_check_cell_needs_no_markdown_only_after_its_stub():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_sliders_send_their_value_on_release(path):
+    """Every slider redraws when released (``continuous_update=False``): a picture that takes a second to
+    draw never trails a slider dragged across it, its readout and its picture showing different values."""
+    import re
+
+    src = open(path[:-6] + ".py").read()
+    calls = re.findall(r"widgets\.\w*Slider\(([^)]*)", src)
+    assert all("continuous_update=False" in c for c in calls), [c[:60] for c in calls if "continuous_update" not in c]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_course_shape(path):
     nb = jupytext.read(path)
     cells = nb.cells
