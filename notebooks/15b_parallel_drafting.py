@@ -476,13 +476,16 @@ for name, (g, s) in measured.items():
 
 # %% [markdown]
 # Read the table as `speed-up = tau / step cost`. The chain draft pays `gamma` draft calls a step; PARD
-# and DFlash pay one, so their step cost stays near one verification however long the block; DFlash's
-# drafts read the target's features, which is where its tau comes from. On `tiny` every forward is
-# mostly fixed per-call overhead, so fewer calls is the whole story; on SmolLM2 (`python -m refimpl.bench
-# --suite capstone`) the target's verification of a longer block also costs more (chapter 04c), and the
-# best block is shorter than on a GPU, where scoring 16 tokens costs about one. The zoo's SmolLM2 drafters
-# were trained on this CPU with little data and accept too few drafts to pay there (their held-out
-# acceptance is in docs/models.md, with the recipe for a GPU): tau, not the draft's cost, holds them back.
+# and DFlash pay one. One call is not one AR step, though: read their step costs above, several AR steps
+# each. A step is the target's verification of the whole block (the root and every draft, one forward
+# over more positions than AR's one) plus the drafter's call, and the calls differ: PARD's is a small
+# causal LM over the new tokens and its mask slots; DFlash's runs its layers over the context features
+# committed since its last call and the block, then the target's full LM head over every slot, so its one
+# call can cost more than PARD's. DFlash's drafts read the target's features, which is where its tau
+# comes from. On SmolLM2 (`python -m refimpl.bench --suite capstone`) the verification of a longer block
+# costs more still (chapter 04c), and the best block is shorter than on a GPU, where scoring 16 tokens
+# costs about one. The zoo's SmolLM2 drafters were trained on this CPU with little data and accept too few
+# drafts to pay there (their held-out acceptance is in docs/models.md, with the recipe for a GPU).
 #
 # ### Exercise 3: predict the speed-up
 # Write `predicted_speedup(accept, draft_cost, verify_cost)`: `accept[d]` is the probability that the
