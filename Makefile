@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
-.PHONY: setup wheelhouse preflight lab lab-reset test test-learner test-fast test-gpu bench notebooks clean production production-results workshop-times
+.PHONY: setup wheelhouse preflight lab lab-reset test test-browser test-learner test-fast test-gpu bench notebooks clean production production-results workshop-times
 
 # torch: PyPI's Linux wheel is the CUDA build (~900 MB plus ~3 GB of CUDA libraries); on a Linux machine
 # without an NVIDIA driver (no nvidia-smi) the CPU build's index (download.pytorch.org/whl/cpu) goes first,
@@ -78,10 +78,17 @@ NBVAL_CELL_S := 300
 NO_SURVIVORS := $(BIN)/python tests/procs.py --
 
 # .pytest-times.xml (git-ignored): every test's and notebook cell's seconds, which `make workshop-times`
-# turns into notebooks/WORKSHOP.md's run-time column
+# turns into notebooks/WORKSHOP.md's run-time column. The tests that drive Chromium (JupyterLab and the
+# static site) are make test-browser's, which .ci/run runs next
+BROWSER_TESTS := tests/test_browser.py tests/test_site.py
 test: setup
 	$(TEST_ENV) $(NO_SURVIVORS) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q --durations=15 \
-		--junitxml=.pytest-times.xml tests notebooks --nbval-lax --nbval-cell-timeout=$(NBVAL_CELL_S)
+		--junitxml=.pytest-times.xml $(addprefix --ignore=,$(BROWSER_TESTS)) tests notebooks --nbval-lax \
+		--nbval-cell-timeout=$(NBVAL_CELL_S)
+
+# a learner's lab in Chromium (Run All, sliders, verdicts, a stalled cell) and the static site's pages
+test-browser: setup
+	$(TEST_ENV) $(NO_SURVIVORS) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q $(BROWSER_TESTS)
 
 # every chapter a second time, as a learner meets it in `make lab`: the stubs unsolved (no COURSE_ANSWERS),
 # the interpreter off; Run All must reach the end with no cell raising (a cell that needs an unsolved

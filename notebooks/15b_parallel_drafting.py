@@ -317,7 +317,8 @@ def check_dflash_allow():
     tok, anchors = torch.tensor([ctx[:16]], device=DEVICE), [3, 9]
     with torch.no_grad():
         feats = lm.forward(tok, output_hidden_states=flash.taps)[2]
-        yours = block_loss_with(torch.as_tensor(dflash_allow(16, anchors, BLOCK), dtype=torch.bool), tok, feats, anchors, BLOCK)
+        yours = block_loss_with(torch.as_tensor(dflash_allow(16, anchors, BLOCK), dtype=torch.bool, device=DEVICE),
+                                tok, feats, anchors, BLOCK)
         lib = dflash.block_loss(flash, tok, feats, torch.tensor([anchors], device=DEVICE))[0]
     assert torch.allclose(yours, lib, atol=1e-5), f"the loss with your mask is {yours:.4f}, dflash.block_loss's {lib:.4f}"
 

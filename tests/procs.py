@@ -115,15 +115,18 @@ def run(cmd: list[str], timeout: float, env: dict | None = None, cwd=None, term_
 
 
 def main(argv: list[str]) -> int:
-    """``-- CMD ...``: run CMD tagged (in this process group: Ctrl-C reaches it), then exit 3 if any
-    process it started is still running ``GRACE_S`` seconds after it exited; else CMD's exit status."""
+    """``[--grace S] -- CMD ...``: run CMD tagged (in this process group: Ctrl-C reaches it), then exit 3 if any
+    process it started is still running ``S`` (default ``GRACE_S``) seconds after it exited; else CMD's status."""
+    grace = GRACE_S
+    if argv[:1] == ["--grace"] and len(argv) > 1:
+        grace, argv = float(argv[1]), argv[2:]
     if not argv or argv[0] != "--" or len(argv) < 2:
-        print("usage: python tests/procs.py -- CMD [ARGS...]", file=sys.stderr)
+        print("usage: python tests/procs.py [--grace SECONDS] -- CMD [ARGS...]", file=sys.stderr)
         return 2
     env, tag = tagged_env()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches CMD (same group); this one waits for it
     code = subprocess.Popen(argv[1:], env=env).wait()
-    left = survivors(tag)
+    left = survivors(tag, grace)
     if left:
         print(f"{len(left)} process(es) that {argv[1]} started outlived it (stopped now):", file=sys.stderr)
         for pid, line in sorted(left.items()):

@@ -70,10 +70,12 @@ NOTEBOOK_PICTURE = "00_setup_and_cost_of_a_forward_pass.ipynb"
 
 
 def with_shown_picture(nb):
-    """``nb`` (chapter 00) with its picture widget drawn through interact and plt.show."""
+    """``nb`` (chapter 00) with its picture widget drawn through interact and plt.show, its sliders sending
+    every intermediate value (``continuous_update=True``): the widget as it was before both fixes."""
     cell = next(c for c in nb.cells if c.cell_type == "code" and "ui = interact_figure(plot_speedup" in c.source)
     cell.source = (cell.source.replace("plt.title(shown, fontsize=9)", "plt.title(shown, fontsize=9); plt.show()")
-                   .replace("ui = interact_figure(", "ui = widgets.interact(").rstrip() + ".widget")
+                   .replace("ui = interact_figure(", "ui = widgets.interact(")
+                   .replace("continuous_update=False", "continuous_update=True").rstrip() + ".widget")
     return nb
 
 
@@ -436,8 +438,10 @@ def test_a_chapters_picture_is_whole_after_every_run_all(browser, lab_default):
 
 
 def test_a_picture_left_blank_or_cut_by_run_all_is_caught(browser, lab_default):
-    """Negative control: chapter 00 with its widget drawn through interact + plt.show leaves the
-    picture blank or cut after one of up to three Run Alls (it fails at random, nearly always)."""
+    """Negative control: chapter 00 with its widget drawn through interact + plt.show and sliders that send
+    every intermediate value leaves the picture blank or cut after one of up to three Run Alls (it fails at
+    random, nearly always; with either fix alone, the Image widget or sliders that send on release, the
+    picture stays whole)."""
     inks = run_all_inks(browser, lab_default, "shown_picture.ipynb", lab_default["dir"] / "blank.png", runs=3,
                         stop=lambda inks: len(inks) > 1 and not whole_both_times(inks))
     assert not whole_both_times(inks), f"picture ink after each Run All: {inks}: no blank or cut picture seen"

@@ -66,17 +66,19 @@ async def wait_for_reply_sent_past(channel_class, timeout_s: float) -> tuple[str
 def test_the_builders_client_reads_a_reply_at_once_even_when_it_sends_meanwhile():
     from jupyter_client.channels import AsyncZMQSocketChannel
 
-    kind, waited = asyncio.run(wait_for_reply_sent_past(builder.ShellChannel, timeout_s=3))
-    assert kind == "execute_reply" and waited < 1, f"the builder's channel waited {waited:.2f} s for a reply that was there"
-    kind, waited = asyncio.run(wait_for_reply_sent_past(AsyncZMQSocketChannel, timeout_s=3))
+    kind, waited = asyncio.run(wait_for_reply_sent_past(builder.ShellChannel, timeout_s=2))
+    assert kind == "execute_reply" and waited < 0.5, f"the builder's channel waited {waited:.2f} s for a reply that was there"
+    kind, waited = asyncio.run(wait_for_reply_sent_past(AsyncZMQSocketChannel, timeout_s=2))
     assert kind == "execute_reply"
-    assert waited > 2.5, (f"jupyter_client's own channel read the reply after {waited:.2f} s: the send no longer "
+    assert waited > 1.5, (f"jupyter_client's own channel read the reply after {waited:.2f} s: the send no longer "
                           "hides the reply's arrival, and ShellChannel may no longer be needed")
 
 
-def stalling_chapters(src: Path):
+def stalling_chapters(src: Path, started: Path | None = None):
+    """Two chapters; the second's cell 2 never ends (having touched ``started``, when given, first)."""
+    touch = "" if started is None else f"open({str(started)!r}, 'w').close()\n"
     write_notebook(src, "01_fine.ipynb", ["x = 1", "print(x)"])
-    write_notebook(src, "02_stalls.ipynb", ["x = 1", STALL, "y = 2"])
+    write_notebook(src, "02_stalls.ipynb", ["x = 1", touch + STALL, "y = 2"])
 
 
 def test_a_cell_that_never_ends_fails_the_build_in_its_timeout_naming_it_and_nothing_outlives_the_build(tmp_path):
@@ -94,10 +96,10 @@ def test_a_cell_that_never_ends_fails_the_build_in_its_timeout_naming_it_and_not
 def test_a_build_stopped_by_its_caller_leaves_no_kernel_or_worker_behind(tmp_path):
     """The caller's deadline comes first (the cell's timeout is longer): stopping the build's process
     group stops its workers, and their kernels (in sessions of their own) follow their parents out."""
-    stalling_chapters(tmp_path / "src")
+    stalling_chapters(tmp_path / "src", tmp_path / "started")
     run = procs.run([sys.executable, str(SCRIPT), "--src", str(tmp_path / "src"), "--out", str(tmp_path / "out"),
-                     "--jobs", "2", "--timeout", "600"], timeout=20, cwd=ROOT)
-    assert run.timed_out
+                     "--jobs", "2", "--timeout", "600"], timeout=15, cwd=ROOT)
+    assert run.timed_out and (tmp_path / "started").exists(), "stopped before its kernel ran the stalled cell"
     left = procs.survivors(run.tag)
     procs.stop(left)
     assert not left, f"processes that outlived the stopped build: {left}"
@@ -130,7 +132,7 @@ def test_the_process_check_names_what_a_command_leaves_running(tmp_path):
     running (negative control: a shell that starts a sleeper in the background), and passes through
     CMD's status otherwise."""
     helper = str(ROOT / "tests" / "procs.py")
-    run = procs.run([sys.executable, helper, "--", "sh", "-c", "sleep 300 & exit 0"], timeout=60)
+    run = procs.run([sys.executable, helper, "--grace", "1", "--", "sh", "-c", "sleep 300 & exit 0"], timeout=60)
     assert run.returncode == 3 and "sleep 300" in run.stderr, (run.returncode, run.stderr)
     assert not procs.survivors(run.tag, grace_s=2), "the check stops what it finds"
     run = procs.run([sys.executable, helper, "--", "sh", "-c", "exit 7"], timeout=60)

@@ -139,3 +139,19 @@ def test_ci_runs_every_chapter_as_a_learner_too():
     assert "--nbval-lax notebooks" in rule and "LEARNER_ENV" in rule
     learner_env = make.split("LEARNER_ENV :=", 1)[1].split("\n\n", 1)[0]
     assert "-u COURSE_ANSWERS" in learner_env and "-u TRITON_INTERPRET" in learner_env
+
+
+def test_the_browser_suites_run_in_ci_right_after_make_test():
+    """make test leaves out only the suites that drive Chromium, make test-browser runs exactly those, and
+    .ci/run runs it after make test: no test file is left out of CI."""
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    lines = [line.strip() for line in ci.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert "make test-browser" in lines and lines.index("make test-browser") > lines.index("make test")
+
+    def recipe(target):
+        return subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", "setup", target], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.replace("\\\n", " ")
+    ignored = re.findall(r"--ignore=(\S+)", recipe("test"))
+    assert ignored and all(os.path.exists(os.path.join(ROOT, f)) for f in ignored)
+    browser = recipe("test-browser")
+    assert all(f in browser for f in ignored) and "tests/procs.py --" in browser
