@@ -11,14 +11,20 @@ pool workers, servers, browsers); Linux shows each process's environment in ``/p
 - :func:`survivors` lists the processes that still carry a tag, after a grace period.
 - ``python tests/procs.py -- CMD ...`` runs ``CMD`` tagged, then fails (exit 3) if any process it
   started is still running once it has exited, naming them and stopping them (``make test`` runs
-  pytest this way).
+  pytest this way). It does not rely on the tag alone: it makes itself the "child subreaper" of what it
+  starts (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``), so a process whose parent has gone is handed to it
+  rather than to init, and it also counts every process below it in the parent links that
+  ``/proc/PID/stat`` shows (:func:`descendants`). Either view alone catches a leftover; a machine whose
+  ``/proc`` hides other processes' environments still has the second.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,11 +47,66 @@ def tagged(tag: str) -> dict[int, str]:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":   # exited, not yet reaped
                     continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:   # gone meanwhile, or not ours to read
             continue
+        found[pid] = command_line(pid)
     return found
+
+
+def parents() -> dict[int, int]:
+    """{pid: parent pid} of the live processes ``/proc/PID/stat`` shows (zombies left out)."""
+    found = {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            found[pid] = int(fields[1])
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def descendants(root: int) -> dict[int, str]:
+    """{pid: command line} of the live processes below ``root`` in the parent links."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents().items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = {}, list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found[pid] = command_line(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux >= 3.4); -> whether it is."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def reap() -> bool:
+    """Collect the exit status of every child of this process that has exited (orphans handed to a
+    subreaper come back to it as children); -> whether a child is still running."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
 
 
 def survivors(tag: str, grace_s: float = GRACE_S) -> dict[int, str]:
@@ -88,30 +149,34 @@ def tagged_env(env: dict | None = None) -> tuple[dict, str]:
 
 def run(cmd: list[str], timeout: float, env: dict | None = None, cwd=None, term_grace_s: float = 5.0) -> Run:
     """``cmd`` in a new session (its own process group), tagged, its output captured; past ``timeout``
-    seconds the group gets SIGTERM, and SIGKILL ``term_grace_s`` seconds later."""
+    seconds the group gets SIGTERM, and SIGKILL ``term_grace_s`` seconds later. The run ends when ``cmd``
+    exits, even where a process it left running still holds its output (the output goes to files, not
+    pipes); :func:`survivors` finds such processes."""
     if timeout <= 0:
         raise ValueError(f"timeout: {timeout} s; a positive number of seconds")
     env, tag = tagged_env(env)
     start = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-        return Run(p.returncode, out, err, time.monotonic() - start, tag)
-    except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, None)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, err = p.communicate(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        else:
-            out, err = p.communicate()
-        return Run(None, out or "", err or "", time.monotonic() - start, tag)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
+        try:
+            code = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+            for sig, wait in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    p.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read())
+    return Run(code, texts[0], texts[1], time.monotonic() - start, tag)
 
 
 def main(argv: list[str]) -> int:
@@ -125,8 +190,19 @@ def main(argv: list[str]) -> int:
         return 2
     env, tag = tagged_env()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches CMD (same group); this one waits for it
+    become_subreaper()
     code = subprocess.Popen(argv[1:], env=env).wait()
-    left = survivors(tag, grace)
+    deadline = time.monotonic() + grace
+    while True:
+        running = reap()
+        left = {**descendants(os.getpid()), **tagged(tag)}
+        if not (left or running) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    if running and not left:   # a child of this subreaper that /proc does not show
+        print(f"a process that {argv[1]} started outlived it; this machine's /proc does not show which",
+              file=sys.stderr)
+        return 3
     if left:
         print(f"{len(left)} process(es) that {argv[1]} started outlived it (stopped now):", file=sys.stderr)
         for pid, line in sorted(left.items()):
