@@ -570,13 +570,17 @@ for name, lm in (("tiny-bdlm", bdlm), ("tiny-bdlm-dparallel", bdlm_dp)):
             gdec = block_diffusion.generate(lm, [p], gen_length=32, block_length=8, threshold=t, eos_token_id=[])
             outs.append(gdec.tokens[0]); calls += gdec.stats.nfe
         curve[name, t] = (calls / len(prompts), dllm_bench.ar_perplexity(tiny, prompts, outs))
+from figures import place_labels
+
 fig, ax = plt.subplots(figsize=(6, 3))
-for name in ("tiny-bdlm", "tiny-bdlm-dparallel"):
+for i, name in enumerate(("tiny-bdlm", "tiny-bdlm-dparallel")):
     xs, ys = zip(*[curve[name, t] for t in THRESHOLDS])
-    ax.plot(xs, ys, "o-", label=name)
-    for t, x, y in zip(THRESHOLDS, xs, ys):
-        ax.annotate(str(t), (x, y), fontsize=7)
+    ax.plot(xs, ys, "o-", label=name, color=f"C{i}")
 ax.set(xlabel="calls per 32 tokens", ylabel="perplexity under tiny"); ax.legend(fontsize=8)
+fig.tight_layout()
+keys = [(name, t) for name in ("tiny-bdlm", "tiny-bdlm-dparallel") for t in THRESHOLDS]
+place_labels(ax, [curve[k] for k in keys], [str(t) for _, t in keys],       # each threshold by its point
+             colors=["C0" if name == "tiny-bdlm" else "C1" for name, _ in keys])
 plt.show()
 
 # %% [markdown]
@@ -753,7 +757,8 @@ def play(prompt_index=0, block=BLOCK, model="tiny-cllm"):
     plt.show()
 
 
-ui = widgets.interact(play, prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1),
+ui = widgets.interact(play, prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1,
+                                                             description="prompt"),
                       block=widgets.IntSlider(continuous_update=False, value=BLOCK, min=4, max=24, step=4),
                       model=widgets.Dropdown(options=list(ZOO), value="tiny-cllm")).widget
 

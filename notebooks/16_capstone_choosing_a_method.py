@@ -373,20 +373,16 @@ at = {}                                   # front points that share a place get 
 for n, ppl, name in pts:
     ax.scatter(n, ppl, color="C1" if (n, ppl, name) in front else "C0")
     if (n, ppl, name) in front:           # the rest are listed below the picture
-        at.setdefault((round(n, 1), round(ppl, 1)), []).append(name)
-column = {}                               # labels in one column of calls are stacked apart
-for (n, ppl), names in sorted(at.items(), key=lambda kv: (round(kv[0][0]), -kv[0][1])):
-    i = column.setdefault(round(n), 0)
-    column[round(n)] += 1
-    more = f" (+{len(names) - 1} more here)" if len(names) > 1 else ""
-    ax.annotate(names[0][:30] + more, (n, ppl), fontsize=7, xytext=(-6, 4 - 11 * i), textcoords="offset points",
-                ha="right", arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if i else None)
+        at.setdefault((round(n, 1), round(ppl, 1)), []).append((n, ppl, name))
 if front:
     ax.plot([p[0] for p in front], [p[1] for p in front], "C1--", lw=0.8)
 ax.set_xlabel("denoiser calls for 32 tokens")
 ax.set_ylabel("perplexity under tiny (lower is better)")
 ax.set_yscale("log")
 ax.set_title("dLLM samplers: calls vs quality (orange: the Pareto front)")
+fig.tight_layout()
+place_labels(ax, [group[0][:2] for group in at.values()],   # last: where no label overlaps another
+             [group[0][2][:30] + (f" (+{len(group) - 1} more here)" if len(group) > 1 else "") for group in at.values()])
 plt.show()
 print("Pareto front:", [(round(n, 1), round(p, 2), name) for n, p, name in front])
 print("behind it (blue):", [(round(n, 1), round(p, 2), name) for n, p, name in sorted(pts) if (n, p, name) not in front])
@@ -469,6 +465,11 @@ before = shown
 ui.children[0].value = "GPU model"                 # switch the machine, as a person would
 assert shown != before, "switching the machine must change the picture"
 assert not ui.children[1].disabled, "on the GPU model the c_draft slider acts"
+slid = ui.children[1].value
+for c in (ui.children[1].min, ui.children[1].max):  # the slider's ends: the crowded pictures stay readable
+    ui.children[1].value = c
+    assert shown[0] == "GPU model", "the GPU model stays on while c_draft moves"
+ui.children[1].value = slid
 ui.children[0].value = default
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]

@@ -4,6 +4,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "notebooks"))
 import figures  # noqa: E402
+import figure_check  # noqa: E402
 
 
 def test_every_call_of_a_decode_has_its_own_colour_and_neighbours_contrast():
@@ -22,12 +23,8 @@ def test_tokens_by_call_escapes_text_and_labels_each_token_with_its_call():
 
 
 def overlapping_labels(ax) -> list:
-    """Pairs of text labels of ``ax`` whose boxes on the drawn figure overlap."""
-    from matplotlib.text import Text
-
-    renderer = ax.figure.canvas.get_renderer()
-    boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts if t.get_text()]  # text only
-    return [(a, b) for i, (a, p) in enumerate(boxes) for b, q in boxes[i + 1:] if p.overlaps(q)]
+    """Pairs of texts of ``ax``'s figure whose boxes overlap once it is drawn (tests/figure_check.py)."""
+    return figure_check.overlaps(ax.figure)
 
 
 #: (step cost, pooled tau, label) of the committed SmolLM2 capstone rows: a crowded corner near (1.6, 1.6)
@@ -76,6 +73,54 @@ def test_the_overlap_check_flags_labels_at_a_fixed_offset():
     assert ("EAGLE-3 + copy prior", "adaptive gamma") in overlapping_labels(ax) or \
            ("adaptive gamma", "EAGLE-3 + copy prior") in overlapping_labels(ax)
     plt.close(fig)
+
+
+def test_the_figure_check_counts_only_text_that_is_drawn():
+    """Axis labels over a legend, a title over a title are flagged; an annotation's arrow, a tick label
+    outside the view and a hidden text are not: only the text a reader sees counts."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 1], label="a line")
+    ax.set_xticks([0, 0.5, 1, 5])                                   # 5 lies outside the view: not drawn
+    ax.set_xlim(0, 1)
+    ax.annotate("far", (0.1, 0.9), xytext=(80, -60), textcoords="offset points", arrowprops={"arrowstyle": "-"})
+    ax.text(0.45, 0.45, "hidden", visible=False)
+    ax.text(0.5, 0.5, "")                                          # empty: nothing to read
+    ax.text(0.5, 0.45, "seen")
+    fig.tight_layout()
+    assert figure_check.overlaps(fig) == []
+    ax.text(0.51, 0.45, "over it")                                # negative control
+    assert figure_check.overlaps(fig) == [("seen", "over it")]
+    plt.close(fig)
+
+
+def test_a_figure_with_overlapping_text_cannot_become_a_picture():
+    """What the kernels of a test run do (figure_check.install): savefig, and the inline backend's PNG,
+    raise OverlappingText naming the texts and the figure's title; a clean figure saves."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pytest
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    before = FigureCanvasBase.print_figure
+    figure_check.install()
+    try:
+        fig, ax = plt.subplots()
+        ax.set_title("a crowded picture")
+        ax.text(0.5, 0.5, "first label")
+        fig.savefig(io.BytesIO(), format="png")
+        ax.text(0.52, 0.5, "second label")
+        with pytest.raises(figure_check.OverlappingText, match=r"'a crowded picture'.*'first label' over 'second label'"):
+            fig.savefig(io.BytesIO(), format="png")
+        plt.close(fig)
+    finally:
+        FigureCanvasBase.print_figure = before
 
 
 # ---------------------------------------------------------------------------------------
@@ -143,3 +188,22 @@ def test_the_float_format_check_flags_a_bad_title():
     good = bad.replace("{alpha}", "{alpha:.2f}").replace("{c}", "{c:.2f}").replace("{t}", "{t:.2f}").replace(
         "{n / m}", "{n / m:.1%}")
     assert unformatted_floats(good) == []
+
+
+def test_every_kernel_of_a_test_run_checks_its_figures():
+    """A kernel this pytest run starts (as nbval starts one per chapter) has the check installed
+    (conftest.py's IPython profile), and a figure whose texts overlap fails its cell there."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        code = ("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.text(0.5, 0.5, 'one label')\n"
+                "ax.text(0.5, 0.5, 'two label')\nfig.savefig('/dev/null', format='png')")
+        errors = []
+        reply = kc.execute_interactive(code, timeout=60, output_hook=lambda m: errors.append(m["content"])
+                                       if m["msg_type"] == "error" else None)
+        assert reply["content"]["status"] == "error" and errors[0]["ename"] == "OverlappingText", errors
+        assert "'one label' over 'two label'" in errors[0]["evalue"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -42,23 +42,51 @@ def is_ci_only(cell) -> bool:
             and cell.metadata.get("jupyter", {}).get("source_hidden") is True)
 
 
+def moved_controls(src: str) -> list:
+    """``ui.children[i]`` for each assignment ``ui.children[i].value = ...`` that the cell itself runs (at
+    any depth of its loops; not in a function it defines: an observer moves controls for the learner)."""
+    import ast
+
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:   # a cell with IPython magics: none of these
+        return []
+    found = []
+
+    def walk(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(child, ast.Assign):
+                for t in child.targets:
+                    text = ast.unparse(t)
+                    if text.startswith("ui.children[") and text.endswith("].value"):
+                        found.append((child.lineno, text[: -len(".value")]))
+            walk(child)
+    walk(tree)
+    return [control for _, control in sorted(found)]
+
+
 def widget_self_test_problems(nb) -> list:
-    """A cell that moves a widget's control from code (``ui.children[i].value = ...``) must be a
-    CI-only cell, collapsed in the lab, that puts every control it moved back to the value it found
-    (so a learner meets the widget at its teaching defaults), and prints nothing."""
+    """A cell that moves a widget's control from code (``ui.children[i].value = ...``, at any indent) must
+    be a CI-only cell, collapsed in the lab, that puts every control it moved back to the value it found
+    (``NAME = ui.children[i].value`` before, ``ui.children[i].value = NAME`` among its last lines, the
+    last moved back first), so a learner meets the widget at its teaching defaults; and prints nothing."""
     import re
 
     problems = []
     for cell in nb.cells:
-        moved = re.findall(r"^(ui\.children\[\d+\])\.value = ", cell.source, re.M) if cell.cell_type == "code" else []
+        moved = moved_controls(cell.source) if cell.cell_type == "code" else []
         if not moved:
             continue
         head = cell.source.splitlines()[0][:60]
         if not is_ci_only(cell):
             problems.append(f"a widget self-test in the learner's view (tag it ci-only, source hidden): {head}")
-        last = cell.source.rstrip().splitlines()[-1]
-        if not (re.match(rf"^{re.escape(moved[0])}\.value = default$", last)
-                and f"default = {moved[0]}.value" in cell.source and len(set(moved)) == 1):
+        controls = list(dict.fromkeys(moved))                      # in the order first moved
+        saved = {c: re.findall(rf"^(\w+) = {re.escape(c)}\.value$", cell.source, re.M) for c in controls}
+        tail = cell.source.rstrip().splitlines()[-len(controls):]
+        wanted = [f"{c}.value = {saved[c][0]}" for c in reversed(controls) if saved[c]]
+        if len(wanted) != len(controls) or tail != wanted:
             problems.append(f"a widget self-test that does not restore its control at the end: {head}")
         if "print(" in cell.source:
             problems.append(f"a widget self-test that prints (its output shows under a collapsed cell): {head}")
@@ -82,6 +110,12 @@ def test_the_widget_self_test_rule_can_fail():
     assert widget_self_test_problems(new_notebook(cells=[good])) == []
     assert len(widget_self_test_problems(new_notebook(cells=[visible]))) == 1
     assert "restore" in widget_self_test_problems(new_notebook(cells=[unrestored]))[0]
+    two = new_code_cell("default = ui.children[0].value\nui.children[0].value = 'b'\nslid = ui.children[1].value\n"
+                        "for c in (0.0, 1.0):\n    ui.children[1].value = c\nui.children[1].value = slid\n"
+                        "ui.children[0].value = default", metadata=good.metadata)
+    assert widget_self_test_problems(new_notebook(cells=[two])) == []
+    one_left = new_code_cell(two.source.rsplit("\n", 1)[0], metadata=good.metadata)   # the first control stays moved
+    assert "restore" in widget_self_test_problems(new_notebook(cells=[one_left]))[0]
 
 
 def test_a_check_cell_needs_no_markdown_only_after_its_stub():

@@ -212,7 +212,7 @@ def stages_bar(ax, breakdowns: list[dict], floor_ms: float | None = None, steps_
         ax.plot([ms, ms], [y - 0.45, y + 0.45], color="black", lw=2.5, label="default step" if y == 0 else None)
     ax.set_yticks(range(len(breakdowns)), [f"k={br['k']}" for br in breakdowns])
     ax.set_xlabel("ms" + ("" if floor_ms is None else " (red: the floor)"))
-    ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, clear of the axis label
 
 
 def figure(result: dict, rows: list[dict], path: str | None = None):
