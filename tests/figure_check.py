@@ -12,7 +12,7 @@ under nbval checks every figure they draw, whoever starts it (``make test``, ``m
   kernel reports as the cell's error, so nbval fails that cell by name (``notebook::Cell N``).
 - The plugin installs it in every IPython kernel the test run starts: pytest's controller writes an
   IPython profile whose startup file calls :func:`install` into a temporary ``IPYTHONDIR``, which the
-  workers, nbval's kernels and any other kernel a test starts inherit. ``COURSE_FIGURE_CHECK=0`` in the
+  workers, nbval's kernels and the site builder's inherit (a test's own Jupyter server sets its own). ``COURSE_FIGURE_CHECK=0`` in the
   environment leaves it out.
 """
 from __future__ import annotations
