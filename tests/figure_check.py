@@ -10,7 +10,7 @@ under nbval checks every figure they draw, whoever starts it (``make test``, ``m
   (``FigureCanvasBase.print_figure``: the inline backend's PNG, ``savefig``, the ``Image`` widgets of
   ``figures.interact_figure``); a figure with overlapping text raises :class:`OverlappingText`, which the
   kernel reports as the cell's error, so nbval fails that cell by name (``notebook::Cell N``).
-- The plugin installs it in every IPython kernel the test run starts: pytest's controller writes an
+- The hooks install it in the IPython kernels the test run starts: pytest's controller writes an
   IPython profile whose startup file calls :func:`install` into a temporary ``IPYTHONDIR``, which the
   workers, nbval's kernels and the site builder's inherit (a test's own Jupyter server sets its own). ``COURSE_FIGURE_CHECK=0`` in the
   environment leaves it out.
