@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := TRITON_INTERPRET=1 COURSE_ANSWERS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 JOBS ?= 2
 
-.PHONY: setup wheelhouse preflight lab lab-reset test test-browser test-learner test-fast test-gpu bench notebooks clean production production-results workshop-times
+.PHONY: setup wheelhouse preflight lab lab-reset test test-browser test-learner test-fast test-gpu bench notebooks clean production production-results workshop-times workshop-lab-times
 
 # torch: PyPI's Linux wheel is the CUDA build (~900 MB plus ~3 GB of CUDA libraries); on a Linux machine
 # without an NVIDIA driver (no nvidia-smi) the CPU build's index (download.pytorch.org/whl/cpu) goes first,
@@ -101,6 +101,12 @@ test-learner: setup
 
 workshop-times: setup
 	$(BIN)/python notebooks/workshop_times.py .pytest-times.xml
+
+# every chapter's Run All in JupyterLab, as a learner meets it (make lab's settings, headless Chromium),
+# into notebooks/WORKSHOP.md's lab column (about 10 minutes on 2 cores; fails if a Run All goes wrong)
+workshop-lab-times: setup
+	$(BIN)/python tests/lab_times.py --out build/lab_times.json
+	$(BIN)/python notebooks/workshop_times.py --lab build/lab_times.json
 
 test-fast: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile -q tests

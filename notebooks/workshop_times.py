@@ -1,11 +1,13 @@
-"""Rewrite the "FAST run time" column of ``notebooks/WORKSHOP.md`` from a test run's JUnit XML.
+"""Rewrite the run-time columns of ``notebooks/WORKSHOP.md``: "FAST run time" from a test run's JUnit XML,
+"Run All in the lab" from ``tests/lab_times.py``'s JSON.
 
 ``make test`` writes ``.pytest-times.xml`` (git-ignored): one ``testcase`` per nbval cell, classname
-``notebooks.<chapter>.ipynb``, with its seconds. ``make workshop-times`` runs
-``python notebooks/workshop_times.py .pytest-times.xml``, which sums the cells of each chapter and
-rewrites the table's run times and the total line, so the teacher's guide quotes the last full run.
-It refuses (ValueError) a file that lacks a chapter the table lists: a partial run must not
-overwrite measured times with missing ones.
+``notebooks.<chapter>.ipynb``, with its seconds. ``python notebooks/workshop_times.py .pytest-times.xml``
+(``make workshop-times``) sums the cells of each chapter and rewrites the FAST column and its total line.
+``python notebooks/workshop_times.py --lab FILE.json`` (``make workshop-lab-times``, which first runs every
+chapter in JupyterLab as a learner meets it) rewrites the lab column, its total and its date line. Both
+refuse (ValueError) a file that lacks a chapter the table lists, and the lab file a chapter whose Run
+All went wrong: a partial or failed run must not overwrite measured times.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import sys
 import xml.etree.ElementTree as ET
 
 GUIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "WORKSHOP.md")
-ROW = re.compile(r"^\| (\d\d[a-z]?) \| ([^|]+) \| (\d+ s) \|")
+ROW = re.compile(r"^\| (\d\d[a-z]?) \| ([^|]+) \| (\d+ s) \| (\d+ s) \|")
 TOTAL = re.compile(r"^Total FAST run time of all chapters: [0-9.]+ min")
 DATE = re.compile(r"^Measured on \d{4}-\d\d-\d\d")
+LAB_TOTAL = re.compile(r"^Total Run All in the lab, every chapter one after another: [0-9.]+ min")
+LAB_DATE = re.compile(r"^Lab times measured on \d{4}-\d\d-\d\d \([^)]*\)")
 
 
 def chapter_seconds(junit_xml: str) -> tuple[dict[str, float], str]:
@@ -56,11 +60,44 @@ def rewrite(guide_text: str, seconds: dict[str, float], date: str) -> str:
     return "".join(out)
 
 
+def rewrite_lab(guide_text: str, report: dict) -> str:
+    """The guide with each chapter's Run All in the lab, its total and its date line replaced by
+    ``report``'s (``tests/lab_times.py --out``: ``{"date", "machine", "chapters": {id: {"seconds",
+    "problems"}}}``)."""
+    runs = report.get("chapters", {})
+    listed = [m.group(1) for m in map(ROW.match, guide_text.splitlines()) if m]
+    missing = sorted(set(listed) - set(runs))
+    if missing:
+        raise ValueError(f"report: no Run All of chapters {missing}: run tests/lab_times.py on every chapter")
+    failed = sorted(c for c in listed if runs[c].get("problems"))
+    if failed:
+        raise ValueError(f"report: the Run All of chapters {failed} went wrong: {[runs[c]['problems'] for c in failed]}")
+    out = []
+    for line in guide_text.splitlines(keepends=True):
+        m = ROW.match(line)
+        if m:
+            line = line[:m.start(4)] + f"{round(runs[m.group(1)]['seconds'])} s" + line[m.end(4):]
+        elif LAB_TOTAL.match(line):
+            line = LAB_TOTAL.sub("Total Run All in the lab, every chapter one after another: "
+                                 f"{sum(runs[c]['seconds'] for c in listed) / 60:.1f} min", line)
+        elif LAB_DATE.match(line):
+            line = LAB_DATE.sub(f"Lab times measured on {report['date']} ({report['machine']})", line)
+        out.append(line)
+    return "".join(out)
+
+
 def main(argv: list[str]) -> None:
-    if len(argv) != 1 or not os.path.exists(argv[0]):
-        raise SystemExit("usage: python notebooks/workshop_times.py JUNIT_XML (make test writes .pytest-times.xml)")
-    with open(GUIDE) as f:
-        text = rewrite(f.read(), *chapter_seconds(argv[0]))
+    if argv[:1] == ["--lab"] and len(argv) == 2 and os.path.exists(argv[1]):
+        import json
+
+        with open(GUIDE) as f, open(argv[1]) as r:
+            text = rewrite_lab(f.read(), json.load(r))
+    elif len(argv) == 1 and os.path.exists(argv[0]):
+        with open(GUIDE) as f:
+            text = rewrite(f.read(), *chapter_seconds(argv[0]))
+    else:
+        raise SystemExit("usage: python notebooks/workshop_times.py JUNIT_XML (make test writes .pytest-times.xml)\n"
+                         "       python notebooks/workshop_times.py --lab LAB_JSON (python tests/lab_times.py --out LAB_JSON)")
     with open(GUIDE, "w") as f:
         f.write(text)
     print(f"rewrote the run times of {GUIDE}")

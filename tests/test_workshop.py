@@ -15,7 +15,7 @@ def guide_rows():
     rows = {}
     for line in open(GUIDE):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 6 and re.fullmatch(r"\d\d[a-z]?", cells[0]):
+        if len(cells) == 7 and re.fullmatch(r"\d\d[a-z]?", cells[0]):
             rows[cells[0]] = cells
     return rows
 
@@ -27,8 +27,9 @@ def test_every_chapter_has_a_row_with_its_exercises_and_a_measured_time():
     for ch in chapters:
         src = open(glob.glob(os.path.join(ROOT, "notebooks", f"{ch}_*.py"))[0]).read()
         n = len(re.findall(r'^check\("Exercise', src, flags=re.M))
-        assert rows[ch][4] == str(n), f"chapter {ch}: the guide says {rows[ch][4]} exercises, the notebook checks {n}"
+        assert rows[ch][5] == str(n), f"chapter {ch}: the guide says {rows[ch][5]} exercises, the notebook checks {n}"
         assert re.fullmatch(r"\d+ s", rows[ch][2]), f"chapter {ch}: no measured run time ({rows[ch][2]!r})"
+        assert re.fullmatch(r"[1-9]\d* s", rows[ch][3]), f"chapter {ch}: no Run All measured in the lab ({rows[ch][3]!r})"
 
 
 def test_the_readme_links_the_guide_and_the_guide_has_its_sections():
@@ -107,6 +108,28 @@ def test_workshop_times_rewrites_every_run_time_from_a_junit_file_and_refuses_a_
         workshop_times.rewrite(open(GUIDE).read(), seconds, date)
 
 
+def test_workshop_times_rewrites_the_lab_column_and_refuses_a_partial_or_failed_run():
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+    import workshop_times
+
+    chapters = sorted(guide_rows())
+    runs = {c: {"seconds": 20.0 + i, "problems": []} for i, c in enumerate(chapters)}
+    report = {"date": "2031-02-03", "machine": "x86_64, 2 cores", "chapters": runs}
+    before = guide_rows()
+    text = workshop_times.rewrite_lab(open(GUIDE).read(), report)
+    rows = {m.group(1): (m.group(3), m.group(4)) for m in map(workshop_times.ROW.match, text.splitlines()) if m}
+    assert rows == {c: (before[c][2], f"{round(runs[c]['seconds'])} s") for c in chapters}, "the FAST column stays"
+    total = sum(r["seconds"] for r in runs.values()) / 60
+    assert f"Total Run All in the lab, every chapter one after another: {total:.1f} min" in text
+    assert "Lab times measured on 2031-02-03 (x86_64, 2 cores)" in text
+    with pytest.raises(ValueError, match="report: no Run All of chapters"):
+        workshop_times.rewrite_lab(open(GUIDE).read(), dict(report, chapters={c: runs[c] for c in chapters[1:]}))
+    failed = dict(runs, **{chapters[0]: {"seconds": 5.0, "problems": ["cell 3: NameError: x"]}})
+    with pytest.raises(ValueError, match="went wrong"):
+        workshop_times.rewrite_lab(open(GUIDE).read(), dict(report, chapters=failed))
+
+
 # ---- the slot plans add up --------------------------------------------------------------------------
 
 #: the longest stretch of chapters (worked or demo) between two breaks, in minutes
@@ -121,9 +144,9 @@ def learner_minutes(guide_text: str) -> dict:
     out = {}
     for line in guide_text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 6 and re.fullmatch(r"\d\d[a-z]?", cells[0]):
-            m = re.fullmatch(r"~(\d+) min", cells[5])
-            assert m, f"chapter {cells[0]}: learner time {cells[5]!r} is not '~N min'"
+        if len(cells) == 7 and re.fullmatch(r"\d\d[a-z]?", cells[0]):
+            m = re.fullmatch(r"~(\d+) min", cells[6])
+            assert m, f"chapter {cells[0]}: learner time {cells[6]!r} is not '~N min'"
             out[cells[0]] = int(m.group(1))
     return out
 

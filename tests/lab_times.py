@@ -1,0 +1,138 @@
+"""Each chapter's Run All as a learner meets it, timed: ``python tests/lab_times.py [--chapters 00 09 ...]``.
+
+JupyterLab runs headless on a free local port with ``make lab``'s settings (the Triton interpreter off, the
+exercises unsolved: no ``COURSE_ANSWERS``, the chapters' plumbing on ``PYTHONPATH``) over the learner's
+copy of the chapters (``notebooks/work_copy.py``); Chromium, driven by Playwright, opens one chapter at a
+time in a fresh workspace, waits for its kernel, runs JupyterLab's own Run All, then stops that kernel. A chapter's time is Run All's wall clock,
+from the command to the last cell's reply, rendering included (its kernel's start is not counted: a
+learner's kernel starts when the chapter opens). A chapter whose Run All shows an error output or a
+traceback, or leaves a cell unrun, is listed with what went wrong, and the script exits 1.
+
+``--out FILE`` writes ``{"date", "machine", "chapters": {id: {"seconds", "slowest", "problems"}}}``, which
+``python notebooks/workshop_times.py --lab FILE`` turns into the workshop guide's lab column; ``--shots
+DIR`` keeps a screenshot of each chapter after its Run All.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+LEARNER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": str(ROOT / "notebooks")}
+UNSET = ("TRITON_INTERPRET", "OMP_NUM_THREADS", "COURSE_ANSWERS")
+RUN_ALL_LIMIT_S = 600   # a chapter runs in about a minute; past this, it is reported and the next one starts
+
+
+def chapters(wanted: list[str] | None) -> list[str]:
+    names = sorted(os.path.basename(p) for p in glob.glob(str(ROOT / "notebooks" / "[0-9][0-9]*_*.ipynb")))
+    if wanted:
+        unknown = sorted(set(wanted) - {n.split("_")[0] for n in names})
+        if unknown:
+            raise ValueError(f"chapters: no chapter {unknown}; chapters are {[n.split('_')[0] for n in names]}")
+        names = [n for n in names if n.split("_")[0] in wanted]
+    return names
+
+
+def run_chapter(browser, base: str, token: str, name: str, shots: Path | None) -> dict:
+    """Open ``name``, wait for its kernel, Run All; -> {"seconds", "slowest", "problems"}."""
+    import test_browser as tb
+    from lab_server import request
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:   # a workspace of its own, reset: no tab (and no kernel) of an earlier chapter comes back
+        page.goto(f"{base}/lab/workspaces/{name[:-6]}/tree/{name}?reset&token={token}")
+        page.wait_for_function(tb.KERNEL_READY, arg=name, timeout=120_000, polling=250)
+        page.evaluate(f"""(name) => {{
+            const panel = ({tb.PANEL})(name);
+            window.jupyterapp.shell.activateById(panel.id);
+            window.jupyterapp.commands.execute('notebook:run-all-cells');
+        }}""", name)
+        start, problems = time.monotonic(), []
+        while not page.evaluate(tb.RUN_STATE, name)[0]:
+            if time.monotonic() - start > RUN_ALL_LIMIT_S:
+                problems.append(f"Run All did not finish in {RUN_ALL_LIMIT_S} s")
+                break
+            page.wait_for_timeout(250)
+        seconds = time.monotonic() - start
+        problems += page.evaluate(tb.PROBLEMS, name)
+        if shots is not None:
+            page.screenshot(path=str(shots / f"{name[:-6]}.png"), full_page=True)
+        slowest = sorted(page.evaluate(tb.TIMINGS, name), key=lambda t: -t[1])[:3]
+        return {"seconds": round(seconds, 1), "slowest": [[i, round(s, 1)] for i, s in slowest], "problems": problems}
+    finally:
+        page.close()
+        for session in request(base, token, "/api/sessions")[1]:   # the chapter's kernel stops with its page
+            request(base, token, f"/api/sessions/{session['id']}", "DELETE")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--chapters", nargs="*", help="chapter ids (00, 06a, 15b); default: all")
+    ap.add_argument("--out", help="JSON file for the times")
+    ap.add_argument("--shots", help="folder for a screenshot of each chapter after Run All")
+    args = ap.parse_args(argv)
+    names = chapters(args.chapters)
+
+    import test_browser as tb
+    from lab_server import serve
+    from playwright import sync_api
+
+    shots = Path(args.shots) if args.shots else None
+    if shots:
+        shots.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in UNSET}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="lab-times-") as tmp:
+        tmp = Path(tmp)
+        work = tmp / "work"
+        subprocess.run([sys.executable, str(ROOT / "notebooks" / "work_copy.py"), str(work)], check=True,
+                       stdout=subprocess.DEVNULL)
+        for name, text in tb.SETTINGS.items():   # the lab's defaults, plus cell timings and no autosave
+            if "notebook-extension" in name:
+                text = '{"recordTiming": true}'
+            (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
+            (tmp / "settings" / name).write_text(text)
+        server_env = dict(LEARNER_ENV, JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+                          JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)                   # serve() adds server_env to this process's environment
+        try:
+            with serve("jupyterlab", work, tmp, server_env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
+                with sync_api.sync_playwright() as p:
+                    browser = p.chromium.launch(executable_path=tb.CHROMIUM, headless=True, args=tb.CHROMIUM_ARGS)
+                    try:
+                        for name in names:
+                            r = run_chapter(browser, base, token, name, shots)
+                            results[name.split("_")[0]] = r
+                            print(f"{name}: Run All {r['seconds']:.0f} s; slowest cells (index, s) {r['slowest']}"
+                                  + (f"; PROBLEMS {r['problems']}" if r["problems"] else ""), flush=True)
+                    finally:
+                        browser.close()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    if args.out:
+        report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                  "chapters": results}
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    bad = {k: r["problems"] for k, r in results.items() if r["problems"]}
+    if bad:
+        print(f"chapters with problems: {bad}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
