@@ -68,6 +68,16 @@ def context_batches(stream: torch.Tensor, contexts: int, length: int, generator:
         yield random_windows(stream, batch, length, generator)  # (batch, length)
 
 
+def budget_step(step: int, steps: int, elapsed: float, seconds: float) -> int:
+    """Where a run stands in its schedule when it has two budgets, ``steps`` steps and ``seconds`` of
+    wall clock (``elapsed`` so far): the further along of the two, at most ``steps - 1``. A trainer
+    stopped by its time limit then still anneals to the end of its cosine (:func:`cosine_lr`), where a
+    schedule sized for ``steps`` alone would stop near its peak learning rate."""
+    if steps < 1 or seconds <= 0:
+        raise ValueError(f"steps, seconds: {steps}, {seconds}; both must be positive")
+    return min(max(step, int(steps * elapsed / seconds)), steps - 1)
+
+
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup

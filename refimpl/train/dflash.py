@@ -27,7 +27,7 @@ import torch
 
 from ..dflash import DFlashDraft, block_loss, new_draft
 from ..models import drafters
-from .common import cosine_lr, write_report
+from .common import budget_step, cosine_lr, write_report
 
 
 def batch_of(seqs, anchors: int, block: int, gen: random.Random, device="cpu"):
@@ -98,7 +98,7 @@ def train_draft(draft: DFlashDraft, seqs, steps: int = 800, batch: int = 8, anch
     bar = tqdm(range(steps), desc="dflash", disable=not progress)
     for step in bar:
         for grp in opt.param_groups:
-            grp["lr"] = cosine_lr(step, steps, lr, warmup=30)
+            grp["lr"] = cosine_lr(budget_step(step, steps, time.time() - t0, seconds), steps, lr, warmup=30)
         tok, feats, answer, at = batch_of(gen.sample(train, min(batch, len(train))), anchors, draft.block, gen,
                                           draft.embed.device)
         loss, last = block_loss(draft, tok, feats, at, answer, decay)

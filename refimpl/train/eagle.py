@@ -44,7 +44,7 @@ import torch
 from ..eagle import EagleDraft, new_draft
 from ..models import drafters
 from ..primitives import left_pad
-from .common import cosine_lr, write_report
+from .common import budget_step, cosine_lr, write_report
 
 
 @torch.no_grad()
@@ -120,9 +120,9 @@ def train_draft(draft: EagleDraft, seqs, steps: int = 600, batch: int = 16, lr: 
     t0, hist = time.time(), []
     bar = tqdm(range(steps), desc="eagle draft", disable=not progress)
     for step in bar:
-        at = max(step, int(steps * (time.time() - t0) / seconds))  # (a time budget ends the cosine too)
+        at = budget_step(step, steps, time.time() - t0, seconds)   # a time budget ends the cosine too
         for g in opt.param_groups:
-            g["lr"] = cosine_lr(min(at, steps - 1), steps, lr, warmup=min(30, steps // 10))
+            g["lr"] = cosine_lr(at, steps, lr, warmup=min(30, steps // 10))
         tok, feat, tgt, mask, at = batch_of(rng.sample(train, batch), noise, gen)
         pred = draft(tok, feat, mask)[at]  # (n, H) predicted features at the answer positions
         true = tgt[at]

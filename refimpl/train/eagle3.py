@@ -58,7 +58,7 @@ import torch
 from ..eagle3 import Eagle3Draft, new_draft, unroll
 from ..models import drafters
 from ..primitives import left_pad
-from .common import answer_vocabulary, cosine_lr, write_report
+from .common import answer_vocabulary, budget_step, cosine_lr, write_report
 
 
 @torch.no_grad()
@@ -217,9 +217,9 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
     bar = tqdm(range(steps), desc="eagle-3 draft", disable=not progress)
     draft.train()
     for step in bar:
-        at = max(step, int(steps * (time.time() - t0) / seconds))  # (a time budget ends the cosine too)
+        at = budget_step(step, steps, time.time() - t0, seconds)   # a time budget ends the cosine too
         for g in opt.param_groups:
-            g["lr"] = cosine_lr(min(at, steps - 1), steps, lr, warmup=min(30, steps // 10))
+            g["lr"] = cosine_lr(at, steps, lr, warmup=min(30, steps // 10))
         b = batch_of(rng.sample(train, min(batch, len(train))), ttt, device, prompt_loss)
         in_kept = kept_argmax(b[2], full_head, draft.kept) if recipe == "upstream" and draft.kept is not None else None
         res = step_losses(draft, *b, ttt, head, in_kept)

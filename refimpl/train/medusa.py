@@ -25,7 +25,7 @@ import torch
 
 from ..medusa import MedusaHeads, choose_tree, expected_length
 from ..models import drafters
-from .common import answer_vocabulary, cosine_lr, write_report
+from .common import answer_vocabulary, budget_step, cosine_lr, write_report
 
 
 def pairs(rows, k: int) -> torch.Tensor:
@@ -83,7 +83,7 @@ def train_heads(rows, lm_head: torch.Tensor, kept: torch.Tensor | None, num_head
     bar = tqdm(range(steps), desc="medusa heads", disable=not progress)
     for step in bar:
         for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, lr, warmup=min(30, steps // 10))
+            g["lr"] = cosine_lr(budget_step(step, steps, time.time() - t0, seconds), steps, lr, warmup=min(30, steps // 10))
         loss = 0.0
         for k in range(num_heads):
             pick = P[k][torch.randint(len(P[k]), (batch,), generator=gen, device="cpu")]

@@ -34,7 +34,7 @@ from ..models import drafters, load
 from ..models.hf import load_folder
 from ..pard import training_layout
 from ..primitives import additive
-from .common import cosine_lr, encode_docs, random_windows, save_half, train_loop, write_report
+from .common import budget_step, cosine_lr, encode_docs, random_windows, save_half, train_loop, write_report
 
 
 def pard_loss(student, teacher, x: torch.Tensor, mask_id: int, k: int, keep: float, min_keep: float, gen,
@@ -195,7 +195,7 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
     done = 0
     for step in bar:
         for grp in opt.param_groups:
-            grp["lr"] = cosine_lr(step, steps, lr, warmup=30)
+            grp["lr"] = cosine_lr(budget_step(step, steps, time.time() - t0, seconds), steps, lr, warmup=30)
         x, teacher, has, labels = row_batch(train, pick_rng.sample(range(len(train)), batch), head, col,
                                             target.pad_token_id)
         loss = pard_rows_loss(model, x, teacher, has, labels, mask_id, k, keep, min_keep, gen)
