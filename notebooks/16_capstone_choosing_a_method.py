@@ -252,7 +252,7 @@ if SHOW_SOLUTIONS:
 # Above the `s = 1` line a method pays on this machine.
 
 # %%
-from figures import place_labels
+from figures import column_labels, place_labels, stacked
 
 
 def iso_plot(r, ax, cost_of=lambda x: x["step_cost"], title=""):
@@ -271,10 +271,20 @@ def iso_plot(r, ax, cost_of=lambda x: x["step_cost"], title=""):
     ax.set_xlabel("step cost (AR steps)")
     ax.set_ylabel("tau (tokens per target call, pooled)")
     ax.set_title(title)
-    # labels last, where none overlaps another (a leader line where a label sits away from its point),
-    # each in its point's colour
-    place_labels(ax, [(cost_of(x), pooled_tau(x)) for x in pts], [short(x["method"]) for x in pts],
-                 colors=[d.get_facecolor()[0] for d in dots])
+    # labels last, each in its point's colour: nearly all points stacked at one cost (the GPU model at
+    # c_draft = 0) get a column to their right, in the order of their heights; else each label goes where
+    # none overlaps another
+    # (a leader line where a label sits away from its point)
+    xy, colors = [(cost_of(x), pooled_tau(x)) for x in pts], [d.get_facecolor()[0] for d in dots]
+    stack = stacked(xy, width=0.005 * cmax, min_points=max(4, (3 * len(xy)) // 4))   # nearly every point
+    if stack and all(x <= max(xy[i][0] for i in stack) for x, _ in xy):           # and none to its right
+        column_labels(ax, [xy[i] for i in stack], [short(pts[i]["method"]) for i in stack],
+                      x_text=max(xy[i][0] for i in stack) + 0.1 * cmax, colors=[colors[i] for i in stack])
+    else:
+        stack = []
+    rest = [i for i in range(len(pts)) if i not in stack]
+    place_labels(ax, [xy[i] for i in rest], [short(pts[i]["method"]) for i in rest], colors=[colors[i] for i in rest],
+                 rings=16)
 
 
 if main:

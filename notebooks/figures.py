@@ -197,6 +197,38 @@ def place_labels(ax, xy, labels, fontsize: int = 7, marker_pt: float = 3.0, ring
     return out
 
 
+def stacked(xy, width: float, min_points: int = 4) -> list[int]:
+    """The indices of the largest group of points whose x values lie within ``width`` of each other (a
+    vertical stack, as when a model gives many methods the same cost), or [] when that group has fewer
+    than ``min_points``."""
+    order = sorted(range(len(xy)), key=lambda i: xy[i][0])
+    best: list[int] = []
+    for a in range(len(order)):
+        group = [i for i in order[a:] if xy[i][0] - xy[order[a]][0] <= width]
+        best = group if len(group) > len(best) else best
+    return best if len(best) >= min_points else []
+
+
+def column_labels(ax, xy, labels, x_text: float, fontsize: int = 7, colors=None) -> list:
+    """Label points that stand on (nearly) one vertical line in a column at ``x_text`` (data coordinates;
+    left of the points the labels end there, right of them they start there), top to bottom in the order
+    of the points' heights, evenly spaced over the axes' height, each joined to its point by a grey
+    leader. Matching the two orders keeps any two leaders from crossing, however close the points are.
+    -> the labels."""
+    xy, labels = list(xy), list(labels)
+    order = sorted(range(len(xy)), key=lambda i: -xy[i][1])
+    lo, hi = ax.get_ylim()
+    step = (hi - lo) / (len(order) + 1)
+    out = [None] * len(xy)
+    for rank, i in enumerate(order):
+        y_text = hi - step * (rank + 1)
+        out[i] = ax.annotate(labels[i], xy[i], xytext=(x_text, y_text), textcoords="data", fontsize=fontsize,
+                             ha="right" if x_text < xy[i][0] else "left", va="center",
+                             color=colors[i] if colors is not None else None,
+                             arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 0, "shrinkB": 2})
+    return out
+
+
 def interact_figure(draw, **controls):
     """A picture with controls, redrawn when one moves: ``controls`` (keyword -> ipywidgets control)
     above an ``ipywidgets.Image`` of the matplotlib figure ``draw(**values)`` leaves current (it

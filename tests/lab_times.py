@@ -45,8 +45,11 @@ def chapters(wanted: list[str] | None) -> list[str]:
     return names
 
 
-def run_chapter(browser, base: str, token: str, name: str, shots: Path | None) -> dict:
-    """Open ``name``, wait for its kernel, Run All; -> {"seconds", "slowest", "problems"}."""
+def run_chapter(browser, base: str, token: str, name: str, shots: Path | None, move: bool = False) -> dict:
+    """Open ``name``, wait for its kernel, Run All; -> {"seconds", "slowest", "problems"}. ``move``: then
+    press an arrow key on the chapter's first slider, as a learner would, and add ``"slider"``: [value
+    before, value after, whether the widget's picture or text changed]; an error the redraw raises is
+    one of the problems."""
     import test_browser as tb
     from lab_server import request
 
@@ -70,7 +73,20 @@ def run_chapter(browser, base: str, token: str, name: str, shots: Path | None) -
         if shots is not None:
             page.screenshot(path=str(shots / f"{name[:-6]}.png"), full_page=True)
         slowest = sorted(page.evaluate(tb.TIMINGS, name), key=lambda t: -t[1])[:3]
-        return {"seconds": round(seconds, 1), "slowest": [[i, round(s, 1)] for i, s in slowest], "problems": problems}
+        out = {"seconds": round(seconds, 1), "slowest": [[i, round(s, 1)] for i, s in slowest], "problems": problems}
+        first = page.locator(".jp-Notebook .widget-slider .noUi-target").first
+        if move and not problems and page.locator(".jp-Notebook .widget-slider .noUi-handle").count() \
+                and first.get_attribute("disabled") is not None:
+            out["slider"] = "greyed out"   # a slider the widget disables until another control moves
+        elif move and not problems and page.locator(".jp-Notebook .widget-slider .noUi-handle").count():
+            before, after, v0, v1 = tb.move_first_slider(page, name, wait_s=30)
+            out["slider"] = [v0, v1, after != before]
+            problems += [p for p in page.evaluate(tb.PROBLEMS, name) if p not in problems]
+            if shots is not None:
+                handle = page.locator(".jp-Notebook .widget-slider .noUi-handle").first
+                handle.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]").screenshot(
+                    path=str(shots / f"{name[:-6]}-slider.png"))
+        return out
     finally:
         page.close()
         for session in request(base, token, "/api/sessions")[1]:   # the chapter's kernel stops with its page
@@ -82,6 +98,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--chapters", nargs="*", help="chapter ids (00, 06a, 15b); default: all")
     ap.add_argument("--out", help="JSON file for the times")
     ap.add_argument("--shots", help="folder for a screenshot of each chapter after Run All")
+    ap.add_argument("--move", action="store_true", help="after Run All, move each chapter's first slider "
+                    "(a screenshot of its cell with --shots); not part of the time")
     args = ap.parse_args(argv)
     names = chapters(args.chapters)
 
@@ -115,9 +133,12 @@ def main(argv: list[str]) -> int:
                     browser = p.chromium.launch(executable_path=tb.CHROMIUM, headless=True, args=tb.CHROMIUM_ARGS)
                     try:
                         for name in names:
-                            r = run_chapter(browser, base, token, name, shots)
+                            r = run_chapter(browser, base, token, name, shots, args.move)
                             results[name.split("_")[0]] = r
                             print(f"{name}: Run All {r['seconds']:.0f} s; slowest cells (index, s) {r['slowest']}"
+                                  + (f"; first slider {r['slider'][0]} -> {r['slider'][1]}, widget "
+                                     f"{'changed' if r['slider'][2] else 'UNCHANGED'}" if isinstance(r.get("slider"), list)
+                                     else f"; first slider {r['slider']}" if "slider" in r else "")
                                   + (f"; PROBLEMS {r['problems']}" if r["problems"] else ""), flush=True)
                     finally:
                         browser.close()

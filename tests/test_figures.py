@@ -207,3 +207,26 @@ def test_every_kernel_of_a_test_run_checks_its_figures():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_stack_of_points_gets_a_column_of_labels_in_their_order():
+    """Twenty points on one vertical line (the GPU model at c_draft = 0): ``stacked`` finds them, and
+    ``column_labels`` lists them top to bottom in the points' order (so no two leaders cross) with no
+    text over another; a scattered set is no stack (negative control)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ys = [1.0 + 0.07 * ((7 * k) % 20) for k in range(20)]     # close together, in no particular order
+    xy = [(1.0, y) for y in ys] + [(2.5, 1.0)]
+    assert sorted(figures.stacked(xy, width=0.01)) == list(range(20))
+    assert figures.stacked([(float(k), 1.0) for k in range(6)], width=0.01) == []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(*zip(*xy))
+    ax.set_xlim(0, 3)
+    ax.set_ylim(0, 3)
+    labels = figures.column_labels(ax, xy[:20], [f"method {k}" for k in range(20)], x_text=1.3)
+    assert figure_check.overlaps(fig) == []
+    heights = [labels[i].xyann[1] for i in sorted(range(20), key=lambda i: -ys[i])]
+    assert heights == sorted(heights, reverse=True), "the labels keep the points' top-to-bottom order"
+    plt.close(fig)
