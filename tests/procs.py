@@ -15,7 +15,8 @@ pool workers, servers, browsers); Linux shows each process's environment in ``/p
   starts (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``), so a process whose parent has gone is handed to it
   rather than to init, and it also counts every process below it in the parent links that
   ``/proc/PID/stat`` shows (:func:`descendants`). Either view alone catches a leftover; a machine whose
-  ``/proc`` hides other processes' environments still has the second.
+  ``/proc`` hides other processes' environments still has the second. Every ``/proc`` read is bounded
+  (:func:`read_proc`): a process stuck in the kernel cannot stall the check.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,21 +35,50 @@ TAG = "COURSE_PROCESS_TAG"
 GRACE_S = 10.0   # a kernel leaves within ~1 s of its parent; a server's shutdown takes a few seconds
 
 
+STUCK: set[int] = set()   #: pids whose /proc files did not answer in time: not read again
+READ_S = 2.0              # a /proc read that takes longer is given up (see read_proc)
+
+
+def read_proc(pid: int, name: str) -> bytes | None:
+    """``/proc/PID/name``'s bytes, or None (gone, not ours to read, or stuck). Reading another process's
+    ``environ`` or ``cmdline`` takes that process's memory lock, and a process stuck holding it (in
+    uninterruptible sleep) blocks the reader: the read runs in a daemon thread, given up after
+    :data:`READ_S` seconds, and that pid is not read again."""
+    if pid in STUCK:
+        return None
+    box: list = [None]
+
+    def read():
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                box[0] = f.read()
+        except OSError:
+            pass
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(READ_S)
+    if t.is_alive():
+        STUCK.add(pid)
+        return None
+    return box[0]
+
+
+def pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()] if os.path.isdir("/proc") else []
+
+
 def tagged(tag: str) -> dict[int, str]:
     """{pid: command line} of the live processes whose environment carries ``TAG=tag`` (this one
-    excepted); {} where ``/proc`` does not exist."""
+    excepted); {} where ``/proc`` does not exist or shows no environments."""
     needle, found = f"{TAG}={tag}".encode(), {}
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+    for pid in pids():
         if pid == os.getpid():
             continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":   # exited, not yet reaped
-                    continue
-        except OSError:   # gone meanwhile, or not ours to read
+        env = read_proc(pid, "environ")
+        if env is None or needle not in env.split(b"\0"):
+            continue
+        stat = read_proc(pid, "stat")
+        if stat is None or stat.rsplit(b")", 1)[1].split()[0] == b"Z":   # gone, or exited and not yet reaped
             continue
         found[pid] = command_line(pid)
     return found
@@ -56,23 +87,19 @@ def tagged(tag: str) -> dict[int, str]:
 def parents() -> dict[int, int]:
     """{pid: parent pid} of the live processes ``/proc/PID/stat`` shows (zombies left out)."""
     found = {}
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
+    for pid in pids():
+        stat = read_proc(pid, "stat")
+        if stat is None:
             continue
+        fields = stat.rsplit(b")", 1)[1].split()
         if fields[0] != b"Z":
             found[pid] = int(fields[1])
     return found
 
 
 def command_line(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
+    line = read_proc(pid, "cmdline")
+    return "?" if line is None else line.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def descendants(root: int) -> dict[int, str]:

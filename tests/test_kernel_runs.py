@@ -143,3 +143,24 @@ def test_the_process_check_names_what_a_command_leaves_running(tmp_path):
         assert not procs.survivors(run.tag, grace_s=2), "the check stops what it finds"
     run = procs.run([sys.executable, helper, "--", "sh", "-c", "exit 7"], timeout=60)
     assert run.returncode == 7 and not run.stderr
+
+
+def test_a_process_whose_proc_files_hang_does_not_hang_the_check(monkeypatch):
+    """Reading another process's /proc/PID/environ blocks while that process is stuck holding its memory
+    lock; the check gives such a read up after procs.READ_S seconds and never reads that pid again."""
+    import threading
+
+    stuck, real_open = os.getppid(), open
+
+    def hanging_open(path, *args, **kwargs):
+        if str(path) == f"/proc/{stuck}/environ":
+            threading.Event().wait(60)                 # a read that does not answer
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(procs, "open", hanging_open, raising=False)
+    monkeypatch.setattr(procs, "STUCK", set())
+    start = time.monotonic()
+    assert procs.tagged("no such tag") == {}
+    assert time.monotonic() - start < procs.READ_S + 5 and stuck in procs.STUCK
+    start = time.monotonic()
+    procs.tagged("no such tag")
+    assert time.monotonic() - start < procs.READ_S, "a stuck pid is not read again"
