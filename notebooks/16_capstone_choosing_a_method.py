@@ -272,16 +272,16 @@ def iso_plot(r, ax, cost_of=lambda x: x["step_cost"], title=""):
     ax.set_ylabel("tau (tokens per target call, pooled)")
     ax.set_title(title)
     # labels last, each in its point's colour: nearly all points stacked at one cost (the GPU model at
-    # c_draft = 0) get a column to their right, in the order of their heights; else each label goes where
-    # none overlaps another
-    # (a leader line where a label sits away from its point)
+    # c_draft = 0), with none to their right, get a column there in the order of their heights; every other
+    # label goes where none overlaps another (a leader line where a label sits away from its point)
     xy, colors = [(cost_of(x), pooled_tau(x)) for x in pts], [d.get_facecolor()[0] for d in dots]
-    stack = stacked(xy, width=0.005 * cmax, min_points=max(4, (3 * len(xy)) // 4))   # nearly every point
-    if stack and all(x <= max(xy[i][0] for i in stack) for x, _ in xy):           # and none to its right
-        column_labels(ax, [xy[i] for i in stack], [short(pts[i]["method"]) for i in stack],
-                      x_text=max(xy[i][0] for i in stack) + 0.1 * cmax, colors=[colors[i] for i in stack])
-    else:
+    stack = stacked(xy, width=0.005 * cmax, min_points=max(4, (3 * len(xy)) // 4))
+    right = max((xy[i][0] for i in stack), default=0.0)
+    if any(x > right for x, _ in xy):
         stack = []
+    if stack:
+        column_labels(ax, [xy[i] for i in stack], [short(pts[i]["method"]) for i in stack], x_text=right + 0.1 * cmax,
+                      colors=[colors[i] for i in stack])
     rest = [i for i in range(len(pts)) if i not in stack]
     place_labels(ax, [xy[i] for i in rest], [short(pts[i]["method"]) for i in rest], colors=[colors[i] for i in rest],
                  rings=16)

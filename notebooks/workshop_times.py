@@ -41,23 +41,39 @@ def chapter_seconds(junit_xml: str) -> tuple[dict[str, float], str]:
     return seconds, date
 
 
-def rewrite(guide_text: str, seconds: dict[str, float], date: str) -> str:
-    """The guide with each chapter's run time, the total and the date replaced by this run's."""
-    listed = [m.group(1) for m in map(ROW.match, guide_text.splitlines()) if m]
-    missing = sorted(set(listed) - set(seconds))
-    if missing:
-        raise ValueError(f"junit_xml: no cells of chapters {missing}: run the whole suite (make test) first")
+def listed(guide_text: str, have, missing: str) -> list[str]:
+    """The chapter ids of the guide's table; ``ValueError`` (``missing`` formatted with the ids ``have``
+    lacks) when a partial run lacks one of them."""
+    chapters = [m.group(1) for m in map(ROW.match, guide_text.splitlines()) if m]
+    lacking = sorted(set(chapters) - set(have))
+    if lacking:
+        raise ValueError(missing.format(lacking))
+    return chapters
+
+
+def with_column(guide_text: str, column: int, seconds: dict[str, float], lines) -> str:
+    """The guide with column ``column`` (:data:`ROW`'s group: 3 the FAST time, 4 the lab's) of each chapter's
+    row set to ``seconds[chapter]``, and each line a pattern of ``lines`` ([(pattern, new text)]) matches
+    replaced."""
     out = []
     for line in guide_text.splitlines(keepends=True):
         m = ROW.match(line)
         if m:
-            line = line.replace(f"| {m.group(3)} |", f"| {round(seconds[m.group(1)])} s |", 1)
-        elif TOTAL.match(line):
-            line = TOTAL.sub(f"Total FAST run time of all chapters: {sum(seconds[c] for c in listed) / 60:.1f} min", line)
-        elif DATE.match(line) and re.fullmatch(r"\d{4}-\d\d-\d\d", date):
-            line = DATE.sub(f"Measured on {date}", line)
+            line = line[:m.start(column)] + f"{round(seconds[m.group(1)])} s" + line[m.end(column):]
+        for pattern, text in () if m else lines:
+            if pattern.match(line):
+                line = pattern.sub(text, line)
         out.append(line)
     return "".join(out)
+
+
+def rewrite(guide_text: str, seconds: dict[str, float], date: str) -> str:
+    """The guide with each chapter's run time, the total and the date replaced by this run's."""
+    chapters = listed(guide_text, seconds, "junit_xml: no cells of chapters {}: run the whole suite (make test) first")
+    lines = [(TOTAL, f"Total FAST run time of all chapters: {sum(seconds[c] for c in chapters) / 60:.1f} min")]
+    if re.fullmatch(r"\d{4}-\d\d-\d\d", date):
+        lines.append((DATE, f"Measured on {date}"))
+    return with_column(guide_text, 3, seconds, lines)
 
 
 def rewrite_lab(guide_text: str, report: dict) -> str:
@@ -65,25 +81,14 @@ def rewrite_lab(guide_text: str, report: dict) -> str:
     ``report``'s (``tests/lab_times.py --out``: ``{"date", "machine", "chapters": {id: {"seconds",
     "problems"}}}``)."""
     runs = report.get("chapters", {})
-    listed = [m.group(1) for m in map(ROW.match, guide_text.splitlines()) if m]
-    missing = sorted(set(listed) - set(runs))
-    if missing:
-        raise ValueError(f"report: no Run All of chapters {missing}: run tests/lab_times.py on every chapter")
-    failed = sorted(c for c in listed if runs[c].get("problems"))
+    chapters = listed(guide_text, runs, "report: no Run All of chapters {}: run tests/lab_times.py on every chapter")
+    failed = sorted(c for c in chapters if runs[c].get("problems"))
     if failed:
         raise ValueError(f"report: the Run All of chapters {failed} went wrong: {[runs[c]['problems'] for c in failed]}")
-    out = []
-    for line in guide_text.splitlines(keepends=True):
-        m = ROW.match(line)
-        if m:
-            line = line[:m.start(4)] + f"{round(runs[m.group(1)]['seconds'])} s" + line[m.end(4):]
-        elif LAB_TOTAL.match(line):
-            line = LAB_TOTAL.sub("Total Run All in the lab, every chapter one after another: "
-                                 f"{sum(runs[c]['seconds'] for c in listed) / 60:.1f} min", line)
-        elif LAB_DATE.match(line):
-            line = LAB_DATE.sub(f"Lab times measured on {report['date']} ({report['machine']})", line)
-        out.append(line)
-    return "".join(out)
+    seconds = {c: runs[c]["seconds"] for c in chapters}
+    return with_column(guide_text, 4, seconds, [
+        (LAB_TOTAL, f"Total Run All in the lab, every chapter one after another: {sum(seconds.values()) / 60:.1f} min"),
+        (LAB_DATE, f"Lab times measured on {report['date']} ({report['machine']})")])
 
 
 def main(argv: list[str]) -> None:

@@ -12,8 +12,8 @@ under nbval checks every figure they draw, whoever starts it (``make test``, ``m
   kernel reports as the cell's error, so nbval fails that cell by name (``notebook::Cell N``).
 - The hooks install it in the IPython kernels the test run starts: pytest's controller writes an
   IPython profile whose startup file calls :func:`install` into a temporary ``IPYTHONDIR``, which the
-  workers, nbval's kernels and the site builder's inherit (a test's own Jupyter server sets its own). ``COURSE_FIGURE_CHECK=0`` in the
-  environment leaves it out.
+  workers, nbval's kernels and the site builder's inherit (a test's own Jupyter server sets its own).
+  ``COURSE_FIGURE_CHECK=0`` in the environment leaves it out.
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def overlaps(fig, min_px: float = MIN_PX) -> list[tuple[str, str]]:
 
 
 def describe(fig, pairs) -> str:
-    titles = [t for t in [fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes] if t]
+    titles = [t for t in [fig.get_suptitle()] + [ax.get_title() for ax in fig.axes] if t]
     where = f"the figure {titles[0]!r}" if titles else "a figure"
     shown = "; ".join(f"{a!r} over {b!r}" for a, b in pairs[:6])
     more = f" and {len(pairs) - 6} more" if len(pairs) > 6 else ""

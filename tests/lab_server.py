@@ -39,13 +39,15 @@ def request(base, token, path, method="GET", body=None, timeout=30):
 
 
 @contextlib.contextmanager
-def serve(app: str, root, run_dir, env: dict | None = None, args=()):
-    """``app`` serving ``root``; ``env``: variables added to this process's environment."""
+def serve(app: str, root, run_dir, env: dict | None = None, args=(), unset=()):
+    """``app`` serving ``root``; ``env``: variables added to this process's environment, ``unset``: names
+    taken out of it (a learner's lab has no ``TRITON_INTERPRET``)."""
     run_dir = os.fspath(run_dir)
     env = dict(os.environ, **(env or {}), JUPYTER_CONFIG_DIR=os.path.join(run_dir, "config"),
                JUPYTER_DATA_DIR=os.path.join(run_dir, "data"), JUPYTER_RUNTIME_DIR=os.path.join(run_dir, "runtime"),
                IPYTHONDIR=os.path.join(run_dir, "ipython"))
-    env.pop("JUPYTER_PATH", None)
+    for name in ("JUPYTER_PATH", *unset):
+        env.pop(name, None)
     token, port = secrets.token_hex(16), free_port()
     base, log_path = f"http://127.0.0.1:{port}", os.path.join(run_dir, "server.log")
     os.makedirs(run_dir, exist_ok=True)

@@ -74,23 +74,33 @@ def run_chapter(browser, base: str, token: str, name: str, shots: Path | None, m
             page.screenshot(path=str(shots / f"{name[:-6]}.png"), full_page=True)
         slowest = sorted(page.evaluate(tb.TIMINGS, name), key=lambda t: -t[1])[:3]
         out = {"seconds": round(seconds, 1), "slowest": [[i, round(s, 1)] for i, s in slowest], "problems": problems}
-        first = page.locator(".jp-Notebook .widget-slider .noUi-target").first
-        if move and not problems and page.locator(".jp-Notebook .widget-slider .noUi-handle").count() \
-                and first.get_attribute("disabled") is not None:
-            out["slider"] = "greyed out"   # a slider the widget disables until another control moves
-        elif move and not problems and page.locator(".jp-Notebook .widget-slider .noUi-handle").count():
-            before, after, v0, v1 = tb.move_first_slider(page, name, wait_s=30)
-            out["slider"] = [v0, v1, after != before]
-            problems += [p for p in page.evaluate(tb.PROBLEMS, name) if p not in problems]
-            if shots is not None:
-                handle = page.locator(".jp-Notebook .widget-slider .noUi-handle").first
-                handle.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]").screenshot(
-                    path=str(shots / f"{name[:-6]}-slider.png"))
+        slider = page.locator(".jp-Notebook .widget-slider .noUi-target").first
+        if move and not problems and slider.count():
+            if slider.get_attribute("disabled") is not None:
+                out["slider"] = "greyed out"   # a slider the widget disables until another control moves
+            else:
+                before, after, v0, v1 = tb.move_first_slider(page, name, wait_s=30)
+                out["slider"] = [v0, v1, after != before]
+                problems += [p for p in page.evaluate(tb.PROBLEMS, name) if p not in problems]
+                if shots is not None:
+                    slider.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]").screenshot(
+                        path=str(shots / f"{name[:-6]}-slider.png"))
         return out
     finally:
         page.close()
         for session in request(base, token, "/api/sessions")[1]:   # the chapter's kernel stops with its page
             request(base, token, f"/api/sessions/{session['id']}", "DELETE")
+
+
+def summary(name: str, r: dict) -> str:
+    """One line of a chapter's :func:`run_chapter` result."""
+    line = f"{name}: Run All {r['seconds']:.0f} s; slowest cells (index, s) {r['slowest']}"
+    if isinstance(r.get("slider"), list):
+        v0, v1, changed = r["slider"]
+        line += f"; first slider {v0} -> {v1}, widget {'changed' if changed else 'UNCHANGED'}"
+    elif "slider" in r:
+        line += f"; first slider {r['slider']}"
+    return line + (f"; PROBLEMS {r['problems']}" if r["problems"] else "")
 
 
 def main(argv: list[str]) -> int:
@@ -110,41 +120,26 @@ def main(argv: list[str]) -> int:
     shots = Path(args.shots) if args.shots else None
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in UNSET}
     results = {}
     with tempfile.TemporaryDirectory(prefix="lab-times-") as tmp:
         tmp = Path(tmp)
         work = tmp / "work"
         subprocess.run([sys.executable, str(ROOT / "notebooks" / "work_copy.py"), str(work)], check=True,
                        stdout=subprocess.DEVNULL)
-        for name, text in tb.SETTINGS.items():   # the lab's defaults, plus cell timings and no autosave
-            if "notebook-extension" in name:
-                text = '{"recordTiming": true}'
-            (tmp / "settings" / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
-            (tmp / "settings" / name).write_text(text)
-        server_env = dict(LEARNER_ENV, JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-                          JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(env)                   # serve() adds server_env to this process's environment
-        try:
-            with serve("jupyterlab", work, tmp, server_env, ["--LabApp.expose_app_in_browser=True"]) as (base, token):
-                with sync_api.sync_playwright() as p:
-                    browser = p.chromium.launch(executable_path=tb.CHROMIUM, headless=True, args=tb.CHROMIUM_ARGS)
-                    try:
-                        for name in names:
-                            r = run_chapter(browser, base, token, name, shots, args.move)
-                            results[name.split("_")[0]] = r
-                            print(f"{name}: Run All {r['seconds']:.0f} s; slowest cells (index, s) {r['slowest']}"
-                                  + (f"; first slider {r['slider'][0]} -> {r['slider'][1]}, widget "
-                                     f"{'changed' if r['slider'][2] else 'UNCHANGED'}" if isinstance(r.get("slider"), list)
-                                     else f"; first slider {r['slider']}" if "slider" in r else "")
-                                  + (f"; PROBLEMS {r['problems']}" if r["problems"] else ""), flush=True)
-                    finally:
-                        browser.close()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        # the lab's defaults, plus cell timings and no autosave; of the test lab's variables only its folders
+        settings = {name: '{"recordTiming": true}' if "notebook-extension" in name else text
+                    for name, text in tb.SETTINGS.items()}
+        folders = {k: v for k, v in tb.lab_env(tmp, settings).items() if k.startswith("JUPYTERLAB_")}
+        with serve("jupyterlab", work, tmp, dict(LEARNER_ENV, **folders), ["--LabApp.expose_app_in_browser=True"],
+                   unset=UNSET) as (base, token):
+            with sync_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=tb.CHROMIUM, headless=True, args=tb.CHROMIUM_ARGS)
+                try:
+                    for name in names:
+                        results[name.split("_")[0]] = r = run_chapter(browser, base, token, name, shots, args.move)
+                        print(summary(name, r), flush=True)
+                finally:
+                    browser.close()
     if args.out:
         report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                   "chapters": results}

@@ -22,11 +22,6 @@ def test_tokens_by_call_escapes_text_and_labels_each_token_with_its_call():
     assert html.count("<sub") == 2 and ">3</sub>" in html and figures.call_colour(3) in html
 
 
-def overlapping_labels(ax) -> list:
-    """Pairs of texts of ``ax``'s figure whose boxes overlap once it is drawn (tests/figure_check.py)."""
-    return figure_check.overlaps(ax.figure)
-
-
 #: (step cost, pooled tau, label) of the committed SmolLM2 capstone rows: a crowded corner near (1.6, 1.6)
 CLUSTER = [(2.216, 2.335, "chain draft"), (2.822, 1.946, "chain draft T=0.7"), (5.228, 1.044, "self-spec (early exit)"),
            (2.178, 2.129, "chain draft, no copy prior"), (2.617, 2.576, "adaptive gamma"), (7.69, 2.172, "static tree"),
@@ -55,7 +50,7 @@ def test_placed_labels_never_overlap_on_the_capstone_cluster():
     figures.place_labels(ax, [(c, t) for c, t, _ in CLUSTER], [lab for _, _, lab in CLUSTER])
     fig.canvas.draw()
     assert len(ax.texts) == len(CLUSTER)
-    assert overlapping_labels(ax) == []
+    assert figure_check.overlaps(fig) == []
     inside = ax.get_window_extent()
     assert all(inside.contains(*t.get_window_extent().min) and inside.contains(*t.get_window_extent().max)
                for t in ax.texts), "every label stays inside the axes"
@@ -70,8 +65,8 @@ def test_the_overlap_check_flags_labels_at_a_fixed_offset():
     for c, t, lab in CLUSTER:
         ax.annotate(lab, (c, t), fontsize=7, xytext=(3, 2), textcoords="offset points")
     fig.canvas.draw()
-    assert ("EAGLE-3 + copy prior", "adaptive gamma") in overlapping_labels(ax) or \
-           ("adaptive gamma", "EAGLE-3 + copy prior") in overlapping_labels(ax)
+    assert ("EAGLE-3 + copy prior", "adaptive gamma") in figure_check.overlaps(fig) or \
+           ("adaptive gamma", "EAGLE-3 + copy prior") in figure_check.overlaps(fig)
     plt.close(fig)
 
 

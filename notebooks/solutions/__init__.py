@@ -55,6 +55,8 @@ EXERCISE_FILES: set = set()
 #: the code cells of the chapters whose exercises this kernel has met, as the course wrote them
 #: (stripped sources): a cell whose code is not among them the learner wrote or changed
 COURSE_CELLS: set = set()
+#: the chapters whose cells :data:`COURSE_CELLS` holds
+CHAPTERS_READ: set = set()
 #: the ``@exercise`` functions called during the running check: (name, returned None, has ``return value``)
 CALLS: list = []
 
@@ -76,7 +78,7 @@ def _returns_a_value(fn) -> bool:
         tree = ast.parse(inspect.getsource(fn).lstrip())
     except (OSError, TypeError, SyntaxError):
         return True
-    return any(isinstance(n, (ast.Return,)) and n.value is not None or isinstance(n, (ast.Yield, ast.YieldFrom))
+    return any(isinstance(n, ast.Return) and n.value is not None or isinstance(n, (ast.Yield, ast.YieldFrom))
                for n in ast.walk(tree))
 
 
@@ -88,8 +90,8 @@ def exercise(chapter: str, name: str):
         code = getattr(stub, "__code__", None)
         if code is not None:
             EXERCISE_FILES.add(code.co_filename)
-        if chapter not in _CHAPTERS_READ:
-            _CHAPTERS_READ.add(chapter)
+        if chapter not in CHAPTERS_READ:
+            CHAPTERS_READ.add(chapter)
             COURSE_CELLS.update(course_cells(chapter))
         if answers_on():
             return reference(chapter, name)
@@ -105,8 +107,6 @@ def exercise(chapter: str, name: str):
         return learner
     return wrap
 
-
-_CHAPTERS_READ: set = set()
 
 
 def show(chapter: str, name: str) -> None:
