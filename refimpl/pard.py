@@ -86,17 +86,24 @@ class PardProposer(Proposer):
         self.pending = [self.pending[i] for i in rows.tolist()]
 
 
-def training_layout(ids: torch.Tensor, k: int, keep: float = 1.0, min_keep: float = 0.0, generator=None):
+def training_layout(ids: torch.Tensor, k: int, keep: float = 1.0, min_keep: float = 0.0, generator=None,
+                    first_anchor: int = 0):
     """PARD's ``k`` copies of each sequence ``ids`` (B, T) with conditional drop-token sampling (see the
     module doc) -> ``(slot (N,), pos (N,), allow (N, N) bool)`` over the N kept items, shared by the batch:
     item ``n`` is copy ``slot[n]`` (0 = the real token, ``j`` = the j-th mask) at position ``pos[n]``,
     it attends to the items ``allow[n]`` marks, and it predicts token ``pos[n] + 1`` (the items with
-    ``pos + 1 < T`` carry a loss). ``keep`` = ``r``, ``min_keep`` = ``r_min``; 1.0 keeps everything."""
+    ``pos + 1 < T`` carry a loss). ``keep`` = ``r``, ``min_keep`` = ``r_min``; 1.0 keeps everything.
+    ``first_anchor``: masks only on chains whose last real token (``pos - slot``) is at or after it, so
+    that no mask is spent where no loss is taken (a batch of chat rows: the last prompt token of its
+    shortest prompt; decoding's chains never start earlier); copy ``j`` keeps ``max(r^j, r_min)`` of the
+    ``T - first_anchor`` anchors."""
     T = ids.shape[1]
+    if not (isinstance(first_anchor, int) and 0 <= first_anchor < T):
+        raise ValueError(f"first_anchor must be a position in [0, {T}), got {first_anchor!r}")
     kept = [list(range(T))]  # copy 0: every position
     for j in range(1, k):
-        prev = [p + 1 for p in kept[-1] if p + 1 < T]  # a mask needs its chain predecessor
-        n = int(T * max(keep ** j, min_keep))
+        prev = [p + 1 for p in kept[-1] if first_anchor + j <= p + 1 < T]  # a mask needs its chain predecessor
+        n = int((T - first_anchor) * max(keep ** j, min_keep))
         order = torch.randperm(len(prev), generator=generator, device="cpu").tolist() if n < len(prev) else range(len(prev))
         kept.append(sorted(prev[i] for i in list(order)[:n]))
         if not kept[-1]:

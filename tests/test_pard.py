@@ -96,6 +96,24 @@ def test_training_layout_is_what_a_slot_sees_while_drafting():
     assert all((s - 1, p - 1) in kept for s, p in kept if s > 0)
 
 
+def test_masks_start_at_the_first_anchor_that_carries_a_loss():
+    """With ``first_anchor`` every mask's chain starts at or after it (its predicted token is one the loss
+    reads), each mask keeps its chain predecessor, and copy j keeps its share of the anchors that remain;
+    without it, masks sit on earlier positions (the negative control)."""
+    x, first = torch.arange(40)[None], 25
+    slot, pos, allow = pard.training_layout(x, 4, 0.7, 0.2, torch.Generator().manual_seed(1), first_anchor=first)
+    kept = list(zip(slot.tolist(), pos.tolist()))
+    masks = [(s, p) for s, p in kept if s > 0]
+    assert masks and all(p - s >= first for s, p in masks)
+    assert all((s - 1, p - 1) in set(kept) for s, p in masks)
+    assert sum(s == 1 for s, _ in kept) == int((40 - first) * 0.7)
+    assert sum(s == 0 for s, _ in kept) == 40  # every real token stays: the context
+    slot, pos, _ = pard.training_layout(x, 4, 0.7, 0.2, torch.Generator().manual_seed(1))
+    assert any(p - s < first for s, p in zip(slot.tolist(), pos.tolist()) if s > 0)
+    with pytest.raises(ValueError, match="first_anchor"):
+        pard.training_layout(x, 4, first_anchor=40)
+
+
 def test_the_packed_loss_equals_every_item_run_alone(tiny, draft):
     """pard_loss (one forward over the k-copy layout) == the same distillation loss with every kept item
     run alone: the draft on its anchor's context followed by its masks, causally, its last logits."""
@@ -138,7 +156,7 @@ def test_the_rows_loss_equals_every_item_run_alone(tiny, draft):
     state = gen.get_state()
     got = pard_rows_loss(draft.model, x, teacher, has, labels, MASK, 3, 0.7, 0.3, gen)
     gen.set_state(state)
-    slot, pos, _ = pard.training_layout(x, 3, 0.7, 0.3, gen)
+    slot, pos, _ = pard.training_layout(x, 3, 0.7, 0.3, gen, first_anchor=min(n for _, n, _ in rows) - 1)
     s_rows, t_rows, lab = [], [], []
     for b, (ids, n, h) in enumerate(rows):
         for j, p in zip(slot.tolist(), pos.tolist()):

@@ -132,8 +132,11 @@ def pard_rows_loss(model, x, teacher, has, labels, mask_id: int, k: int, keep: f
                    temperature: float = 2.0, ce_weight: float = 0.1) -> torch.Tensor:
     """PARD's loss on a :func:`row_batch`: every kept item of the ``k``-copy layout through ``model`` (a
     trimmed causal LM whose logits are over the kept tokens) in one forward, distilled towards the
-    teacher's logits at the position it predicts, plus ``ce_weight`` x the cross-entropy of its label."""
-    slot, pos, allow = training_layout(x, k, keep, min_keep, gen)
+    teacher's logits at the position it predicts, plus ``ce_weight`` x the cross-entropy of its label. Masks
+    start at the batch's first answer-predicting position (``first_anchor``): a mask on a prompt position
+    would carry no loss."""
+    first = int(has.int().argmax(-1).min())  # the earliest position whose next token is an answer token
+    slot, pos, allow = training_layout(x, k, keep, min_keep, gen, first_anchor=first)
     B = x.shape[0]
     inp = torch.where(slot[None] == 0, x[:, pos], torch.full_like(x[:, pos], mask_id))  # (B, N)
     logits = model(input_ids=inp, position_ids=pos[None].expand(B, -1),
