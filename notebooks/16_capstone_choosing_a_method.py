@@ -131,8 +131,8 @@ def predict_speedup(tau, step_cost):
 
 # %%
 def check_predict():
-    if not rows or predict_speedup(pooled_tau(rows[0]), rows[0]["step_cost"]) is None:
-        return ...
+    if not rows:
+        return ...                                 # no committed table to check against
     close = [abs(predict_speedup(pooled_tau(r), r["step_cost"]) - r["speedup"]) / r["speedup"] < 0.10 for r in rows]
     assert sum(close) >= 0.9 * len(close), f"only {sum(close)} of {len(close)} rows within 10%"
 
@@ -236,8 +236,6 @@ def check_pick():
     ok = [x for x in main["rows"] if x["exact"] == 1.0 and "T=0.7" not in x["method"]]
     for c in base["per_category_tokens_per_s"]:
         got = pick_method(main["rows"], c)
-        if got is None:
-            return ...
         best = max(ok, key=lambda x: x["per_category_tokens_per_s"].get(c, 0))
         assert got == best["method"], f"{c}: measured winner is {best['method']!r}, not {got!r}"
 

@@ -16,7 +16,8 @@ the target (``PRESETS`` in the module), from :data:`METHODS`, :data:`FASTEST` an
 ``bench_results/capstone/``, fastest lossless method first; a test keeps the two in step) whose
 drafter the zoo has for this target: no method is ever re-timed at call time. A method that needs a
 drafter (a draft model, Medusa heads, an EAGLE draft) gets the zoo's for the target unless one is
-passed (``draft=``, ``heads=``, ``dlm=``); a drafter, a method or an option that does not exist is a
+passed (``draft=``, ``heads=``, ``dlm=``: the drafter, or the folder it was saved in, e.g. one
+``python -m refimpl.train eagle3 --target PATH`` wrote); a drafter, a method or an option that does not exist is a
 ``ValueError`` that lists what does. Every method returns a :class:`refimpl.generation.Generation`;
 greedy output equals :func:`refimpl.autoregressive.generate`'s under every preset.
 
@@ -24,6 +25,8 @@ Layer 3 (it loads drafters from the zoo): ``import refimpl`` stays light, ``refi
 imports this module at its first call.
 """
 from __future__ import annotations
+
+import os
 
 from . import (adaptive, autoregressive, dflash, dllm_draft, dynamic_tree, eagle, eagle3, jacobi, lookahead, medusa,
                pard, retrieval, speculative, tree)
@@ -80,9 +83,12 @@ def fastest(target) -> str:
 
 def with_drafter(target, kind: str | None, options: dict) -> dict:
     """``options`` with the zoo's ``kind`` drafter for ``target`` under the keyword its method takes
-    (:data:`refimpl.models.drafters.KINDS`), unless ``options`` passes one; ``ValueError`` naming the kind and
-    what ``target`` can run when the zoo has none for it."""
+    (:data:`refimpl.models.drafters.KINDS`), unless ``options`` passes one; a folder passed there (a path) is
+    loaded if its drafter was trained for ``target``'s weights (:func:`refimpl.models.drafters.from_folder`);
+    ``ValueError`` naming the kind and what ``target`` can run when the zoo has none for it."""
     slot = None if kind is None else drafters.KINDS[kind].arg
+    if slot is not None and isinstance(options.get(slot), (str, os.PathLike)):  # a folder: checked by its weights
+        return {**options, slot: drafters.from_folder(target, kind, options[slot])}
     if slot is None or options.get(slot) is not None:
         return options
     if not drafters.has(target, kind):

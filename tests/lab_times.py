@@ -15,6 +15,7 @@ DIR`` keeps a screenshot of each chapter after its Run All.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -45,36 +46,85 @@ def chapters(wanted: list[str] | None) -> list[str]:
     return names
 
 
+@contextlib.contextmanager
+def learner_lab():
+    """JupyterLab as ``make lab`` starts it (the learner's environment, the lab's default settings plus cell
+    timings and no autosave) over a fresh learner's copy of the chapters, and a headless Chromium;
+    yields ``(browser, base URL, token)``. Both stop afterwards, and the copy is deleted."""
+    import test_browser as tb
+    from lab_server import serve
+    from playwright import sync_api
+
+    with tempfile.TemporaryDirectory(prefix="lab-times-") as tmp:
+        tmp = Path(tmp)
+        work = tmp / "work"
+        subprocess.run([sys.executable, str(ROOT / "notebooks" / "work_copy.py"), str(work)], check=True,
+                       stdout=subprocess.DEVNULL)
+        # the lab's defaults, plus cell timings and no autosave; of the test lab's variables only its folders
+        settings = {name: '{"recordTiming": true}' if "notebook-extension" in name else text
+                    for name, text in tb.SETTINGS.items()}
+        folders = {k: v for k, v in tb.lab_env(tmp, settings).items() if k.startswith("JUPYTERLAB_")}
+        with serve("jupyterlab", work, tmp, dict(LEARNER_ENV, **folders), ["--LabApp.expose_app_in_browser=True"],
+                   unset=UNSET) as (base, token):
+            with sync_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=tb.CHROMIUM, headless=True, args=tb.CHROMIUM_ARGS)
+                try:
+                    yield browser, base, token
+                finally:
+                    browser.close()
+
+
+@contextlib.contextmanager
+def chapter_page(browser, base: str, token: str, name: str):
+    """A page with chapter ``name`` open in a fresh workspace of its own (no tab, and no kernel, of an
+    earlier chapter comes back) and its kernel ready; afterwards the page closes and the chapter's kernel stops."""
+    import test_browser as tb
+    from lab_server import request
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{base}/lab/workspaces/{name[:-6]}/tree/{name}?reset&token={token}")
+        page.wait_for_function(tb.KERNEL_READY, arg=name, timeout=120_000, polling=250)
+        yield page
+    finally:
+        page.close()
+        for session in request(base, token, "/api/sessions")[1]:   # the chapter's kernel stops with its page
+            request(base, token, f"/api/sessions/{session['id']}", "DELETE")
+
+
+def run_all(page, name: str) -> tuple[float, list[str]]:
+    """JupyterLab's own Run All on the open chapter ``name``; -> (its wall clock in seconds, the problems:
+    error outputs, tracebacks on the page, cells left unrun, a Run All past :data:`RUN_ALL_LIMIT_S`)."""
+    import test_browser as tb
+
+    page.evaluate(f"""(name) => {{
+        const panel = ({tb.PANEL})(name);
+        window.jupyterapp.shell.activateById(panel.id);
+        window.jupyterapp.commands.execute('notebook:run-all-cells');
+    }}""", name)
+    start, problems = time.monotonic(), []
+    while not page.evaluate(tb.RUN_STATE, name)[0]:
+        if time.monotonic() - start > RUN_ALL_LIMIT_S:
+            problems.append(f"Run All did not finish in {RUN_ALL_LIMIT_S} s")
+            break
+        page.wait_for_timeout(250)
+    return time.monotonic() - start, problems + page.evaluate(tb.PROBLEMS, name)
+
+
 def run_chapter(browser, base: str, token: str, name: str, shots: Path | None, move: bool = False) -> dict:
     """Open ``name``, wait for its kernel, Run All; -> {"seconds", "slowest", "problems"}. ``move``: then
     press an arrow key on the chapter's first slider, as a learner would, and add ``"slider"``: [value
     before, value after, whether the widget's picture or text changed]; an error the redraw raises is
     one of the problems."""
     import test_browser as tb
-    from lab_server import request
 
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:   # a workspace of its own, reset: no tab (and no kernel) of an earlier chapter comes back
-        page.goto(f"{base}/lab/workspaces/{name[:-6]}/tree/{name}?reset&token={token}")
-        page.wait_for_function(tb.KERNEL_READY, arg=name, timeout=120_000, polling=250)
-        page.evaluate(f"""(name) => {{
-            const panel = ({tb.PANEL})(name);
-            window.jupyterapp.shell.activateById(panel.id);
-            window.jupyterapp.commands.execute('notebook:run-all-cells');
-        }}""", name)
-        start, problems = time.monotonic(), []
-        while not page.evaluate(tb.RUN_STATE, name)[0]:
-            if time.monotonic() - start > RUN_ALL_LIMIT_S:
-                problems.append(f"Run All did not finish in {RUN_ALL_LIMIT_S} s")
-                break
-            page.wait_for_timeout(250)
-        seconds = time.monotonic() - start
-        problems += page.evaluate(tb.PROBLEMS, name)
+    with chapter_page(browser, base, token, name) as page:
+        seconds, problems = run_all(page, name)
         if shots is not None:
             page.screenshot(path=str(shots / f"{name[:-6]}.png"), full_page=True)
         slowest = sorted(page.evaluate(tb.TIMINGS, name), key=lambda t: -t[1])[:3]
         out = {"seconds": round(seconds, 1), "slowest": [[i, round(s, 1)] for i, s in slowest], "problems": problems}
-        slider = page.locator(".jp-Notebook .widget-slider .noUi-target").first
+        slider = page.locator(tb.SLIDERS).first
         if move and not problems and slider.count():
             if slider.get_attribute("disabled") is not None:
                 out["slider"] = "greyed out"   # a slider the widget disables until another control moves
@@ -86,10 +136,6 @@ def run_chapter(browser, base: str, token: str, name: str, shots: Path | None, m
                     slider.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]").screenshot(
                         path=str(shots / f"{name[:-6]}-slider.png"))
         return out
-    finally:
-        page.close()
-        for session in request(base, token, "/api/sessions")[1]:   # the chapter's kernel stops with its page
-            request(base, token, f"/api/sessions/{session['id']}", "DELETE")
 
 
 def summary(name: str, r: dict) -> str:
@@ -113,33 +159,14 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     names = chapters(args.chapters)
 
-    import test_browser as tb
-    from lab_server import serve
-    from playwright import sync_api
-
     shots = Path(args.shots) if args.shots else None
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
     results = {}
-    with tempfile.TemporaryDirectory(prefix="lab-times-") as tmp:
-        tmp = Path(tmp)
-        work = tmp / "work"
-        subprocess.run([sys.executable, str(ROOT / "notebooks" / "work_copy.py"), str(work)], check=True,
-                       stdout=subprocess.DEVNULL)
-        # the lab's defaults, plus cell timings and no autosave; of the test lab's variables only its folders
-        settings = {name: '{"recordTiming": true}' if "notebook-extension" in name else text
-                    for name, text in tb.SETTINGS.items()}
-        folders = {k: v for k, v in tb.lab_env(tmp, settings).items() if k.startswith("JUPYTERLAB_")}
-        with serve("jupyterlab", work, tmp, dict(LEARNER_ENV, **folders), ["--LabApp.expose_app_in_browser=True"],
-                   unset=UNSET) as (base, token):
-            with sync_api.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=tb.CHROMIUM, headless=True, args=tb.CHROMIUM_ARGS)
-                try:
-                    for name in names:
-                        results[name.split("_")[0]] = r = run_chapter(browser, base, token, name, shots, args.move)
-                        print(summary(name, r), flush=True)
-                finally:
-                    browser.close()
+    with learner_lab() as (browser, base, token):
+        for name in names:
+            results[name.split("_")[0]] = r = run_chapter(browser, base, token, name, shots, args.move)
+            print(summary(name, r), flush=True)
     if args.out:
         report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                   "chapters": results}

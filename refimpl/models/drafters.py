@@ -76,11 +76,15 @@ def same_weights(recorded: dict, fp: dict) -> bool:
         abs(a - b) <= 1e-4 + 1e-2 * abs(b) for a, b in zip(recorded["values"], fp["values"]))
 
 
-def record_target(folder: str, target, name: str | None = None) -> None:
-    """Write ``folder/target.json``: the zoo name (default ``target.name``) and fingerprint of ``target``."""
+def record_target(folder: str, target, name: str | None = None, path: str | None = None) -> None:
+    """Write ``folder/target.json``: the name (default ``target.name``) and fingerprint of ``target``, and
+    ``path``, where to load it from (a target outside the zoo: what an exporter loads)."""
     os.makedirs(folder, exist_ok=True)
+    rec = {"target": name or target.name, "fingerprint": fingerprint(target)}
+    if path is not None:
+        rec["path"] = os.path.abspath(path) if os.path.isdir(path) else path
     with open(os.path.join(folder, "target.json"), "w") as f:
-        json.dump({"target": name or target.name, "fingerprint": fingerprint(target)}, f, indent=1)
+        json.dump(rec, f, indent=1)
 
 
 def recorded(folder: str) -> dict | None:
@@ -162,16 +166,51 @@ def load(target, kind: str, path: str | None = None):
     return KINDS[kind].build(target, state, kept, cfg)
 
 
+def model_folder(target, kind: str) -> str | None:
+    """Where the zoo keeps a whole-model ``kind`` drafter for ``target``: the zoo's own model for its zoo targets
+    (``KINDS[kind].models``), else ``models/<kind>-<name>`` (one trained for your own model, :mod:`refimpl.train.own`);
+    None when there is none trained for ``target``'s weights."""
+    from . import in_zoo
+
+    name = zoo_name(target)
+    if name is None:
+        return None
+    zoo_model = check_kind(kind).models.get(name)
+    if zoo_model is not None and not in_zoo(zoo_model):
+        return None
+    path = os.path.join(MODELS_DIR, zoo_model or f"{kind}-{name}")
+    return path if os.path.exists(os.path.join(path, "config.json")) and trained_for(path, target) else None
+
+
 def has(target, kind: str) -> bool:
     """Does the zoo hold a ``kind`` drafter (:data:`KINDS`) trained for ``target``'s weights? A target is known
     by its weights, never by its folder's name (:func:`zoo_name`)."""
-    from . import in_zoo
-
-    models = check_kind(kind).models
-    if models is None:
+    if check_kind(kind).models is None:
         return folder(target, kind) is not None
-    name = zoo_name(target)
-    return name in models and in_zoo(models[name]) and trained_for(os.path.join(MODELS_DIR, models[name]), target)
+    return model_folder(target, kind) is not None
+
+
+def from_folder(target, kind: str, path: str):
+    """The ``kind`` drafter saved in folder ``path`` for ``target``, in the form :func:`zoo` gives (what the
+    front door loads for ``draft="DIR"``). A drafter trained for other weights is refused with a ``ValueError``
+    (its ``target.json`` fingerprint); a plain draft model (kinds ``draft``, ``dlm``) may record none: any
+    model with the target's tokenizer drafts losslessly."""
+    from . import load as load_model
+
+    c = check_kind(kind)
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"{c.arg}: {path!r} is not a folder")
+    rec = recorded(path)
+    if rec is None and kind not in ("draft", "dlm"):
+        raise ValueError(f"{c.arg}: {path!r} records no target (the target.json every trainer of a {c.what} "
+                         f"writes beside it)")
+    if rec is not None and not same_weights(rec["fingerprint"], fingerprint(target)):
+        raise ValueError(f"{c.arg}: the {c.what} in {path!r} was trained for other weights ({rec['target']!r}), "
+                         f"not for {getattr(target, 'name', '?')!r}")
+    if c.models is not None:
+        return load_model(path, device=target.device)
+    return fast(target, kind, load(target, kind, path))
 
 
 def zoo(target, kind: str):
@@ -180,17 +219,23 @@ def zoo(target, kind: str):
     beside a target on the lean CPU forward runs its products on that forward's kernel, on int8 panels
     (:func:`refimpl.models.lean_draft.lean`; the same trees up to rounding)."""
     from . import load as load_model
-    from .lean_draft import lean
-    from .lean_llama import LeanLM
 
     models = check_kind(kind).models
 
     def build():
-        if models is not None:
-            return load_model(models[zoo_name(target)], device=target.device)
-        d = load(target, kind)
-        return lean(d, int8=True) if kind in ("eagle", "eagle3") and isinstance(target, LeanLM) else d
+        if models is not None:  # the zoo's own model by its zoo name (its loader), else the folder
+            return load_model(models.get(zoo_name(target)) or model_folder(target, kind), device=target.device)
+        return fast(target, kind, load(target, kind))
     return target.once(("zoo drafter", kind), build)
+
+
+def fast(target, kind: str, d):
+    """A drafter module ``d`` in the form that runs fastest beside ``target``: an EAGLE / EAGLE-3 draft beside a
+    target on the lean CPU forward runs on that forward's kernel, on int8 panels (the same trees up to rounding)."""
+    from .lean_draft import lean
+    from .lean_llama import LeanLM
+
+    return lean(d, int8=True) if kind in ("eagle", "eagle3") and isinstance(target, LeanLM) else d
 
 
 def check_kind(kind: str) -> Kind:

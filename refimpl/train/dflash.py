@@ -106,7 +106,7 @@ def train_draft(draft: DFlashDraft, seqs, steps: int = 800, batch: int = 8, anch
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if time.time() - t0 > seconds:
             break

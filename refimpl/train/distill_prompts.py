@@ -296,3 +296,13 @@ def human_copy_prompts(seed: int = 0, limit: int = 1500) -> list[str]:
             for p in _kjv_passages(rng, limit // 4)]
     bench = bench_texts()
     return [t for t in out if t not in bench]
+
+
+def general_pool(seed: int = 0) -> list[str]:
+    """Every prompt this module builds with no model, once each, shuffled with ``seed``: stage 1's
+    paragraph and code requests, stage 2's chat, advice, code, arithmetic and KJV tasks (those that need no
+    source text), stage 3's copy / edit tasks on human text. The prompt pool of a drafter for any model
+    (:mod:`refimpl.train.own`); the benchmark's prompts are never among them."""
+    texts = list(dict.fromkeys(prompt_pool(seed) + stage2_prompts([], [], seed) + human_copy_prompts(seed)))
+    random.Random(seed).shuffle(texts)
+    return texts

@@ -244,6 +244,7 @@ def train_draft(draft: Eagle3Draft, seqs, target_head: torch.Tensor, steps: int 
               "ttt_steps": ttt, "decay": decay, "lr": lr, "batch": batch, "taps": list(draft.taps), "recipe": recipe,
               "head": "trained" if train_head else "frozen (the target's kept rows)",
               "loss_positions": "prompt and answer" if prompt_loss else "answer",
+              "first_ce_per_step": [round(hist[0][j], 4) for j in range(ttt)],
               "final_ce_per_step": [round(sum(h[j] for h in tail) / len(tail), 4) for j in range(ttt)],
               "heldout_accept_rate_per_depth": rates["chain"], "heldout_top1_per_step": rates["top1"],
               "expected_chain_tau": round(1 + sum(rates["chain"]), 3)}
