@@ -91,19 +91,21 @@ def weights_key(target) -> str:
     return hashlib.sha256(json.dumps(drafters.fingerprint(target)).encode()).hexdigest()[:12]
 
 
-def answers(target, prompts: list[str], n: int, max_new_tokens: int, batch: int, progress: bool = True) -> list:
+def answers(target, prompts: list[str], n: int | None, max_new_tokens: int, batch: int,
+            progress: bool = True) -> tuple[list, int]:
     """The target's greedy answers to the first ``n`` of ``prompts`` (None: all), cached per target weights and length
-    (``answers-<weights>-<max_new_tokens>.pt``): a later run reuses them and answers only the prompts still missing."""
+    (``answers-<weights>-<max_new_tokens>.pt``): a later run reuses them and answers only the prompts still missing.
+    -> (rows, how many of them this call generated)."""
     from .distill_data import generate_answers
 
     path = os.path.join(cache_dir(), f"answers-{weights_key(target)}-{max_new_tokens}.pt")
     done = torch.load(path) if os.path.exists(path) else []
-    want = prompts[:n]
+    cached, want = len(done), prompts[:n]
     have = {r[3] for r in done}
     if any(t not in have for t in want):
         done = generate_answers(target, want, max_new_tokens, batch, path=path, progress=progress, start=done)
     keep = set(want)
-    return [(ids, n, h.cpu(), text) for ids, n, h, text in done if text in keep]
+    return [(ids, n_prompt, h.cpu(), text) for ids, n_prompt, h, text in done if text in keep], len(done) - cached
 
 
 def mask_token(target, rows) -> int:
@@ -226,7 +228,7 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
         from .distill_prompts import general_pool
         pool = general_pool(0)
     t0 = time.time()
-    rows = answers(target, pool, o["answers"], o["max_new_tokens"], o["answer_batch"], progress)
+    rows, fresh = answers(target, pool, o["answers"], o["max_new_tokens"], o["answer_batch"], progress)
     answer_s = time.time() - t0
     train_rows, held = split(rows)
     if not train_rows or not held:
@@ -234,7 +236,9 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
                          f"held out; give more prompts (every {HOLDOUT}th is held out)")
     tokens = sum(len(r[0]) - r[1] for r in rows)
     common = {"kind": kind, "target": name, "recipe": recipe, "device": str(device), "threads": torch.get_num_threads(),
-              "answers": len(rows), "answer_tokens": tokens, "answer_seconds": round(answer_s, 1),
+              "answers": len(rows), "answer_tokens": tokens, "answers_generated": fresh,
+              "answer_seconds": round(answer_s, 1),  # (answers from the cache take no time: see answers_generated)
+              "answer_tokens_per_minute": round(60 * tokens / answer_s) if fresh == len(rows) and answer_s > 0 else None,
               "train_rows": len(train_rows), "heldout_rows": len(held), "max_new_tokens": o["max_new_tokens"]}
     kept = None if target.vocab_size <= o["vocab_keep"] else answer_vocabulary(target.tokenizer, train_rows, o["vocab_keep"])
     if kind == "pard":
@@ -283,4 +287,5 @@ def train_feature_drafter(kind: str, target, train_rows, held, kept, o: dict, ma
         d, report = train_dflash.train_draft(d, seqs, steps=o["steps"], seconds=o["seconds"], batch=o["batch"],
                                              lr=o["lr"], progress=progress, held=seqs[len(train_rows):])
     return {**report, "feature_seconds": round(feature_s, 1),
+            "feature_tokens_per_minute": round(60 * sum(len(r[0]) for r in rows) / max(feature_s, 1e-9)),
             "vocab_keep": None if kept is None else int(kept.numel()), "draft": d}
