@@ -128,3 +128,30 @@ def test_all_stages_answers_each_stage_and_labels_its_rows(tiny, monkeypatch):
     assert stage == [1] * 2 + [2] * 4 + [3] + [4] * 2 and len(rows) == len(stage)
     assert all(r[3].endswith(" again") for r, s in zip(rows, stage) if s == 2)
     assert sorted(r[3] for r, s in zip(rows, stage) if s == 4) == sorted(TEXTS[3:5])
+
+
+def test_a_row_that_wrote_eos_leaves_the_batch(tiny, monkeypatch):
+    """The batch shrinks as rows finish (their slots would decode for nothing), and every row is still the
+    target's greedy answer (the test above): rows of one batch end at different steps here."""
+    from refimpl.lm import decoder_of
+
+    inner, sizes = decoder_of(tiny.model), []
+    forward = inner.forward
+
+    def counted(*a, **kw):
+        sizes.append(kw["input_ids"].shape[0])
+        return forward(*a, **kw)
+    monkeypatch.setattr(inner, "forward", counted)
+    eos = tiny.encode(",")[-1]  # (tiny's text rarely ends within 40 tokens; a comma does, at different steps)
+    monkeypatch.setattr(tiny, "eos_token_id", eos)
+    rows = distill_data.generate_answers(tiny, TEXTS, max_new_tokens=40, batch=5, progress=False, min_answer=1)
+    lengths = sorted(len(r[0]) - r[1] for r in rows)
+    ended = [r for r in rows if r[0][-1] == eos]
+    assert ended and len(set(lengths)) > 1, lengths  # (the case this test is about)
+    assert sizes[0] == 5 and sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
+    assert sum(sizes[1:]) == sum(lengths) - len(rows)  # after the prompt: one slot per answer token, none past EOS
+    from refimpl import autoregressive
+
+    for ids, n, _, _ in rows:
+        want = autoregressive.generate(tiny, [ids[:n]], max_new_tokens=40, eos_token_id=eos).tokens[0]
+        assert want == ids[n:]

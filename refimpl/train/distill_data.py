@@ -76,27 +76,29 @@ def generate_answers(lm, texts: list[str], max_new_tokens: int = 96, batch: int 
         B = ids.shape[0]
         cache = lm.new_cache()
         feed, feed_pos = ids, pos
-        hs, toks = [], []  # per step: (B, H) hidden, (B,) token
-        alive = torch.ones(B, dtype=torch.bool, device=lm.device)
+        live = list(range(B))  # the rows still decoding: a row that wrote EOS leaves the batch
+        hs, toks = [[] for _ in range(B)], [[] for _ in range(B)]  # per row: (H,) hidden, token
         for _ in range(max_new_tokens):
             h = inner(input_ids=feed, past_key_values=cache, position_ids=feed_pos, attention_mask=mask,
-                      use_cache=True).last_hidden_state[:, -1]  # (B, H)
-            nxt = head(h).float().argmax(-1)  # (B,)
-            hs.append(h.half())
-            toks.append(nxt)
-            alive &= nxt != lm.eos_token_id
-            if not alive.any():
+                      use_cache=True).last_hidden_state[:, -1]  # (b, H) over the live rows
+            nxt = head(h).float().argmax(-1)  # (b,)
+            half, words = h.half(), nxt.tolist()
+            for i, b in enumerate(live):
+                hs[b].append(half[i])
+                toks[b].append(words[i])
+            going = (nxt != lm.eos_token_id).nonzero().flatten()  # (b',) indices into the live rows
+            if going.numel() == 0:
                 break
+            if going.numel() < len(live):  # drop the finished rows: their slots would decode for nothing
+                cache.batch_select_indices(going)
+                nxt, pos, mask = nxt[going], pos[going], mask[going]
+                live = [live[i] for i in going.tolist()]
             feed, feed_pos = nxt[:, None], pos[:, -1:] + 1
             pos = torch.cat([pos, feed_pos], 1)
             mask = torch.cat([mask, torch.ones_like(feed)], 1)
-        H = torch.stack(hs, 1)  # (B, S, H)
-        T = torch.stack(toks, 1)  # (B, S)
         for b, (p, text) in enumerate(chunk):
-            ans = T[b].tolist()
-            n = ans.index(lm.eos_token_id) + 1 if lm.eos_token_id in ans else len(ans)
-            if n >= min_answer:
-                rows.append((p + ans[:n], len(p), H[b, :n].clone(), text))
+            if len(toks[b]) >= min_answer:
+                rows.append((p + toks[b], len(p), torch.stack(hs[b]), text))
         bar.set_postfix(rows=len(rows), tokens=sum(len(r[0]) - r[1] for r in rows))
         if path:
             torch.save(rows, path)
