@@ -462,7 +462,8 @@ def play(t=0.9, prompt_index=0):
 
 
 ui = widgets.interact(play, t=widgets.FloatSlider(continuous_update=False, value=0.9, min=0.02, max=1.0, step=0.02),
-                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1)).widget
+                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1,
+                                                    description="prompt")).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

@@ -424,7 +424,8 @@ def play(block=BLOCK, prompt_index=0):
 
 
 ui = widgets.interact(play, block=widgets.IntSlider(continuous_update=False, value=BLOCK, min=2, max=16),
-                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1)).widget
+                      prompt_index=widgets.IntSlider(continuous_update=False, value=0, min=0, max=len(prompts) - 1,
+                                                    description="prompt")).widget
 
 # %% jupyter={"source_hidden": true} tags=["ci-only", "remove-input"]
 # CI's self-test of the widget above (collapsed in the lab): move a control as a person would,

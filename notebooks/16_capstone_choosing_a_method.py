@@ -333,25 +333,27 @@ if SHOW_SOLUTIONS:
 # and its title says so.
 
 # %%
-try:
-    gpu_step_cost(1.0, 0.1)
-    have_model = True
-except NotImplementedError:
-    have_model = False
-    print("Exercise 3 is unsolved: the GPU pictures below use the library's model, capstone.gpu_step_cost")
-WHOSE = "your gpu_step_cost" if have_model else "the library's model: Exercise 3 unsolved"
+def gpu_model():
+    """(the GPU step-cost model a picture uses, whose it is), asked at every drawing, so that the widget below
+    switches to your `gpu_step_cost` as soon as it returns a number; the library's until then."""
+    try:
+        float(gpu_step_cost(1.0, 0.1))
+        return gpu_step_cost, "your gpu_step_cost"
+    except Exception:   # noqa: BLE001 -- unsolved, or no number yet: Exercise 3's check says which
+        return capstone.gpu_step_cost, "the library's model: Exercise 3 unsolved"
 
 
 def gpu_cost(x, c_draft=0.1):
     """Modelled GPU step cost of a table row: your `gpu_step_cost`, the library's until you write it."""
-    model = gpu_step_cost if have_model else capstone.gpu_step_cost
-    return model(x.get("draft_calls_per_step") or 0.0, c_draft)
+    return gpu_model()[0](x.get("draft_calls_per_step") or 0.0, c_draft)
 
 
+if gpu_model()[0] is capstone.gpu_step_cost:
+    print("Exercise 3 is unsolved: the GPU pictures below use the library's model, capstone.gpu_step_cost")
 if main:
     fig, axs = plt.subplots(1, 2, figsize=(13, 5))
     iso_plot(main, axs[0], title="measured, this CPU")
-    iso_plot(main, axs[1], cost_of=gpu_cost, title=f"modelled GPU: flat latency(k), c_draft = 0.1 ({WHOSE})")
+    iso_plot(main, axs[1], cost_of=gpu_cost, title=f"modelled GPU: flat latency(k), c_draft = 0.1 ({gpu_model()[1]})")
     plt.show()
 
 # %% [markdown]
@@ -433,7 +435,8 @@ else:
 # Pick the machine. On the **GPU model**, slide the draft's cost per call `c_draft`: the points of
 # the methods that call a draft move, the iso-lines stay, and the fastest lossless method is printed.
 # On the **measured CPU** the step costs are measurements, not a model, so `c_draft` has nothing to
-# change: the slider is greyed out there. (Until Exercise 3 is solved, the GPU model is the library's.)
+# change: the slider is greyed out there. (Until Exercise 3 is solved, the GPU model is the library's; once your
+# `gpu_step_cost` returns a number, the next move draws with yours, and the title says whose model it is.)
 
 # %%
 import ipywidgets as widgets
@@ -452,7 +455,7 @@ def play(machine="measured CPU", c_draft=0.1):
     cost = (lambda x: x["step_cost"]) if measured else (lambda x: gpu_cost(x, c_draft))
     fig, ax = plt.subplots(figsize=(8, 5))
     iso_plot(main, ax, cost_of=cost, title="measured CPU (step costs measured: c_draft not used)" if measured
-             else f"GPU model, c_draft = {c_draft:.2f} ({WHOSE})")
+             else f"GPU model, c_draft = {c_draft:.2f} ({gpu_model()[1]})")
     plt.show()
     ok = [x for x in main["rows"] if x.get("tau") and x.get("step_cost") and x["exact"] == 1.0]
     best = max(ok, key=lambda x: pooled_tau(x) / cost(x))

@@ -150,6 +150,21 @@ class DFlashDraft(nn.Module):
         return small.new_full((*small.shape[:-1], vocab), float("-inf")).index_copy_(-1, self.kept, small)
 
 
+def loss_decay(block: int) -> float:
+    """The position decay of :func:`block_loss` for a block of ``block`` tokens, as SpecForge's DFlash recipe
+    recommends it (7 for blocks of 16, 5 for 10, 4 for 8: slot i's weight ``exp(-(i - 1) / decay)`` falls to
+    about a seventh by the block's end), linear between those sizes and held at the ends outside them."""
+    if not (isinstance(block, int) and block >= 2):
+        raise ValueError(f"block must be an int >= 2, got {block!r}")
+    points = ((8, 4.0), (10, 5.0), (16, 7.0))
+    if block <= points[0][0]:
+        return points[0][1]
+    for (b0, d0), (b1, d1) in zip(points, points[1:]):
+        if block <= b1:
+            return d0 + (d1 - d0) * (block - b0) / (b1 - b0)
+    return points[-1][1]
+
+
 def block_loss(draft: DFlashDraft, tok: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
                weights: torch.Tensor | None = None, decay: float = 7.0):
     """DFlash's training loss for one batch (see the module doc): ``tok`` (B, T) the text, ``feats`` (B, T,

@@ -21,9 +21,10 @@ check cell (the next code cell calling ``check("Exercise N", ...)``), and reads 
   print shows: "stopped: you interrupted the check ...";
 - ``right``: the reference answer's body: "correct" (and the stub stays right for the rest of the pass).
 
-Then every slider of the chapter is moved one step with an arrow key (``test_browser.move_first_slider``;
-a slider greyed out until another control of its widget changes gets that dropdown's next option first),
-and the script records whether the widget's picture or text changed and whether an error showed.
+Every slider of the chapter is moved one step with an arrow key (``test_browser.move_first_slider``; a
+slider greyed out until another control of its widget changes gets that dropdown's next option first) twice:
+right after Run All (the exercises unsolved: a widget may use the learner's function) and after the exercises
+(answered right); the script records whether the widget's picture or text changed and whether an error showed.
 
 A problem is: an error output or a traceback (in the cells run, or anywhere on the page, a widget's output
 included), a verdict other than the try's (above), more or fewer than one verdict line, 15b's two mask
@@ -31,10 +32,10 @@ mistakes getting the same line, a slider that did not move or whose widget did n
 prints a table of the tries and moves, then the problems, and exits 1 if there is any.
 
 ``--shots DIR`` (default ``/tmp/learner_pass``) keeps screenshots to look at: ``<ch>.png`` the page after
-Run All, ``<ch>-ex<N>-<try>.png`` the check cell after each try, ``<ch>-slider<K>.png`` the slider's cell
-after its move, ``<ch>-cell<I>.png`` each cell that shows a picture, after the pass (labels, legends).
-``--out FILE`` writes the results as JSON. On the 2-core machine the course is built on, the five
-chapters above take about half an hour.
+Run All, ``<ch>-ex<N>-<try>.png`` the check cell after each try, ``<ch>-slider<K>-as-run.png`` slider K's
+widget as Run All drew it, ``<ch>-slider<K>-unsolved.png`` / ``-solved.png`` after its move in each phase,
+``<ch>-cell<I>.png`` the output of each cell showing a picture, after the pass (labels, legends). ``--out
+FILE`` writes the results as JSON, every cell's text output included (the tables the widgets repeat).
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ sys.path.insert(0, str(HERE))
 import lab_times  # noqa: E402  (tests/ is on the path only from here)
 
 SOLUTIONS = ROOT / "notebooks" / "solutions"
+VIEWPORT = {"width": 1400, "height": 2000}   # tall: a widget's cell, picture and all, fits its screenshot
 CELL_LIMIT_S = 300            # one cell; the slowest check takes under a minute here
 #: learner-like mistakes, (chapter, function) -> [(try's name, text of the reference answer, replacement)]
 MISTAKES = {
@@ -160,6 +162,10 @@ INTERRUPT = _js("panel.sessionContext.session.kernel.interrupt();")
 # mark a cell's node, so that Playwright can find it (and scroll to it) by the attribute
 MARK = _js("""const cell = panel.content.widgets[i];
     panel.content.scrollToItem(i); cell.node.setAttribute('data-learner-pass', String(i));""")
+# every code cell's text outputs, by index (for the record: the tables the widgets are compared with)
+TEXTS = _js("""return Object.fromEntries(panel.content.widgets.map((c, i) => [i, c.model.type !== 'code' ? '' :
+    c.model.outputs.toJSON().map(o => [].concat(o.text || (o.data || {})['text/plain'] || '').join('')).join('').slice(0, 3000)])
+    .filter(([i, t]) => t));""")
 PICTURES = _js("""return panel.content.widgets.map((c, i) => c.model.type === 'code'
     && c.model.outputs.toJSON().some(o => o.data && o.data['image/png']) ? i : -1).filter(i => i >= 0);""")
 
@@ -225,8 +231,8 @@ def answer(page, name: str, ex: dict, label: str, body: str | None, shots: Path 
             "problem": problem}
 
 
-def move_sliders(page, name: str, shots: Path | None, ch: str) -> list[dict]:
-    """Every slider of the chapter moved one step: -> [{"slider", "moved", "changed", "problem"}]."""
+def move_sliders(page, name: str, shots: Path | None, ch: str, phase: str) -> list[dict]:
+    """Every slider of the chapter moved one step: -> [{"slider", "phase", "moved", "changed", "problem"}]."""
     import test_browser as tb
 
     out = []
@@ -236,8 +242,10 @@ def move_sliders(page, name: str, shots: Path | None, ch: str) -> list[dict]:
         cell = slider.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]")
         label = slider.evaluate("(el) => (el.closest('.widget-slider').querySelector('.widget-label') || {}).textContent")
         label = (label or "").strip() or f"slider {k}"
-        seen, row = set(page.evaluate(tb.PROBLEMS, name)), {"slider": f"{label} (#{k})", "moved": "", "changed": None,
-                                                             "problem": None}
+        seen, row = set(page.evaluate(tb.PROBLEMS, name)), {"slider": f"{label} (#{k})", "phase": phase, "moved": "",
+                                                             "changed": None, "problem": None}
+        if shots is not None and phase == "unsolved":   # the widget as Run All left it (to compare with its table)
+            cell.locator(".jp-Cell-outputArea").screenshot(path=str(shots / f"{ch}-slider{k}-as-run.png"))
         select = cell.locator("select").first
         if slider.get_attribute("disabled") is not None and select.count():   # greyed out until the dropdown moves
             options = [o.replace("\xa0", " ") for o in select.locator("option").all_inner_texts()]
@@ -268,7 +276,7 @@ def move_sliders(page, name: str, shots: Path | None, ch: str) -> list[dict]:
         if errors:
             row["problem"] = "an error: " + "; ".join(errors)
         if shots is not None:
-            cell.screenshot(path=str(shots / f"{ch}-slider{k}.png"))
+            cell.locator(".jp-Cell-outputArea").screenshot(path=str(shots / f"{ch}-slider{k}-{phase}.png"))
         out.append(row)
     return out
 
@@ -278,10 +286,12 @@ def pass_chapter(browser, base: str, token: str, name: str, shots: Path | None) 
     ch = name.split("_")[0]
     start = time.monotonic()
     with lab_times.chapter_page(browser, base, token, name) as page:
+        page.set_viewport_size(VIEWPORT)
         seconds, problems = lab_times.run_all(page, name)
         if shots is not None:
             page.screenshot(path=str(shots / f"{ch}.png"))
-        result = {"run_all_s": round(seconds, 1), "run_all_problems": problems, "tries": [], "sliders": []}
+        result = {"run_all_s": round(seconds, 1), "run_all_problems": problems, "tries": [],
+                  "sliders": move_sliders(page, name, shots, ch, "unsolved")}
         for ex in exercises(page.evaluate(CELLS, [name, 0, None])):
             for label, body in tries(ex["chapter"], ex["name"]):
                 result["tries"].append(r := answer(page, name, ex, label, body, shots, ch))
@@ -291,7 +301,8 @@ def pass_chapter(browser, base: str, token: str, name: str, shots: Path | None) 
                 ways = [r for r in result["tries"] if r["exercise"].startswith(ex["title"] + " ") and r["try"].startswith("wrong")]
                 if len({r["verdict"] for r in ways}) < len(ways):
                     ways[-1]["problem"] = "the two directions of the mask mistake get the same verdict line"
-        result["sliders"] = move_sliders(page, name, shots, ch)
+        result["sliders"] += move_sliders(page, name, shots, ch, "solved")
+        result["texts"] = page.evaluate(TEXTS, [name, 0, None])
         if shots is not None:
             for i in page.evaluate(PICTURES, [name, 0, None]):
                 cell_locator(page, name, i).locator(".jp-Cell-outputArea").screenshot(path=str(shots / f"{ch}-cell{i}.png"))
@@ -304,7 +315,7 @@ def table(results: dict) -> str:
     rows = [("chapter", "exercise", "try", "verdict", "problem")]
     for ch, r in results.items():
         rows += [(ch, t["exercise"], t["try"], t["verdict"], t["problem"] or "") for t in r["tries"]]
-        rows += [(ch, "(widget)", s["slider"], s["moved"] + ("" if s["changed"] is None else
+        rows += [(ch, f"(widget, {s['phase']})", s["slider"], s["moved"] + ("" if s["changed"] is None else
                   ", widget changed" if s["changed"] else ", widget UNCHANGED"), s["problem"] or "") for s in r["sliders"]]
         rows += [(ch, "(Run All)", f"{r['run_all_s']:.0f} s", "", "; ".join(r["run_all_problems"]))]
     widths = [max(len(str(row[c])) for row in rows) for c in range(3)]
@@ -336,7 +347,7 @@ def main(argv: list[str]) -> int:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     bad = [f"{ch} {t['exercise']} [{t['try']}]: {t['problem']} (verdict {t['verdict']!r})"
            for ch, r in results.items() for t in r["tries"] if t["problem"]]
-    bad += [f"{ch} {s['slider']}: {s['problem']}" for ch, r in results.items() for s in r["sliders"] if s["problem"]]
+    bad += [f"{ch} {s['slider']} ({s['phase']}): {s['problem']}" for ch, r in results.items() for s in r["sliders"] if s["problem"]]
     bad += [f"{ch} Run All: {p}" for ch, r in results.items() for p in r["run_all_problems"]]
     print(f"\n{len(names)} chapters in {time.monotonic() - start:.0f} s; screenshots in {shots}")
     print("problems:\n  " + "\n  ".join(bad) if bad else "no problems", file=sys.stderr if bad else sys.stdout)

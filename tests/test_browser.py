@@ -293,6 +293,16 @@ def settled(cell, wait_s=15):
 SLIDERS = ".jp-Notebook .widget-slider .noUi-target"
 
 
+def slider_value(handle) -> float:
+    """The value a slider's readout shows (noUiSlider's ``aria-valuenow`` is rounded to one decimal:
+    a FloatSlider moved from 0.9 to 0.92 reads 0.9 both times)."""
+    text = handle.evaluate("(h) => (h.closest('.widget-slider').querySelector('.widget-readout') || {}).textContent")
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return float(handle.get_attribute("aria-valuenow"))
+
+
 def move_first_slider(page, name, wait_s, nth=0):
     """Press an arrow key on the first slider of the notebook (whichever it is; ``nth``: the slider
     after ``nth`` others, in page order); return (shown before, shown after, value before, value after).
@@ -302,7 +312,7 @@ def move_first_slider(page, name, wait_s, nth=0):
     handle.wait_for(state="attached", timeout=60_000)
     handle.scroll_into_view_if_needed()
     cell = handle.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-Cell ')][1]")
-    before, value = settled(cell), float(handle.get_attribute("aria-valuenow"))
+    before, value = settled(cell), slider_value(handle)
     page.evaluate(f"""(name) => {{
         const kernel = ({PANEL})(name).sessionContext.session.kernel;
         window.sawBusy = false;
@@ -316,7 +326,7 @@ def move_first_slider(page, name, wait_s, nth=0):
     deadline = time.monotonic() + wait_s
     while cell.evaluate(SHOWN) == before and time.monotonic() < deadline:
         page.wait_for_timeout(250)
-    return before, settled(cell), value, float(handle.get_attribute("aria-valuenow"))
+    return before, settled(cell), value, slider_value(handle)
 
 
 def test_a_chapter_runs_in_the_browser_and_its_slider_redraws_the_widget(browser, lab):

@@ -164,3 +164,10 @@ def test_save_and_load_round_trip(tiny, random_draft, tmp_path, spec_prompts):
     a = dflash.generate(tiny, spec_prompts, draft=random_draft, max_new_tokens=8)
     b = dflash.generate(tiny, spec_prompts, draft=again, max_new_tokens=8)
     assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted
+
+
+def test_the_loss_decay_is_specforges_for_the_block():
+    """SpecForge's recommendation: 7 for blocks of 16, 5 for 10, 4 for 8; linear between, held outside."""
+    assert [dflash.loss_decay(b) for b in (4, 8, 9, 10, 13, 16, 32)] == [4.0, 4.0, 4.5, 5.0, 6.0, 7.0, 7.0]
+    with pytest.raises(ValueError, match="block"):
+        dflash.loss_decay(1)

@@ -155,3 +155,12 @@ def test_a_row_that_wrote_eos_leaves_the_batch(tiny, monkeypatch):
     for ids, n, _, _ in rows:
         want = autoregressive.generate(tiny, [ids[:n]], max_new_tokens=40, eos_token_id=eos).tokens[0]
         assert want == ids[n:]
+
+
+def test_the_general_pool_holds_every_model_free_prompt_once_and_no_benchmark_prompt():
+    """The pool a drafter for any model answers (and SmolLM2's drafters' held-out set, the benchmark's prompts,
+    stays out of it: refimpl.train.eagle3.smollm2_heldout_rows checks the same)."""
+    pool = distill_prompts.general_pool(0)
+    assert len(pool) == len(set(pool)) > 4000
+    assert set(distill_prompts.prompt_pool(0)) <= set(pool) and set(distill_prompts.human_copy_prompts(0)) <= set(pool)
+    assert not set(pool) & {t for _, t in prompts.prompt_set()}

@@ -300,28 +300,58 @@ def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
     return rows, target, answer_vocabulary(target.tokenizer, rows, vocab_keep)
 
 
-def smollm2_heldout_rows(n: int = 48, progress: bool = True) -> list:
-    """SmolLM2's fp32 greedy answers to ``n`` prompts of :func:`smollm2_rows`' pool that its cached rows do
-    not answer (the pool's tail): a held-out set for any drafter trained on those rows, where a hash of a
-    row's first tokens would split nothing (every chat row starts with the same system turn). Cached in
-    ``smollm2-heldout-rows.pt``; rows as :func:`refimpl.train.distill_data.generate_answers`'."""
+def smollm2_heldout_rows(progress: bool = True) -> list:
+    """SmolLM2's fp32 greedy answers (96 tokens at most) to the benchmark's prompts (:func:`refimpl.prompts.prompt_set`:
+    chat, summary, code, math, copy, QA): the one held-out set of every SmolLM2 drafter, so that their taus
+    compare. No drafter trained on them: every distillation pool, the base draft's included, leaves the
+    benchmark's prompts out (:func:`refimpl.train.distill_prompts.bench_texts`), checked here against the pools
+    built without a model. Cached in ``smollm2-heldout-rows.pt``; rows as
+    :func:`refimpl.train.distill_data.generate_answers`'."""
     import os
 
     from ..models import load
     from ..models.hf import cache_dir
+    from ..prompts import prompt_set
     from .distill_data import generate_answers
+    from .distill_prompts import general_pool
 
+    texts = [t for _, t in prompt_set()]
+    if set(texts) & set(general_pool(0)):
+        raise AssertionError("a benchmark prompt is in a training pool: it cannot be held out")
     path = os.path.join(cache_dir(), "smollm2-heldout-rows.pt")
-    if os.path.exists(path):
-        rows = torch.load(path)
-        if len(rows) >= n:
-            return rows[:n]
-    trained = os.path.join(cache_dir(), "smollm2-eagle3-rows.pt")
-    seen = {r[3] for r in torch.load(trained)} if os.path.exists(trained) else set()
-    fresh = [t for t in reversed(smollm2_pool()) if t not in seen][:n]
+    rows = torch.load(path) if os.path.exists(path) else []
+    if sorted(r[3] for r in rows) != sorted(texts):
+        target = load("smollm2-135m", device="cpu", fast=False)
+        rows = generate_answers(target, texts, 96, 16, path=path, progress=progress)
+    order = {t: i for i, t in enumerate(texts)}
+    return sorted(rows, key=lambda r: order[r[3]])
+
+
+def heldout_report(progress: bool = True) -> dict:
+    """Measure the zoo's SmolLM2 EAGLE-3 draft on the shared held-out rows (:func:`smollm2_heldout_rows`) into its
+    ``train_report.json`` (``shared_heldout``): ``python -c "from refimpl.train.eagle3 import heldout_report;
+    heldout_report()"``. The chain's target token is the argmax of the target's whole head, as in decoding."""
+    import json
+    import os
+
+    from ..models import MODELS_DIR, load
+
     target = load("smollm2-135m", device="cpu", fast=False)
-    rows = generate_answers(target, fresh, 96, 16, path=path, progress=progress)
-    return rows[:n]
+    draft = drafters.load(target, "eagle3")
+    held = target_features(target, smollm2_heldout_rows(progress), draft.taps, progress=progress)
+    W = target.model.get_output_embeddings().weight.detach().float()
+    rates = accept_rates(draft, held, W[draft.kept], depth=7, full_head=W)["chain"]
+    path = os.path.join(MODELS_DIR, "eagle3-smollm2-135m", "train_report.json")
+    report = json.load(open(path))
+    report["shared_heldout"] = shared_heldout(held, rates, "every answer position")
+    return write_report(os.path.dirname(path), report)
+
+
+def shared_heldout(rows, rates: list, anchors: str) -> dict:
+    """The ``shared_heldout`` entry of a SmolLM2 drafter's report: its chain acceptance on
+    :func:`smollm2_heldout_rows` and the tau it implies."""
+    return {"prompts": "the benchmark's (refimpl.prompts), which no training pool holds", "rows": len(rows),
+            "anchors": anchors, "accept_rate_per_depth": rates, "chain_tau": round(1 + sum(rates), 3)}
 
 
 def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: int = 64, ttt: int = 7,

@@ -47,7 +47,11 @@ OWN_KINDS = ("eagle3", "dflash", "pard")
 HOLDOUT = 20
 #: per device kind: the prompts to answer (None: every prompt), the answers' length, the training budget
 #: and each kind's shape and optimiser (the CPU recipe fits about an hour on 2 cores; the GPU one takes
-#: the papers' shapes: EAGLE-3's 7 unrolled steps and trained head, DFlash's 16-token blocks)
+#: the papers' shapes: EAGLE-3's 7 unrolled steps and trained head, DFlash's 16-token blocks). Learning
+#: rates: SpecForge's DFlash 6e-4 on a GPU; EAGLE-3 as the zoo's GPU draft was trained (1e-3); the CPU
+#: recipes take the zoo's CPU trainers' rates (a short budget). PARD's upstream (AMD-AGI/PARD) adapts a
+#: pretrained small model at 1e-5; ours starts from the target's first layers, which must move further,
+#: at the zoo's SmolLM2 rate (3e-4); neither rate is settled by an A/B on held-out prompts yet.
 RECIPES = {
     "cpu": {"answers": 2000, "max_new_tokens": 96, "answer_batch": 32, "steps": 4000, "seconds": 1800.0,
             "vocab_keep": 8192,

@@ -171,8 +171,8 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
                        min_keep: float = 0.2, lr: float = 3e-4, seconds: float = 1500.0, gen_seconds: float = 0.0,
                        mask_token: str = "<gh_stars>", seed: int = 0, progress: bool = True) -> dict:
     """``smollm2-135m-draft`` adapted into ``smollm2-135m-pard`` (see the module doc); ``steps`` steps or
-    ``seconds``; the report's held-out rows are SmolLM2's answers to prompts the training rows do not
-    answer (:func:`refimpl.train.eagle3.smollm2_heldout_rows`)."""
+    ``seconds``; the report's held-out rows are SmolLM2's answers to the benchmark's prompts, which no training
+    pool holds, the base draft's included (:func:`refimpl.train.eagle3.smollm2_heldout_rows`)."""
     import json
 
     from safetensors.torch import save_file
@@ -236,13 +236,13 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
 
 
 def heldout_report(progress: bool = True) -> dict:
-    """Re-measure a saved SmolLM2 PARD draft's held-out acceptance (before: the chain draft it started from)
-    into its ``train_report.json``: ``python -c "from refimpl.train.pard import heldout_report; heldout_report()"``."""
+    """Measure a saved SmolLM2 PARD draft on the shared held-out rows (before: the chain draft it started from)
+    into its ``train_report.json`` (``shared_heldout``): ``python -c "from refimpl.train.pard import heldout_report; heldout_report()"``."""
     import json
 
     from ..models import MODELS_DIR
     from ..models.smollm2 import load_draft, load_pard
-    from .eagle3 import smollm2_heldout_rows
+    from .eagle3 import shared_heldout, smollm2_heldout_rows
 
     held = smollm2_heldout_rows(progress=progress)
     lm = load_pard(device="cpu")
@@ -253,6 +253,6 @@ def heldout_report(progress: bool = True) -> dict:
     start = load_draft(device="cpu", copy_prior=False)
     before = row_accept_rates(start.model, held, start.kept_ids.cpu(), mask_id, k)
     report = json.load(open(path))
-    report.update(heldout_rows=len(held), accept_rate_per_depth=rates, heldout_chain_tau=round(1 + sum(rates), 3),
-                  accept_rate_per_depth_before=before)
+    report["shared_heldout"] = {**shared_heldout(held, rates, "6 random answer positions a row"),
+                                "accept_rate_per_depth_before": before}
     return write_report(os.path.dirname(path), report)
