@@ -204,3 +204,32 @@ def test_an_int8_draft_is_its_dequantized_twin_and_decodes_exactly(tiny, spec_pr
     assert eagle.generate(tiny, spec_prompts, draft=e1, max_new_tokens=20, eos_token_id=[]).tokens == spec_ar_free
     g3 = eagle3.generate(tiny, spec_prompts, draft=e3, max_new_tokens=20, eos_token_id=[], copy=6.0)
     assert g3.tokens == spec_ar_free
+
+
+def test_a_lean_dflash_drafter_drafts_what_the_plain_one_drafts(tiny, spec_prompts, spec_ar_free):
+    """DFlash's products on the kernel (int8 panels, as the front door runs it beside the lean target): its
+    block outputs within the panels' rounding of the plain drafter's, its greedy decoding still AR's tokens, and
+    the zoo drafter accepting about as many drafts (the rounding may flip a near-tie)."""
+    from refimpl import dflash
+
+    torch.manual_seed(0)
+    plain = dflash.new_draft(tiny, num_layers=1, block=4).eval()
+    fast = lean_draft.lean(copy.deepcopy(plain), int8=True)
+    assert type(fast) is type(plain) and not any(type(m) is torch.nn.Linear for m in fast.modules())
+    assert sorted(fast.state_dict()) == sorted(plain.state_dict())
+    g = torch.Generator(device="cpu").manual_seed(1)
+    feats = torch.randn(1, 6, len(plain.taps) * plain.hidden_size, generator=g, device="cpu")
+    tok = torch.full((1, 4), plain.mask_id, dtype=torch.long, device="cpu")
+    pos = torch.arange(10, device="cpu")[None]
+    allow = torch.ones(1, 4, 10, dtype=torch.bool, device="cpu")
+    with torch.no_grad():
+        want, _ = plain.step(tok, plain.context(feats), pos, allow)
+        got, _ = fast.step(tok, fast.context(feats), pos, allow)
+    assert torch.allclose(got, want, atol=0.05, rtol=0.05) and not torch.equal(got, want)  # int8: rounded, close
+    assert dflash.generate(tiny, spec_prompts, draft=fast, max_new_tokens=20, eos_token_id=[]).tokens == spec_ar_free
+    zoo = drafters.load(tiny, "dflash")
+    a = dflash.generate(tiny, spec_prompts, draft=zoo, max_new_tokens=20, eos_token_id=[])
+    b = dflash.generate(tiny, spec_prompts, draft=lean_draft.lean(copy.deepcopy(zoo), int8=True), max_new_tokens=20,
+                        eos_token_id=[])
+    total = lambda g: sum(map(sum, g.stats.accepted))  # noqa: E731
+    assert a.tokens == b.tokens and total(b) >= 0.9 * total(a), (total(a), total(b))  # int8 may flip a near-tie

@@ -230,12 +230,13 @@ def zoo(target, kind: str):
 
 
 def fast(target, kind: str, d):
-    """A drafter module ``d`` in the form that runs fastest beside ``target``: an EAGLE / EAGLE-3 draft beside a
-    target on the lean CPU forward runs on that forward's kernel, on int8 panels (the same trees up to rounding)."""
+    """A drafter module ``d`` in the form that runs fastest beside ``target``: an EAGLE / EAGLE-3 draft or a DFlash
+    drafter beside a target on the lean CPU forward runs its products on that forward's kernel, on int8 panels
+    (the same drafts up to rounding)."""
     from .lean_draft import lean
     from .lean_llama import LeanLM
 
-    return lean(d, int8=True) if kind in ("eagle", "eagle3") and isinstance(target, LeanLM) else d
+    return lean(d, int8=True) if kind in ("eagle", "eagle3", "dflash") and isinstance(target, LeanLM) else d
 
 
 def check_kind(kind: str) -> Kind:

@@ -1,4 +1,4 @@
-"""EAGLE drafts with their products on the lean forward's kernel (:mod:`refimpl.models.cpu_gemv`).
+"""EAGLE and DFlash drafts with their products on the lean forward's kernel (:mod:`refimpl.models.cpu_gemv`).
 
 An EAGLE draft (:class:`refimpl.eagle.EagleDraft`, :class:`refimpl.eagle3.Eagle3Draft`) is one
 decoder layer and an LM head: little work, called ~3 times a step on 1-10 rows (the root, then the
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..dflash import DFlashDraft
 from ..eagle import EagleDraft
 from ..primitives import rope_tables
 from ..eagle3 import Eagle3Draft
@@ -165,20 +166,23 @@ class LeanEagle3Draft(Eagle3Draft):
         return product(self.norm(o), self.lm_head, self.head_copy)
 
 
-LEAN = {EagleDraft: LeanEagleDraft, Eagle3Draft: LeanEagle3Draft}
+#: a draft's class -> its lean twin (a DFlash drafter keeps its class: its products alone move to the kernel,
+#: its layers, with their q / k norms and injected context, stay torch's)
+LEAN = {EagleDraft: LeanEagleDraft, Eagle3Draft: LeanEagle3Draft, DFlashDraft: DFlashDraft}
 
 
 def lean(draft: nn.Module, int8: bool = False) -> nn.Module:
-    """Make ``draft`` (an EAGLE-1 or EAGLE-3 draft) run its products on the kernel, in place, and
-    return it: its ``nn.Linear`` modules become :class:`GemvLinear` (same parameters) and its class
-    the lean twin, which overrides ``step`` and ``logits``. ``int8``: every product reads int8
+    """Make ``draft`` (an EAGLE-1 or EAGLE-3 draft, a DFlash drafter) run its products on the kernel, in place,
+    and return it: its ``nn.Linear`` modules become :class:`GemvLinear` (same parameters) and its class the
+    lean twin, which overrides ``step`` and ``logits`` (a DFlash drafter: its projections, ``fc`` and head on
+    the kernel, the rest of its layers as they are). ``int8``: every product reads int8
     panels (:func:`refimpl.models.cpu_gemv.quantize`, per output row): a quarter of fp32's bytes,
     half of fp16's, and a draft whose outputs move by the quantization (~0.2% a weight; the target
     verifies every token, so decoding stays exact; SmolLM2's EAGLE-3 trees keep their tau:
     bench_results/experiments/2026-11-28_eagle3_kernel_layer_int8/). Safe to call twice (the second call sets the panels' kind)."""
     kind = type(draft)
     if kind not in LEAN and kind not in LEAN.values():
-        raise ValueError(f"draft must be an EagleDraft or an Eagle3Draft, got {kind.__name__}")
+        raise ValueError(f"draft must be an EagleDraft, an Eagle3Draft or a DFlashDraft, got {kind.__name__}")
     swaps = [(parent, name, child) for parent in draft.modules()
              for name, child in parent.named_children() if type(child) is nn.Linear]
     for parent, name, child in swaps:
