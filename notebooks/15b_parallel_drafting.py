@@ -413,8 +413,9 @@ def render(block=BLOCK, prompt_index=0):
         n = min(step[0] + 1, len(toks) - i)                       # the accepted drafts + the target's token
         spans.append(f'<span style="background:{COLOURS[s % 4]}">{escape(lm.decode(toks[i:i + n]))}</span>')
         i += n
-    return (f"<b>block {block}: tau {g.stats.tau:.2f} tokens per target call, {g.stats.draft_calls} draft calls</b><br>"
-            + "".join(spans))
+    pooled = f" (all {len(prompts)} prompts together, the run above: tau {gf.stats.tau:.2f})" if block == BLOCK else ""
+    return (f"<b>block {block}, prompt {prompt_index} alone: tau {g.stats.tau:.2f} tokens per target call, "
+            f"{g.stats.draft_calls} draft calls</b>{pooled}<br>" + "".join(spans))
 
 
 def play(block=BLOCK, prompt_index=0):
