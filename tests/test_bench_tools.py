@@ -29,3 +29,12 @@ def test_sweep_counts_tau_and_draft_calls_of_each_configuration():
 def test_sweep_refuses_empty_input():
     with pytest.raises(ValueError):
         sweep.sweep(None, [], "speculative", [{}])
+
+
+def test_the_pipeline_bench_counts_the_slots_a_full_batch_would_spend_on_finished_rows():
+    from refimpl.bench.pipeline import wasted_share
+
+    rows = [([0] * (2 + n), 2) for n in (4, 4, 1, 3, 2)]  # answers of 4, 4, 1, 3, 2 tokens
+    # batches of 2: (4, 4) -> 8 of 8 slots used; (1, 3) -> 4 of 6; (2) -> 2 of 2: 14 of 16
+    assert wasted_share(rows, 2) == round(1 - 14 / 16, 3)
+    assert wasted_share(rows, 1) == 0.0 and wasted_share([], 4) == 0.0

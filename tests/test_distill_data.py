@@ -159,7 +159,7 @@ def test_a_row_that_wrote_eos_leaves_the_batch(tiny, monkeypatch):
 
 def test_the_general_pool_holds_every_model_free_prompt_once_and_no_benchmark_prompt():
     """The pool a drafter for any model answers (and SmolLM2's drafters' held-out set, the benchmark's prompts,
-    stays out of it: refimpl.train.eagle3.smollm2_heldout_rows checks the same)."""
+    stays out of it: refimpl.train.smollm2_data.smollm2_heldout_rows checks the same)."""
     pool = distill_prompts.general_pool(0)
     assert len(pool) == len(set(pool)) > 4000
     assert set(distill_prompts.prompt_pool(0)) <= set(pool) and set(distill_prompts.human_copy_prompts(0)) <= set(pool)

@@ -20,6 +20,10 @@ Nothing below this layer imports it. :data:`TRAINERS` is the one table of traine
   ``dflash-smollm2-135m`` (a block-diffusion drafter on a frozen target): :mod:`refimpl.train.dflash`
   (chapter 15b).
 
+A drafter for any other model (``python -m refimpl.train {eagle3,dflash,pard} --target PATH``):
+:mod:`refimpl.train.own`. The rows SmolLM2's drafters train on and their one held-out set:
+:mod:`refimpl.train.smollm2_data`.
+
 The helpers every trainer shares (token streams, the optimisation loop, fp16 files) are
 :mod:`refimpl.train.common`, re-exported here.
 """

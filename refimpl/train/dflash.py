@@ -4,7 +4,7 @@ Paper: Chen, Liang, Liu, "DFlash", arXiv 2602.06036, §4.2; the model and its lo
 :mod:`refimpl.dflash` (:func:`refimpl.dflash.block_loss`).
 
 Data: the target's own greedy answers (``tiny``: :func:`refimpl.train.medusa.tiny_rows`; SmolLM2: the
-distillation prompts that need no model, :func:`refimpl.train.eagle3.smollm2_rows`), prompt and answer,
+distillation prompts that need no model, :func:`refimpl.train.smollm2_data.smollm2_rows`), prompt and answer,
 with the target's tapped streams at every token from one forward per row
 (:func:`refimpl.train.eagle3.target_features`). Each step samples ``anchors`` random answer positions per
 row (upstream: random anchors per sequence, redrawn every epoch) and trains every anchor's block in one
@@ -144,9 +144,10 @@ def train_dflash_tiny(out_dir: str, steps: int = 800, layers: int = 1, block: in
 
 
 def smollm2_heldout(target, taps, progress: bool = True) -> list:
-    """The held-out rows of SmolLM2's drafters (:func:`refimpl.train.eagle3.smollm2_heldout_rows`) with the
+    """The held-out rows of SmolLM2's drafters (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`) with the
     target's tapped streams: what :func:`accept_rates` reads."""
-    from .eagle3 import smollm2_heldout_rows, target_features
+    from .eagle3 import target_features
+    from .smollm2_data import smollm2_heldout_rows
 
     return target_features(target, smollm2_heldout_rows(progress=progress), taps, progress=progress)
 
@@ -158,7 +159,7 @@ def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> 
     import os
 
     from ..models import MODELS_DIR, load
-    from .eagle3 import shared_heldout
+    from .smollm2_data import shared_heldout
 
     target = load("smollm2-135m", device="cpu", fast=False)
     draft = drafters.load(target, "dflash")
@@ -173,10 +174,11 @@ def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> 
 def train_dflash_smollm2(out_dir: str, steps: int = 1500, layers: int = 2, block: int = 8, vocab_keep: int = 8192,
                          seconds: float = 1800.0, gen_seconds: float = 1200.0, mask_token: str = "<gh_stars>",
                          progress: bool = True) -> dict:
-    """SmolLM2's drafter: its own greedy answers (:func:`refimpl.train.eagle3.smollm2_rows`, cached), a
+    """SmolLM2's drafter: its own greedy answers (:func:`refimpl.train.smollm2_data.smollm2_rows`, cached), a
     head over the ``vocab_keep`` answer tokens, ``mask_token`` a special token chat never uses (its
     embedding fills the slots)."""
-    from .eagle3 import smollm2_rows, target_features
+    from .eagle3 import target_features
+    from .smollm2_data import smollm2_rows
 
     t0 = time.time()
     rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)

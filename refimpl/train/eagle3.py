@@ -9,7 +9,7 @@ target's features at every position: :func:`target_features` runs ONE target for
 streams and the final normed state, from which the target's next-token distribution follows.
 Answers: the target's own greedy answers (SmolLM2: all four distillation stages for the zoo's
 draft, :func:`train_eagle3_smollm2`; the distillation prompts that need no model for the CPU
-recipe, :func:`smollm2_rows`; ``tiny``: :func:`refimpl.train.medusa.tiny_rows`).
+recipe, :func:`refimpl.train.smollm2_data.smollm2_rows`; ``tiny``: :func:`refimpl.train.medusa.tiny_rows`).
 
 Loss: training-time test (:func:`refimpl.eagle3.unroll`) over ``steps`` draft steps; step j's
 loss is the cross-entropy of the draft's distribution against the target's (renormalised on the
@@ -268,73 +268,15 @@ def train_eagle3_tiny(out_dir: str, steps: int = 1200, seconds: float = 1e9, pro
     return write_report(out_dir, report)
 
 
-def smollm2_pool() -> list[str]:
-    """The prompts :func:`smollm2_rows` answers, in the order it answers them: stage 1's pool and stage 3's
-    copy / edit tasks on human text (:mod:`refimpl.train.distill_prompts`), shuffled with seed 0."""
-    from .distill_prompts import human_copy_prompts, prompt_pool
-
-    texts = prompt_pool(0) + human_copy_prompts(0)
-    random.Random(0).shuffle(texts)
-    return texts
-
-
-def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
-    """-> ``(rows, target, kept)``: SmolLM2's own fp32 greedy answers (the target as decoding runs it)
-    to the distillation prompts that need no model (stage 1's pool and stage 3's copy / edit tasks on
-    human text, :mod:`refimpl.train.distill_prompts`), cached in ``smollm2-eagle3-rows.pt`` and
-    continued for at most ``gen_seconds``; the ``vocab_keep`` most frequent answer tokens."""
-    import os
-
-    from ..models import load
-    from ..models.hf import cache_dir
-    from .distill_data import generate_answers
-
-    target = load("smollm2-135m", device="cpu", fast=False)  # (prepacked: the same logits as decoding's LeanLM)
-    path = os.path.join(cache_dir(), "smollm2-eagle3-rows.pt")
-    rows = torch.load(path) if os.path.exists(path) else []
-    if gen_seconds > 0:
-        rows = generate_answers(target, smollm2_pool(), 96, 64, seconds=gen_seconds, path=path, progress=progress,
-                                start=rows)
-    if not rows:
-        raise FileNotFoundError(f"no answers cached at {path}: run with gen_seconds > 0")
-    return rows, target, answer_vocabulary(target.tokenizer, rows, vocab_keep)
-
-
-def smollm2_heldout_rows(progress: bool = True) -> list:
-    """SmolLM2's fp32 greedy answers (96 tokens at most) to the benchmark's prompts (:func:`refimpl.prompts.prompt_set`:
-    chat, summary, code, math, copy, QA): the one held-out set of every SmolLM2 drafter, so that their taus
-    compare. No drafter trained on them: every distillation pool, the base draft's included, leaves the
-    benchmark's prompts out (:func:`refimpl.train.distill_prompts.bench_texts`), checked here against the pools
-    built without a model. Cached in ``smollm2-heldout-rows.pt``; rows as
-    :func:`refimpl.train.distill_data.generate_answers`'."""
-    import os
-
-    from ..models import load
-    from ..models.hf import cache_dir
-    from ..prompts import prompt_set
-    from .distill_data import generate_answers
-    from .distill_prompts import general_pool
-
-    texts = [t for _, t in prompt_set()]
-    if set(texts) & set(general_pool(0)):
-        raise AssertionError("a benchmark prompt is in a training pool: it cannot be held out")
-    path = os.path.join(cache_dir(), "smollm2-heldout-rows.pt")
-    rows = torch.load(path) if os.path.exists(path) else []
-    if sorted(r[3] for r in rows) != sorted(texts):
-        target = load("smollm2-135m", device="cpu", fast=False)
-        rows = generate_answers(target, texts, 96, 16, path=path, progress=progress)
-    order = {t: i for i, t in enumerate(texts)}
-    return sorted(rows, key=lambda r: order[r[3]])
-
-
 def heldout_report(progress: bool = True) -> dict:
-    """Measure the zoo's SmolLM2 EAGLE-3 draft on the shared held-out rows (:func:`smollm2_heldout_rows`) into its
+    """Measure the zoo's SmolLM2 EAGLE-3 draft on the shared held-out rows (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`) into its
     ``train_report.json`` (``shared_heldout``): ``python -c "from refimpl.train.eagle3 import heldout_report;
     heldout_report()"``. The chain's target token is the argmax of the target's whole head, as in decoding."""
     import json
     import os
 
     from ..models import MODELS_DIR, load
+    from .smollm2_data import shared_heldout, smollm2_heldout_rows
 
     target = load("smollm2-135m", device="cpu", fast=False)
     draft = drafters.load(target, "eagle3")
@@ -345,13 +287,6 @@ def heldout_report(progress: bool = True) -> dict:
     report = json.load(open(path))
     report["shared_heldout"] = shared_heldout(held, rates, "every answer position")
     return write_report(os.path.dirname(path), report)
-
-
-def shared_heldout(rows, rates: list, anchors: str) -> dict:
-    """The ``shared_heldout`` entry of a SmolLM2 drafter's report: its chain acceptance on
-    :func:`smollm2_heldout_rows` and the tau it implies."""
-    return {"prompts": "the benchmark's (refimpl.prompts), which no training pool holds", "rows": len(rows),
-            "anchors": anchors, "accept_rate_per_depth": rates, "chain_tau": round(1 + sum(rates), 3)}
 
 
 def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: int = 64, ttt: int = 7,
@@ -400,7 +335,7 @@ def train_eagle3_smollm2_cpu(out_dir: str, steps: int = 6000, seconds: float = 3
                              ttt: int = 3, train_head: bool = False, progress: bool = True) -> dict:
     """The recipe that fits a CPU's budget (``python -m refimpl.train eagle3-smollm2-135m-cpu``, about
     95 minutes on 2 threads: held-out acceptance 0.50 / 0.24 / 0.14 at depth 1-3; the zoo's draft
-    is :func:`train_eagle3_smollm2`'s). SmolLM2's fp32 answers (:func:`smollm2_rows`, ``gen_seconds``
+    is :func:`train_eagle3_smollm2`'s). SmolLM2's fp32 answers (:func:`refimpl.train.smollm2_data.smollm2_rows`, ``gen_seconds``
     more of them first), prompt and answer features recomputed (cached next to the answers),
     ``vocab_keep`` tokens, at most ``seconds`` of training; ``prompt_loss``, ``ttt``, ``train_head``:
     :func:`train_draft`'s."""
@@ -409,6 +344,8 @@ def train_eagle3_smollm2_cpu(out_dir: str, steps: int = 6000, seconds: float = 3
     from ..models.hf import cache_dir
 
     t0 = time.time()
+    from .smollm2_data import smollm2_rows
+
     rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
     gen_s = time.time() - t0
     t0 = time.time()

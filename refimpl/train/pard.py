@@ -12,7 +12,7 @@ the draft's config records it as ``pard_token`` (vLLM reads that name).
 
 SmolLM2 (``python -m refimpl.train smollm2-135m-pard``): the zoo's ``smollm2-135m-draft`` (3 layers, the
 target's frozen embedding, a head over 8,192 kept tokens) adapted on SmolLM2's own greedy answers (the
-rows :func:`refimpl.train.eagle3.smollm2_rows` caches, with the target's final hidden state at every
+rows :func:`refimpl.train.smollm2_data.smollm2_rows` caches, with the target's final hidden state at every
 answer token): the teacher's logits on the kept tokens are those states times the kept embedding rows
 (a tied head), so no target forward runs while training. The mask token is ``<gh_stars>``, a special
 token a chat never produces; its embedding row (the target's, frozen) fills the slots.
@@ -172,14 +172,14 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
                        mask_token: str = "<gh_stars>", seed: int = 0, progress: bool = True) -> dict:
     """``smollm2-135m-draft`` adapted into ``smollm2-135m-pard`` (see the module doc); ``steps`` steps or
     ``seconds``; the report's held-out rows are SmolLM2's answers to the benchmark's prompts, which no training
-    pool holds, the base draft's included (:func:`refimpl.train.eagle3.smollm2_heldout_rows`)."""
+    pool holds, the base draft's included (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`)."""
     import json
 
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
     from ..models.smollm2 import load_draft, quantize_int8
-    from .eagle3 import smollm2_heldout_rows, smollm2_rows
+    from .smollm2_data import smollm2_heldout_rows, smollm2_rows
 
     torch.manual_seed(seed)
     rows, target, _ = smollm2_rows(8192, gen_seconds, progress)
@@ -242,7 +242,7 @@ def heldout_report(progress: bool = True) -> dict:
 
     from ..models import MODELS_DIR
     from ..models.smollm2 import load_draft, load_pard
-    from .eagle3 import shared_heldout, smollm2_heldout_rows
+    from .smollm2_data import shared_heldout, smollm2_heldout_rows
 
     held = smollm2_heldout_rows(progress=progress)
     lm = load_pard(device="cpu")

@@ -1,0 +1,80 @@
+"""The data SmolLM2's drafters share: the rows they train on and the one held-out set their taus compare on.
+
+:func:`smollm2_rows`: SmolLM2's own fp32 greedy answers to the distillation prompts that need no model (the
+EAGLE-3 CPU recipe, DFlash and PARD train on them); :func:`smollm2_heldout_rows`: its answers to the
+benchmark's prompts, which no training pool holds; :func:`shared_heldout`: the report entry each drafter's
+``heldout_report()`` writes from them.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .common import answer_vocabulary
+
+
+def smollm2_pool() -> list[str]:
+    """The prompts :func:`smollm2_rows` answers, in the order it answers them: stage 1's pool and stage 3's
+    copy / edit tasks on human text (:mod:`refimpl.train.distill_prompts`), shuffled with seed 0."""
+    from .distill_prompts import human_copy_prompts, prompt_pool
+
+    texts = prompt_pool(0) + human_copy_prompts(0)
+    random.Random(0).shuffle(texts)
+    return texts
+
+
+def smollm2_rows(vocab_keep: int, gen_seconds: float, progress: bool = True):
+    """-> ``(rows, target, kept)``: SmolLM2's own fp32 greedy answers (the target as decoding runs it)
+    to the distillation prompts that need no model (stage 1's pool and stage 3's copy / edit tasks on
+    human text, :mod:`refimpl.train.distill_prompts`), cached in ``smollm2-eagle3-rows.pt`` and
+    continued for at most ``gen_seconds``; the ``vocab_keep`` most frequent answer tokens."""
+    import os
+
+    from ..models import load
+    from ..models.hf import cache_dir
+    from .distill_data import generate_answers
+
+    target = load("smollm2-135m", device="cpu", fast=False)  # (prepacked: the same logits as decoding's LeanLM)
+    path = os.path.join(cache_dir(), "smollm2-eagle3-rows.pt")
+    rows = torch.load(path) if os.path.exists(path) else []
+    if gen_seconds > 0:
+        rows = generate_answers(target, smollm2_pool(), 96, 64, seconds=gen_seconds, path=path, progress=progress,
+                                start=rows)
+    if not rows:
+        raise FileNotFoundError(f"no answers cached at {path}: run with gen_seconds > 0")
+    return rows, target, answer_vocabulary(target.tokenizer, rows, vocab_keep)
+
+
+def smollm2_heldout_rows(progress: bool = True) -> list:
+    """SmolLM2's fp32 greedy answers (96 tokens at most) to the benchmark's prompts (:func:`refimpl.prompts.prompt_set`:
+    chat, summary, code, math, copy, QA): the one held-out set of every SmolLM2 drafter, so that their taus
+    compare. No drafter trained on them: every distillation pool, the base draft's included, leaves the
+    benchmark's prompts out (:func:`refimpl.train.distill_prompts.bench_texts`), checked here against the pools
+    built without a model. Cached in ``smollm2-heldout-rows.pt``; rows as
+    :func:`refimpl.train.distill_data.generate_answers`'."""
+    import os
+
+    from ..models import load
+    from ..models.hf import cache_dir
+    from ..prompts import prompt_set
+    from .distill_data import generate_answers
+    from .distill_prompts import general_pool
+
+    texts = [t for _, t in prompt_set()]
+    if set(texts) & set(general_pool(0)):
+        raise AssertionError("a benchmark prompt is in a training pool: it cannot be held out")
+    path = os.path.join(cache_dir(), "smollm2-heldout-rows.pt")
+    rows = torch.load(path) if os.path.exists(path) else []
+    if sorted(r[3] for r in rows) != sorted(texts):
+        target = load("smollm2-135m", device="cpu", fast=False)
+        rows = generate_answers(target, texts, 96, 16, path=path, progress=progress)
+    order = {t: i for i, t in enumerate(texts)}
+    return sorted(rows, key=lambda r: order[r[3]])
+
+
+def shared_heldout(rows, rates: list, anchors: str) -> dict:
+    """The ``shared_heldout`` entry of a SmolLM2 drafter's report: its chain acceptance on
+    :func:`smollm2_heldout_rows` and the tau it implies."""
+    return {"prompts": "the benchmark's (refimpl.prompts), which no training pool holds", "rows": len(rows),
+            "anchors": anchors, "accept_rate_per_depth": rates, "chain_tau": round(1 + sum(rates), 3)}
