@@ -283,6 +283,8 @@ def move_sliders(page, name: str, shots: Path | None, ch: str, phase: str) -> li
 
 def pass_chapter(browser, base: str, token: str, name: str, shots: Path | None) -> dict:
     """Open ``name``, Run All, answer each exercise (see the module's doc), move each slider; -> its results."""
+    import test_browser as tb
+
     ch = name.split("_")[0]
     start = time.monotonic()
     with lab_times.chapter_page(browser, base, token, name) as page:
@@ -290,7 +292,9 @@ def pass_chapter(browser, base: str, token: str, name: str, shots: Path | None) 
         seconds, problems = lab_times.run_all(page, name)
         if shots is not None:
             page.screenshot(path=str(shots / f"{ch}.png"))
-        result = {"run_all_s": round(seconds, 1), "run_all_problems": problems, "tries": [],
+        slowest = sorted(page.evaluate(tb.TIMINGS, name), key=lambda t: -t[1])[:3]
+        result = {"run_all_s": round(seconds, 1), "slowest": [[i, round(t, 1)] for i, t in slowest],
+                  "run_all_problems": problems, "tries": [],
                   "sliders": move_sliders(page, name, shots, ch, "unsolved")}
         for ex in exercises(page.evaluate(CELLS, [name, 0, None])):
             for label, body in tries(ex["chapter"], ex["name"]):
@@ -341,7 +345,8 @@ def main(argv: list[str]) -> int:
         for name in names:
             print(f"{name}:", flush=True)
             results[name.split("_")[0]] = r = pass_chapter(browser, base, token, name, shots)
-            print(f"{name}: {r['seconds']:.0f} s (Run All {r['run_all_s']:.0f} s)", flush=True)
+            print(f"{name}: {r['seconds']:.0f} s (Run All {r['run_all_s']:.0f} s; slowest cells (index, s) "
+                  f"{r['slowest']})", flush=True)
     print(table(results))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

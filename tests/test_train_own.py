@@ -118,10 +118,12 @@ def test_the_command_line_trains_a_drafter_and_names_bad_flags(trained, monkeypa
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"Tell me about the number {i}."}) for i in range(40)))
     main(["dflash", "--target", trained["path"], "--out", str(tmp_path / "d"), "--steps", "3", "--answers", "40",
-          "--prompts", str(prompts)])
+          "--prompts", str(prompts), "--taps", "0,1"])
     report = json.load(open(tmp_path / "d" / "train_report.json"))
     assert report["steps"] == 3 and report["answers"] == 40 and report["recipe"] == "cpu"
-    for argv, says in ((["pard"], "--target PATH is required"), (["tiny", "--target", "x"], "--target: only with")):
+    assert report["taps"] == [0, 1] and json.load(open(tmp_path / "d" / "config.json"))["taps"] == [0, 1]
+    for argv, says in ((["pard"], "--target PATH is required"), (["tiny", "--target", "x"], "--target: only with"),
+                       (["dflash", "--target", "x", "--taps", "a,b"], "--taps: comma-separated")):
         with pytest.raises(SystemExit):
             main(argv)
         assert says in capsys.readouterr().err

@@ -30,6 +30,8 @@ def main(argv=None):
                    help="with --target: the budget and shapes (default: gpu on a CUDA device, else cpu)")
     p.add_argument("--answers", type=int, default=None, help="with --target: how many prompts the target answers")
     p.add_argument("--seconds", type=float, default=None, help="with --target: the training's time budget")
+    p.add_argument("--taps", default=None, help="with --target (eagle3, dflash): the target layers the drafter "
+                   "reads, comma-separated (e.g. 2,15,27; default: upstream's spread)")
     args = p.parse_args(argv)
     if args.name in OWN_KINDS:
         if args.target is None:
@@ -38,10 +40,15 @@ def main(argv=None):
 
         extra = {k: v for k, v in (("steps", args.steps), ("answers", args.answers), ("seconds", args.seconds))
                  if v is not None}
+        if args.taps is not None:
+            try:
+                extra["taps"] = tuple(int(t) for t in args.taps.split(","))
+            except ValueError:
+                p.error(f"--taps: comma-separated layer ids, got {args.taps!r}")
         train(args.name, args.target, out=args.out, prompts=args.prompts, device=args.device, recipe=args.recipe,
               **extra)
         return
-    for flag in ("target", "prompts", "recipe", "answers", "seconds"):
+    for flag in ("target", "prompts", "recipe", "answers", "seconds", "taps"):
         if getattr(args, flag) is not None:
             p.error(f"--{flag}: only with a drafter kind ({', '.join(OWN_KINDS)}) for your own model")
     mod_name, fn_name = TRAINERS[args.name].split(":")

@@ -208,7 +208,9 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     ``models/<kind>-<target name>``, where the front door finds it by itself). ``recipe``: a key of
     :data:`RECIPES` (None: ``"gpu"`` on a CUDA device, else ``"cpu"``); ``overrides``: any of its fields
     (``answers``, ``max_new_tokens``, ``steps``, ``seconds``, ``vocab_keep``, the kind's ``batch``, ``lr``,
-    ...). -> the report, also in ``out/train_report.json``."""
+    ...), and ``layers`` (a DFlash or PARD draft's depth) or ``taps`` (the target streams an EAGLE-3 or DFlash
+    drafter reads, :meth:`refimpl.lm.LM.forward`'s layer ids; default: upstream's spread, within what vLLM
+    serves, :func:`servable`). -> the report, also in ``out/train_report.json``."""
     from ..lm import default_device
 
     if kind not in OWN_KINDS:
@@ -218,7 +220,7 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     o = {**RECIPES[recipe], **RECIPES[recipe][kind]}
-    unknown = sorted(set(overrides) - set(o) - {"layers"})
+    unknown = sorted(set(overrides) - set(o) - {"layers", "taps"})
     if unknown:
         raise ValueError(f"options {unknown} do not exist; the {kind} recipe takes {sorted(k for k in o if k not in OWN_KINDS)}")
     o.update(overrides)
@@ -273,10 +275,11 @@ def train_feature_drafter(kind: str, target, train_rows, held, kept, o: dict, ma
     t0 = time.time()
     L, layers = target.num_layers, o.get("layers") or 2
     if kind == "eagle3":
-        d = eagle3.new_draft(target, taps=servable(eagle3.default_taps(L), L, distinct=False), kept=kept)
+        taps = o.get("taps") or servable(eagle3.default_taps(L), L, distinct=False)
+        d = eagle3.new_draft(target, taps=taps, kept=kept)
     else:
-        d = dflash.new_draft(target, num_layers=layers, block=o["block"], mask_id=mask_id, kept=kept,
-                             taps=servable(dflash.default_taps(L, layers), L, distinct=True))
+        taps = o.get("taps") or servable(dflash.default_taps(L, layers), L, distinct=True)
+        d = dflash.new_draft(target, num_layers=layers, block=o["block"], mask_id=mask_id, kept=kept, taps=taps)
     rows = train_rows + held
     seqs = train_eagle3.target_features(target, rows, d.taps, progress=progress, device=target.device)
     feature_s = time.time() - t0
