@@ -721,6 +721,10 @@ def timed(fn, reps=3):
 
 
 def check_speedup():
+    # first on numbers without timing noise: near 1x (which this machine may measure) the 25% band alone
+    # would pass an upside-down or a constant prediction
+    assert abs(predicted_speedup(1.0, 1.0) - 1.0) < 1e-9, "one token a call at one AR step a call is AR: 1x"
+    assert abs(predicted_speedup(3.0, 1.5) - 2.0) < 1e-9, "3 tokens a call, a call costing 1.5 AR steps"
     with kernels.references():                 # never time Triton's interpreter: the CPU's torch references
         t_ar, a = timed(lambda: autoregressive.generate(tiny_cllm, prompts[:1], max_new_tokens=NEW, eos_token_id=[]))
         t_j, j = timed(lambda: jacobi.generate(tiny_cllm, prompts[:1], max_new_tokens=NEW, window=BLOCK, eos_token_id=[]))

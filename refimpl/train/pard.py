@@ -169,20 +169,31 @@ def row_accept_rates(model, rows, kept: torch.Tensor, mask_id: int, k: int, star
 
 def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int = 8, keep: float = 0.7,
                        min_keep: float = 0.2, lr: float = 3e-4, seconds: float = 1500.0, gen_seconds: float = 0.0,
-                       mask_token: str = "<gh_stars>", seed: int = 0, progress: bool = True) -> dict:
+                       mask_token: str = "<gh_stars>", seed: int = 0, data: str = "fp32",
+                       progress: bool = True) -> dict:
     """``smollm2-135m-draft`` adapted into ``smollm2-135m-pard`` (see the module doc); ``steps`` steps or
     ``seconds``; the report's held-out rows are SmolLM2's answers to the benchmark's prompts, which no training
-    pool holds, the base draft's included (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`)."""
+    pool holds, the base draft's included (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`). ``data``:
+    ``"fp32"`` (the zoo's draft), SmolLM2's fp32 answers to the model-free distillation prompts
+    (:func:`refimpl.train.smollm2_data.smollm2_rows`), or ``"corpus"``, its bf16 answers to the whole pool
+    (:func:`refimpl.train.smollm2_data.smollm2_corpus`); either generated for at most ``gen_seconds`` more."""
     import json
 
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
     from ..models.smollm2 import load_draft, quantize_int8
-    from .smollm2_data import smollm2_heldout_rows, smollm2_rows
+    from .smollm2_data import smollm2_corpus, smollm2_heldout_rows, smollm2_rows
 
+    if data not in ("corpus", "fp32"):
+        raise ValueError(f"data must be 'corpus' or 'fp32', got {data!r}")
     torch.manual_seed(seed)
-    rows, target, _ = smollm2_rows(8192, gen_seconds, progress)
+    if data == "corpus":
+        rows, target = smollm2_corpus(gen_seconds, progress=progress), load("smollm2-135m", device="cpu", fast=False)
+        if not rows:
+            raise FileNotFoundError("no SmolLM2 corpus cached: run with gen_seconds > 0")
+    else:
+        rows, target, _ = smollm2_rows(8192, gen_seconds, progress)
     start = load_draft(device="cpu", copy_prior=False)
     model, kept = start.model, start.kept_ids.cpu()
     mask_id = target.tokenizer.convert_tokens_to_ids(mask_token)
@@ -228,7 +239,7 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
     drafters.record_target(out_dir, target, "smollm2-135m")
     report = {"start": "smollm2-135m-draft", "k": k, "cod_keep": keep, "cod_min_keep": min_keep,
               "steps": done, "batch": batch, "lr": lr, "pard_token": mask_id, "mask_token": mask_token,
-              "train_rows": len(train), "heldout_rows": len(held),
+              "data": data, "train_rows": len(train), "heldout_rows": len(held),
               "accept_rate_per_depth": rates, "heldout_chain_tau": round(1 + sum(rates), 3),
               "accept_rate_per_depth_before": before, "minutes": round((time.time() - t0) / 60, 1),
               "threads": torch.get_num_threads()}

@@ -78,3 +78,26 @@ def shared_heldout(rows, rates: list, anchors: str) -> dict:
     :func:`smollm2_heldout_rows` and the tau it implies."""
     return {"prompts": "the benchmark's (refimpl.prompts), which no training pool holds", "rows": len(rows),
             "anchors": anchors, "accept_rate_per_depth": rates, "chain_tau": round(1 + sum(rates), 3)}
+
+
+def smollm2_corpus(seconds: float = 1e9, batch: int = 64, progress: bool = True) -> list:
+    """SmolLM2's greedy answers (at most 96 tokens) to every prompt of the course's pool
+    (:func:`refimpl.train.distill_prompts.general_pool`: 4,672 prompts, none of the benchmark's) from the fast
+    batched generator: the target in bf16 (76% more answer tokens per CPU-minute than fp32 here,
+    ``bench_results/pipeline/``), finished rows dropped. The answers are bf16 SmolLM2's, which may leave fp32's
+    at a near-tie; the drafters learn the distribution, the target verifies every token. Cached in
+    ``smollm2-corpus-bf16.pt``, continued for at most ``seconds`` by each call."""
+    import os
+
+    from ..models import load
+    from ..models.hf import cache_dir
+    from .distill_data import generate_answers
+    from .distill_prompts import general_pool
+
+    path = os.path.join(cache_dir(), "smollm2-corpus-bf16.pt")
+    rows = torch.load(path) if os.path.exists(path) else []
+    pool = general_pool(0)
+    if len(rows) < len(pool) and seconds > 0:
+        target = load("smollm2-135m", device="cpu", dtype=torch.bfloat16, prepack=False, fast=False)
+        rows = generate_answers(target, pool, 96, batch, seconds=seconds, path=path, progress=progress, start=rows)
+    return rows
