@@ -68,6 +68,11 @@ tok, MASK = dlm.tokenizer, dlm.mask_token_id
 prompts = diffusion_bench.kjv_prompts(tok, N_PROMPTS, length=32)
 rev_prompt = rev.tokenizer.encode(digit_reversal.synthetic_problem("314159")[0])   # "314159="
 
+
+def calls(n):
+    """The count of model calls in words: "1 call", "2 calls"."""
+    return f"{n} call" + ("" if n == 1 else "s")
+
 # %% [markdown]
 # ## The threshold rule, by hand
 # Confidences of a block's positions (`-inf` = already committed). Commit those above `t`;
@@ -199,7 +204,7 @@ for name, model, prompt, G, b, ts in [("tiny-dllm", dlm, prompts[0], GEN, BLOCK,
         mine, trace = threshold_sampler(model, prompt, G, b, t)
         lib = diffusion.generate(model, [prompt], gen_length=G, block_length=b, threshold=t, eos_token_id=[])
         assert mine == lib.tokens[0] and len(trace) == lib.stats.nfe
-        print(f"{name:14s} threshold {t}: identical, {lib.stats.nfe} calls for {G} tokens")
+        print(f"{name:14s} threshold {t}: identical, {calls(lib.stats.nfe)} for {G} tokens")
 
 # %% [markdown]
 # ## Confidence against the threshold
@@ -221,7 +226,7 @@ for ax, (name, model, prompt, G, b, t) in zip(axes, [("tiny-dllm", dlm, prompts[
     ax.axhline(t, color="tab:red", ls="--", lw=1, label=f"threshold t = {t}")
     ax.set_xlabel("denoiser call"); ax.set_ylabel("confidence"); ax.set_ylim(0, 1.05); ax.legend(fontsize=8)
     ax.set_xticks(range(0, len(trace), max(1, len(trace) // 10)))
-    ax.set_title(f"{name}: {len(trace)} calls for {G} tokens (filled = committed)", fontsize=9)
+    ax.set_title(f"{name}: {calls(len(trace))} for {G} tokens (filled = committed)", fontsize=9)
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -240,7 +245,7 @@ for t, colour in [(0.9, "tab:blue"), (0.1, "tab:orange"), (0.05, "tab:green")]:
                            use_kernel=False)
     per_call = [c[0] for c in g.stats.extra["committed"]]
     assert sum(per_call) == GEN and len(per_call) == g.stats.nfe
-    ax.step(range(1, len(per_call) + 1), per_call, where="mid", color=colour, label=f"t = {t}: {g.stats.nfe} calls")
+    ax.step(range(1, len(per_call) + 1), per_call, where="mid", color=colour, label=f"t = {t}: {calls(g.stats.nfe)}")
 ax.set_xlabel("denoiser call"); ax.set_ylabel("tokens committed"); ax.legend(fontsize=8)
 plt.show()
 
@@ -350,7 +355,7 @@ for g_ in (0.2, 0.1, 0.06):
     lib = diffusion.generate(dlm, [prompts[0]], gen_length=GEN, steps=GEN, block_length=BLOCK, early_commit=g_,
                              eos_token_id=[], use_kernel=False)
     assert lib.stats.nfe == fires, (g_, lib.stats.nfe, fires)
-    print(f"early_commit={g_}: {fires} calls instead of {len(gaps)}")
+    print(f"early_commit={g_}: {calls(fires)} instead of {len(gaps)}")
 
 # %% [markdown]
 # The picture: the model is unsure almost everywhere, so the mean gap stays low; it gets noisy near
@@ -383,7 +388,7 @@ plt.show()
 kw = dict(gen_length=GEN, block_length=BLOCK, threshold=0.1, eos_token_id=[], use_kernel=False)
 batch = diffusion.generate(dlm, prompts, **kw)
 alone = [diffusion.generate(dlm, [p], **kw).stats.nfe for p in prompts]
-print(f"threshold 0.1: the batch of {len(prompts)} made {batch.stats.nfe} calls; alone, the prompts need {alone}")
+print(f"threshold 0.1: the batch of {len(prompts)} made {calls(batch.stats.nfe)}; alone, the prompts need {alone}")
 assert batch.stats.nfe >= max(alone)
 
 # %% [markdown]
@@ -431,7 +436,7 @@ RULES = {"LLaDA, 8 steps (one token a call)": dict(), "LLaDA, 4 steps": dict(ste
          "threshold 0.9": dict(threshold=0.9), "threshold 0.99": dict(threshold=0.99), "factor f = 1": dict(factor=1.0)}
 for rule, kw in RULES.items():
     acc, g = digit_reversal.synthetic_accuracy(rev, problems, return_generation=True, use_kernel=False, **kw)
-    print(f"{rule:34s} {g.stats.nfe} calls for the batch of {len(problems)}, accuracy {acc:.1%}")
+    print(f"{rule:34s} {calls(g.stats.nfe)} for the batch of {len(problems)}, accuracy {acc:.1%}")
 
 # %% [markdown]
 # ## Play with the threshold
@@ -449,7 +454,7 @@ def render(t=0.9, prompt_index=0):
     toks, trace = threshold_sampler(dlm, prompts[prompt_index], GEN, BLOCK, t)   # == the library (checked above)
     call_of = {start + int(i): r for r, (start, _, sel) in enumerate(trace) for i in sel.nonzero().flatten()}
     spans = tokens_by_call([tok.decode([x]) for x in toks], [call_of[p] for p in range(len(toks))])
-    return f"<b>{len(trace)} calls for {GEN} tokens</b> (threshold {t:.2f})<br>" + spans
+    return f"<b>{calls(len(trace))} for {GEN} tokens</b> (threshold {t:.2f})<br>" + spans
 
 # %% [markdown]
 # The widget:

@@ -249,3 +249,16 @@ def test_an_answer_that_runs_forever_is_stopped_with_a_one_line_verdict(cell, mo
         raise KeyboardInterrupt
     assert solutions.check("Exercise 2", interrupted).startswith("stopped: you interrupted the check")
 
+
+
+def test_the_quoted_line_leaves_out_its_comment(monkeypatch):
+    """A learner's line with a comment after padding is quoted as its code alone; a '#' inside a string stays."""
+    monkeypatch.delenv("COURSE_ANSWERS", raising=False)
+    assert solutions._code('    for path in templatee:          # parents come first\n') == "for path in templatee:"
+    assert solutions._code('    return "#" + x   # the tag\n') == 'return "#" + x'
+    assert solutions._code("    return x\n") == "return x"
+
+    def broken():
+        return {}["missing"]                     # a comment the verdict leaves out
+    status = solutions.check("Exercise 5", broken)
+    assert status.endswith("of test_check.py: return {}[\"missing\"])"), status

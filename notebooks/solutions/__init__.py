@@ -171,10 +171,24 @@ def _yours(filename: str) -> bool:
     return bool(COURSE_CELLS) and "".join(linecache.getlines(filename)).strip() not in COURSE_CELLS
 
 
+def _code(line: str) -> str:
+    """A source line as a verdict quotes it: its trailing comment and the padding before it dropped."""
+    import io
+    import tokenize
+
+    try:
+        for t in tokenize.generate_tokens(io.StringIO(line).readline):
+            if t.type == tokenize.COMMENT:
+                return line[:t.start[1]].strip()
+    except (tokenize.TokenError, SyntaxError):   # an unfinished statement: the comment, if any, came first
+        pass
+    return line.strip()
+
+
 def _line(name: str, lineno: int) -> str:
     """``line N of your cell: <source>`` (``of <file>.py`` outside a cell)."""
     place = "your cell" if _is_cell(name) else os.path.basename(name)
-    src = linecache.getline(name, lineno).strip()
+    src = _code(linecache.getline(name, lineno))
     return f"line {lineno} of {place}: {src}" if src else f"line {lineno} of {place}"
 
 
