@@ -612,3 +612,32 @@ def test_pard_export_proposes_our_parallel_drafts(tiny_target, tmp_path):
         assert torch.equal(got.argmax(-1), ours), (got.argmax(-1), ours)
         changed += not torch.equal(theirs(ids, mask + 1).argmax(-1), ours)
     assert changed >= 1
+
+
+def test_eagle3_export_writes_fc_in_vllms_layer_order_and_refuses_a_repeated_tap(tmp_path):
+    """vLLM keeps a target's tapped layers as a sorted set and concatenates their streams in increasing layer
+    order: a draft that taps (3, 1, 2) is written with ``fc``'s column blocks in layer order and the ids sorted,
+    and vLLM's forward on the sorted streams is ours. Negative control: ``fc`` as our draft holds it (tap order)
+    moves the logits. A draft that taps a layer twice (vLLM reads it once) is refused."""
+    from refimpl import eagle3
+
+    tiny = models.load("tiny", prepack=False)
+    torch.manual_seed(0)
+    d = eagle3.new_draft(tiny, taps=(3, 1, 2)).eval()
+    export.write_eagle3(tiny, d, str(tmp_path))
+    cfg = json.load(open(tmp_path / "config.json"))
+    w = load_file(str(tmp_path / "model.safetensors"))
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    ids = torch.tensor([tiny.tokenizer.encode("In the beginning God created the heaven and the earth. And the")])
+    with torch.no_grad():
+        _, _, ours_aux = tiny.forward(ids, output_hidden_states=d.taps)
+        _, _, their_aux = tiny.forward(ids, output_hidden_states=(1, 2, 3))
+        tok = ids[0, 1:]
+        ours = d.logits(eagle3.unroll(d, tok[None], d.fuse(ours_aux[:, :-1].float()), torch.ones_like(tok)[None], 1)[0][0])
+        E = tiny.model.get_input_embeddings().weight.detach().float()
+        theirs = vllm_eagle3(w, cfg, tok, their_aux[0, :-1].float(), E)
+        assert torch.allclose(theirs, ours, atol=2e-3, rtol=1e-4)
+        unordered = {**w, "fc.weight": d.fc.weight.detach().float()}
+        assert not torch.allclose(vllm_eagle3(unordered, cfg, tok, their_aux[0, :-1].float(), E), ours, atol=2e-3, rtol=1e-4)
+    with pytest.raises(ValueError, match="reads each layer once"):
+        export.write_eagle3(tiny, eagle3.new_draft(tiny, taps=(1, 1, 2)), str(tmp_path / "twice"))

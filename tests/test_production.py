@@ -38,6 +38,41 @@ def test_vllm_gives_our_ar_greedy_tokens(tmp_path):
         assert d is None or (d["margin"] is not None and d["margin"] < TIE_MARGIN), d
 
 
+@needs_vllm
+def test_a_drafter_trained_for_your_own_model_serves_in_vllm(tmp_path):
+    """The user's road: ``python -m refimpl.train KIND --target PATH`` then ``python -m refimpl.export DIR --to OUT``
+    on a random Llama of their own (heads 64 wide, as vLLM's CPU attention takes). vLLM loads each export beside
+    that model, its drafter proposes, and the tokens are the model's greedy ones, as ours gives them (AR)."""
+    from refimpl.export import export
+    from refimpl.train import own
+
+    from own_model import random_llama
+
+    tok = models.load("tiny").tokenizer
+    path = random_llama(tmp_path / "mymodel", tok, seed=0, hidden=128, heads=2, kv_heads=1)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(own, "cache_dir", lambda: str(tmp_path))
+    try:
+        for kind in own.OWN_KINDS:
+            own.train(kind, path, out=str(tmp_path / kind), progress=False, answers=80, max_new_tokens=16, steps=60)
+    finally:
+        mp.undo()
+    target = models.load(path, device="cpu")
+    ids = [target.encode("And God said"), target.encode("In the beginning God created the heaven and the earth")]
+    ours = autoregressive.generate(target, ids, max_new_tokens=16, eos_token_id=()).tokens
+    specs = {"ar": None}
+    for kind in own.OWN_KINDS:
+        specs[kind] = export(str(tmp_path / kind), str(tmp_path / "served" / kind))["speculative_config"]
+    for kind, spec in specs.items():
+        v = production.run_vllm(spec, ids, 16, 1, 2, str(tmp_path), target=path)
+        assert "error" not in v, (kind, v.get("error"))
+        for i, row in enumerate(v["rows"]):
+            d = production.first_difference(target, ids[i], ours[i], row["tokens"])
+            assert d is None or (d["margin"] is not None and d["margin"] < TIE_MARGIN), (kind, d)
+        if spec is not None:
+            assert sum(row["spec"]["spec_decode_num_drafts"] for row in v["rows"]) > 0, (kind, v["rows"])
+
+
 def test_first_difference_reports_position_and_margin():
     target = models.load("tiny")
     ids = target.encode("And God said")

@@ -16,24 +16,11 @@ from refimpl.models import drafters
 from refimpl.train import own
 from refimpl.train.__main__ import main
 
+from own_model import random_llama
+
 pytestmark = pytest.mark.usefixtures("torch_kernels")
 
 SMALL = {"answers": 80, "max_new_tokens": 16, "steps": 60}
-
-
-def random_llama(folder, tok, seed: int):
-    """A 2-layer, 64-wide Llama on the ``tiny`` tokenizer with peaked random logits (weights drawn at std 0.3:
-    its greedy answers are a function a drafter can learn, where a near-uniform one would leave nothing to fit)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = AutoConfig.for_model("llama", vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096,
-                               initializer_range=0.3, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +116,21 @@ def test_the_command_line_trains_a_drafter_and_names_bad_flags(trained, monkeypa
         assert says in capsys.readouterr().err
 
 
+def test_servable_taps_are_each_layer_once_in_order_below_the_last():
+    """vLLM reads the streams of a sorted set of layers, none of them ``L`` (its stream ``L`` is not our final
+    normed state): a small target's defaults that repeat or reach ``L`` come out servable."""
+    assert own.servable((1, 1, 2), 2) == (1,)
+    assert own.servable((27, 2, 15), 30) == (2, 15, 27)
+    assert own.servable((1, 2, 4), 4) == (1, 2, 3)
+
+
 def test_bad_input_is_named(trained, tmp_path):
     with pytest.raises(ValueError, match="kind must be one of"):
         own.train("medusa", trained["path"])
     with pytest.raises(ValueError, match="options .*'lr_max'"):
         own.train("eagle3", trained["path"], lr_max=1.0)
+    with pytest.raises(ValueError, match="taps: each target layer once"):
+        own.train("eagle3", trained["path"], taps=(1, 1, 1))
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
     with pytest.raises(ValueError, match="prompts: .* holds no prompt"):

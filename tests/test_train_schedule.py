@@ -33,3 +33,14 @@ def test_every_trainer_with_a_time_limit_schedules_on_both_budgets():
         src = open(path).read()
         if "t0 > seconds" in src and "cosine_lr(" in src:
             assert "budget_step(" in src, f"{os.path.basename(path)} stops at `seconds` but sizes its cosine for steps alone"
+
+
+@pytest.mark.parametrize("trainer", ["refimpl.train.dflash:train_dflash_smollm2", "refimpl.train.pard:train_smollm2_pard"])
+def test_smollm2_trainers_name_an_unknown_data_source(trainer, tmp_path):
+    """SmolLM2's DFlash and PARD trainers take ``data="fp32"`` or ``"corpus"``; another is refused before any
+    model loads."""
+    import importlib
+
+    mod, fn = trainer.split(":")
+    with pytest.raises(ValueError, match="data must be 'corpus' or 'fp32'"):
+        getattr(importlib.import_module(mod), fn)(str(tmp_path), data="bf16")

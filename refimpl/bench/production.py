@@ -195,13 +195,16 @@ def production_map(result: dict | None = None) -> str:
 
 
 def run_vllm(spec, prompt_ids, n, repeats, threads, log_dir, target: str = "smollm2-135m") -> dict:
-    """One vLLM engine for ``spec`` on zoo target ``target`` (SmolLM2's converted folder, else ``models/TARGET``) in
-    ``.venv-vllm`` (a subprocess): its tokens, seconds and counters."""
+    """One vLLM engine for ``spec`` on ``target`` (a zoo name: SmolLM2's converted folder, else ``models/TARGET``;
+    or a model's folder, e.g. a user's own) in ``.venv-vllm`` (a subprocess): its tokens, seconds and counters."""
+    if os.path.isdir(target):
+        folder = os.path.abspath(target)
+    else:
+        folder = os.path.join(cache_dir(), target) if target == "smollm2-135m" else os.path.join(MODELS_DIR, target)
     with tempfile.TemporaryDirectory() as tmp:
         job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
         with open(job, "w") as f:
-            json.dump({"target": os.path.join(cache_dir(), target) if target == "smollm2-135m" else
-                       os.path.join(MODELS_DIR, target), "speculative_config": spec, "prompts": prompt_ids,
+            json.dump({"target": folder, "speculative_config": spec, "prompts": prompt_ids,
                        "max_new_tokens": n, "repeats": repeats}, f)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_KVCACHE_SPACE": "2",
                "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}

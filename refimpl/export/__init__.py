@@ -149,7 +149,11 @@ def write_eagle3(target, d, out: str, name: str = "the draft") -> dict:
     A tap at layer ``L`` (the number of target layers) is refused: vLLM 0.32 can tap it, but its stream ``L``
     is the residual stream after the last layer, BEFORE the final norm, while ours (:meth:`refimpl.lm.LM.forward`'s
     hidden state ``L``, which ``tiny``'s draft reads) is the final *normed* state: a draft trained on one would
-    read the other."""
+    read the other. vLLM keeps the tapped layers as a set and concatenates their streams in increasing layer
+    order: ``fc``'s column blocks are written in that order, and a draft that taps a layer twice is refused."""
+    if len(set(d.taps)) != len(d.taps):
+        raise ValueError(f"{name}: the draft taps layers {list(d.taps)}; vLLM reads each layer once, so a draft "
+                         f"that taps one twice cannot be served")
     if max(d.taps) >= target.num_layers:
         raise ValueError(f"{name}: the draft taps layer {max(d.taps)}, which is the target's final normed state here; "
                          f"vLLM's tap {target.num_layers} is the residual stream before the final norm, a different "
@@ -168,8 +172,10 @@ def write_eagle3(target, d, out: str, name: str = "the draft") -> dict:
     full = len(kept) == V
     if full:  # every token kept: row t must be token t's (no d2t to map it)
         head = head[torch.argsort(kept).to(head.device)]
+    H, order = d.hidden_size, sorted(range(len(d.taps)), key=lambda i: d.taps[i])
+    fc = torch.cat([d.fc.weight[:, i * H:(i + 1) * H] for i in order], 1)  # (H, len(taps) H) in layer order
     m = "midlayer."
-    state = {"fc.weight": d.fc.weight, m + "input_layernorm.weight": d.norm_in.weight,
+    state = {"fc.weight": fc, m + "input_layernorm.weight": d.norm_in.weight,
              m + "hidden_norm.weight": d.norm_hid.weight, m + "self_attn.q_proj.weight": q,
              m + "self_attn.k_proj.weight": k, m + "self_attn.v_proj.weight": v, m + "self_attn.o_proj.weight": d.o.weight,
              m + "post_attention_layernorm.weight": d.norm_mid.weight, m + "mlp.gate_proj.weight": gate,
@@ -184,13 +190,13 @@ def write_eagle3(target, d, out: str, name: str = "the draft") -> dict:
                 "num_key_value_heads": d.num_kv_heads, "head_dim": d.head_dim, "intermediate_size": d.intermediate,
                 "draft_vocab_size": int(len(kept)), "vocab_size": int(V), "target_hidden_size": d.hidden_size,
                 "tie_word_embeddings": False, "rms_norm_eps": d.norm.eps, "dtype": "float32",
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(d.taps), "use_aux_hidden_state": True}})
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": sorted(d.taps), "use_aux_hidden_state": True}})
     cfg.pop("torch_dtype", None)
     os.makedirs(out, exist_ok=True)
     write_safetensors(out, "model.safetensors", state)
     write_json(out, "config.json", cfg)
     return {"speculative_config": {"method": "eagle3", "model": out, "num_speculative_tokens": 4},
-            "kept": int(len(kept)), "vocab": int(V), "taps": list(d.taps)}
+            "kept": int(len(kept)), "vocab": int(V), "taps": sorted(d.taps)}
 
 
 def export_chain_draft(name: str, out: str) -> dict:

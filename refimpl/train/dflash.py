@@ -173,22 +173,35 @@ def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> 
 
 def train_dflash_smollm2(out_dir: str, steps: int = 1500, layers: int = 2, block: int = 8, vocab_keep: int = 8192,
                          seconds: float = 1800.0, gen_seconds: float = 1200.0, mask_token: str = "<gh_stars>",
-                         progress: bool = True) -> dict:
-    """SmolLM2's drafter: its own greedy answers (:func:`refimpl.train.smollm2_data.smollm2_rows`, cached), a
-    head over the ``vocab_keep`` answer tokens, ``mask_token`` a special token chat never uses (its
-    embedding fills the slots)."""
+                         data: str = "fp32", progress: bool = True) -> dict:
+    """SmolLM2's drafter: a head over the ``vocab_keep`` most frequent answer tokens, ``mask_token`` a special
+    token chat never uses (its embedding fills the slots). ``data``: ``"fp32"``, SmolLM2's fp32 answers to the
+    model-free distillation prompts (:func:`refimpl.train.smollm2_data.smollm2_rows`), or ``"corpus"``, its bf16
+    answers to the whole pool (:func:`refimpl.train.smollm2_data.smollm2_corpus`); either generated for at most
+    ``gen_seconds`` more. The features are the fp32 target's either way: the target decoding verifies with."""
+    from ..models import load
+    from .common import answer_vocabulary
     from .eagle3 import target_features
-    from .smollm2_data import smollm2_rows
+    from .smollm2_data import smollm2_corpus, smollm2_rows
 
+    if data not in ("corpus", "fp32"):
+        raise ValueError(f"data must be 'corpus' or 'fp32', got {data!r}")
     t0 = time.time()
-    rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
+    if data == "corpus":
+        rows = smollm2_corpus(gen_seconds, progress=progress)
+        if not rows:
+            raise FileNotFoundError("no SmolLM2 corpus cached: run with gen_seconds > 0")
+        target = load("smollm2-135m", device="cpu", fast=False)
+        kept = answer_vocabulary(target.tokenizer, rows, vocab_keep)
+    else:
+        rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
     mask_id = target.tokenizer.convert_tokens_to_ids(mask_token)
     draft = new_draft(target, num_layers=layers, block=block, mask_id=mask_id, kept=kept)
     seqs = target_features(target, rows, draft.taps, progress=progress)
     held = smollm2_heldout(target, draft.taps, progress)
     data_s = time.time() - t0
     draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress, held=held)
-    report.update(data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads(),
+    report.update(data=data, data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads(),
                   mask_token=mask_token, vocab_keep=int(kept.numel()))
     drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)

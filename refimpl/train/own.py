@@ -224,6 +224,8 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     if unknown:
         raise ValueError(f"options {unknown} do not exist; the {kind} recipe takes {sorted(k for k in o if k not in OWN_KINDS)}")
     o.update(overrides)
+    if o.get("taps") is not None and len(set(o["taps"])) != len(o["taps"]):
+        raise ValueError(f"taps: each target layer once (a serving engine reads each stream once), got {tuple(o['taps'])}")
     target = load(target_path, device=device, prepack=False, fast=False)
     if kind != "pard":
         check_llama_style(target, kind)
@@ -258,13 +260,12 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     return write_report(out, {**common, **report})
 
 
-def servable(taps, num_layers: int, distinct: bool) -> tuple[int, ...]:
-    """``taps`` as vLLM serves them: its tap ``L`` is the residual stream *before* the final norm, ours the
-    final normed state (another tensor), so a drafter meant for export reads streams ``1 .. L - 1`` only (a
-    small target's default reaches ``L``). ``distinct``: each stream once (DFlash's ``target_layer_ids``);
-    else as many taps as given (EAGLE-3's ``fc`` reads exactly three streams in vLLM)."""
-    taps = [max(1, min(t, num_layers - 1)) for t in taps]
-    return tuple(dict.fromkeys(taps)) if distinct else tuple(taps)
+def servable(taps, num_layers: int) -> tuple[int, ...]:
+    """``taps`` as vLLM serves them: its tap ``L`` is the residual stream *before* the final norm, ours the final
+    normed state (another tensor), so a drafter meant for export reads streams ``1 .. L - 1`` only (a small
+    target's default reaches ``L``); and vLLM keeps the tapped layers as a set, read in increasing order, so each
+    stream once, in that order (a small target's defaults repeat a layer)."""
+    return tuple(sorted({max(1, min(t, num_layers - 1)) for t in taps}))
 
 
 def train_feature_drafter(kind: str, target, train_rows, held, kept, o: dict, mask_id: int, progress: bool) -> dict:
@@ -275,10 +276,10 @@ def train_feature_drafter(kind: str, target, train_rows, held, kept, o: dict, ma
     t0 = time.time()
     L, layers = target.num_layers, o.get("layers") or 2
     if kind == "eagle3":
-        taps = o.get("taps") or servable(eagle3.default_taps(L), L, distinct=False)
+        taps = o.get("taps") or servable(eagle3.default_taps(L), L)
         d = eagle3.new_draft(target, taps=taps, kept=kept)
     else:
-        taps = o.get("taps") or servable(dflash.default_taps(L, layers), L, distinct=True)
+        taps = o.get("taps") or servable(dflash.default_taps(L, layers), L)
         d = dflash.new_draft(target, num_layers=layers, block=o["block"], mask_id=mask_id, kept=kept, taps=taps)
     rows = train_rows + held
     seqs = train_eagle3.target_features(target, rows, d.taps, progress=progress, device=target.device)
