@@ -184,7 +184,8 @@ def test_held_out_quality_counts_the_prompts_a_row_breaks(tiny):
 
 def test_capstone_add_rows_replaces_by_name_in_chapter_order(tmp_path):
     """A later run's rows join a committed capstone table in chapter order, a row of the same name replaced,
-    and the run is recorded; a run with nothing but AR is refused."""
+    and the run is recorded (an earlier run keeps only the rows still its own); a run with nothing but AR is
+    refused."""
     import json
 
     from refimpl.bench import capstone
@@ -200,5 +201,10 @@ def test_capstone_add_rows_replaces_by_name_in_chapter_order(tmp_path):
     assert [r["method"] for r in merged["rows"]] == [names[0], names[2], names[-1]]
     assert merged["rows"][-1]["speedup"] == 0.9 and merged["rows"][0]["tokens_per_s"] == 10.0
     assert merged["added_runs"][0]["rows"] == [names[-1]] and merged["added_runs"][0]["ar_tokens_per_s"] == 12.0
+    # a third run replaces that row again: the second run, left with no row of its own, drops out of the record
+    earlier = {**merged, "added_runs": [{"rows": [names[2], names[-1]], "ar_tokens_per_s": 11.0}]}
+    path.write_text(json.dumps(earlier))
+    again = capstone.add_rows(str(path), {**new, "rows": [new["rows"][0], {"method": names[-1], "speedup": 1.2}]})
+    assert [a["rows"] for a in again["added_runs"]] == [[names[2]], [names[-1]]]
     with pytest.raises(ValueError, match="new"):
         capstone.add_rows(str(path), {"args": {}, "hardware": {}, "rows": [{"method": "ar (cache)", "tokens_per_s": 1}]})

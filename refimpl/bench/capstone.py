@@ -118,7 +118,7 @@ def add_rows(path: str, new: dict) -> dict:
     """Put a capstone run's rows (all but its AR row) into the committed capstone result ``path`` (JSON),
     replacing rows of the same name, in chapter order; each added row keeps its speed-up and step cost
     against the AR of its own run, and ``added_runs`` records that run (rows, arguments, hardware, its AR's
-    tokens/s). -> the merged result. For rows a new chapter adds, where re-running every row is not needed."""
+    tokens/s) and takes the replaced rows off the earlier runs that had them. -> the merged result. For rows a new chapter adds, where re-running every row is not needed."""
     import json
 
     with open(path) as f:
@@ -131,6 +131,8 @@ def add_rows(path: str, new: dict) -> dict:
     rows = [r for r in old["rows"] if r["method"] not in names] + [r for r in new["rows"] if r["method"] in names]
     rows.sort(key=lambda r: order.get(r["method"], len(order)))
     old["rows"] = rows
-    old.setdefault("added_runs", []).append({"rows": names, "args": new["args"], "hardware": new["hardware"],
+    runs = [{**a, "rows": [n for n in a["rows"] if n not in names]} for a in old.get("added_runs", [])]
+    old["added_runs"] = [a for a in runs if a["rows"]]  # an earlier run keeps only the rows still its own
+    old["added_runs"].append({"rows": names, "args": new["args"], "hardware": new["hardware"],
                                              "ar_tokens_per_s": ar["tokens_per_s"]})
     return old

@@ -3,8 +3,8 @@
 Paper: Chen, Liang, Liu, "DFlash", arXiv 2602.06036, §4.2; the model and its loss are
 :mod:`refimpl.dflash` (:func:`refimpl.dflash.block_loss`).
 
-Data: the target's own greedy answers (``tiny``: :func:`refimpl.train.medusa.tiny_rows`; SmolLM2: the
-distillation prompts that need no model, :func:`refimpl.train.smollm2_data.smollm2_rows`), prompt and answer,
+Data: the target's own greedy answers (``tiny``: :func:`refimpl.train.medusa.tiny_rows`; SmolLM2: its bf16
+answers to the course's whole prompt pool, :func:`refimpl.train.smollm2_data.smollm2_corpus`), prompt and answer,
 with the target's tapped streams at every token from one forward per row
 (:func:`refimpl.train.eagle3.target_features`). Each step samples ``anchors`` random answer positions per
 row (upstream: random anchors per sequence, redrawn every epoch) and trains every anchor's block in one
@@ -171,14 +171,15 @@ def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> 
     return write_report(os.path.dirname(path), report)
 
 
-def train_dflash_smollm2(out_dir: str, steps: int = 1500, layers: int = 2, block: int = 8, vocab_keep: int = 8192,
-                         seconds: float = 1800.0, gen_seconds: float = 1200.0, mask_token: str = "<gh_stars>",
-                         data: str = "fp32", progress: bool = True) -> dict:
+def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block: int = 8, vocab_keep: int = 8192,
+                         seconds: float = 2400.0, gen_seconds: float = 1500.0, mask_token: str = "<gh_stars>",
+                         data: str = "corpus", progress: bool = True) -> dict:
     """SmolLM2's drafter: a head over the ``vocab_keep`` most frequent answer tokens, ``mask_token`` a special
     token chat never uses (its embedding fills the slots). ``data``: ``"fp32"``, SmolLM2's fp32 answers to the
     model-free distillation prompts (:func:`refimpl.train.smollm2_data.smollm2_rows`), or ``"corpus"``, its bf16
     answers to the whole pool (:func:`refimpl.train.smollm2_data.smollm2_corpus`); either generated for at most
-    ``gen_seconds`` more. The features are the fp32 target's either way: the target decoding verifies with."""
+    ``gen_seconds`` more (the zoo's drafter: the corpus, 40 minutes of steps on 2 threads). The features are the
+    fp32 target's either way: the target decoding verifies with."""
     from ..models import load
     from .common import answer_vocabulary
     from .eagle3 import target_features
