@@ -118,7 +118,8 @@ def add_rows(path: str, new: dict) -> dict:
     """Put a capstone run's rows (all but its AR row) into the committed capstone result ``path`` (JSON),
     replacing rows of the same name, in chapter order; each added row keeps its speed-up and step cost
     against the AR of its own run, and ``added_runs`` records that run (rows, arguments, hardware, its AR's
-    tokens/s) and takes the replaced rows off the earlier runs that had them. -> the merged result. For rows a new chapter adds, where re-running every row is not needed."""
+    tokens/s) and takes the replaced rows off the earlier runs that had them. -> the merged result. For rows
+    a new chapter adds, where re-running every row is not needed."""
     import json
 
     with open(path) as f:

@@ -209,7 +209,7 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     :data:`RECIPES` (None: ``"gpu"`` on a CUDA device, else ``"cpu"``); ``overrides``: any of its fields
     (``answers``, ``max_new_tokens``, ``steps``, ``seconds``, ``vocab_keep``, the kind's ``batch``, ``lr``,
     ...), and ``layers`` (a DFlash or PARD draft's depth) or ``taps`` (the target streams an EAGLE-3 or DFlash
-    drafter reads, :meth:`refimpl.lm.LM.forward`'s layer ids; default: upstream's spread, within what vLLM
+    drafter reads, :meth:`refimpl.lm.LM.forward`'s layer ids, each once; default: upstream's spread, within what vLLM
     serves, :func:`servable`). -> the report, also in ``out/train_report.json``."""
     from ..lm import default_device
 
