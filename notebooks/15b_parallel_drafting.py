@@ -490,8 +490,10 @@ for name, (g, s) in measured.items():
 # costs about one. The zoo's SmolLM2 drafters were trained on a 2-core CPU: the DFlash drafter on SmolLM2's
 # answers to 4,671 prompts (19 minutes to generate, 26 to compute their features, 40 of training), the PARD
 # draft adapted in 25 minutes on 832 answers. On 30 prompts neither saw, their greedy chains reach tau 1.50
-# (DFlash) and 1.62 (PARD), against EAGLE-3's 2.14: too few accepted drafts to pay for a step that costs
-# about two AR steps here. The papers train on GPUs with far more data and report up to 6.2 times AR's speed
+# (DFlash) and 1.62 (PARD), against EAGLE-3's 2.14: too few accepted drafts to pay for a long block here.
+# DFlash's `"cpu"` preset therefore drafts only the slots whose held-out acceptance pays for verifying
+# them (`dflash.cpu_block`: blocks of 3 for this drafter, 8 for `tiny`'s): its step falls from about 1.7
+# AR steps at a block of 8 to about 1.3, and its speed to about AR's. The papers train on GPUs with far more data and report up to 6.2 times AR's speed
 # for DFlash (Qwen3-8B) and 4.08 times for PARD (LLaMA3.1-8B); a step costs at least one AR step, so their
 # tau there is at least as high. docs/models.md has each drafter's numbers and the recipe for a GPU.
 #
@@ -535,7 +537,9 @@ if SHOW_SOLUTIONS:
 #   drop-token sampling. `pard.generate(target, prompts, draft=...)` runs `pard.PRESETS["cpu"]`.
 # - DFlash: a block-diffusion drafter that reads the target's fused layer features as extra keys and
 #   values in every layer and denoises `[root, MASK, ...]` in one step. `dflash.generate(target,
-#   prompts, draft=...)` runs `dflash.PRESETS["cpu"]` (blocks of 8; the paper's 16 is `"paper"`).
+#   prompts, draft=...)` runs `dflash.PRESETS["cpu"]`: a chain over the block `dflash.cpu_block`
+#   picks from the drafter's measured acceptance (8 for `tiny`'s, 3 for SmolLM2's; the paper's 16 is
+#   `"paper"`).
 # - Each slot's token drawn from its own distribution keeps speculative sampling lossless; greedy stays
 #   AR's token for token.
 # - vLLM serves both: `python -m refimpl.export tiny-pard --to DIR` (`method="draft_model"` with

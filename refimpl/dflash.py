@@ -96,14 +96,17 @@ class DFlashDraft(nn.Module):
     """The DFlash drafter (see the module doc). ``embed`` (V, H) and the head rows ``head`` (V', H) are
     the target's, frozen (never saved); ``kept`` (V',) token ids the head scores (None: all V); ``taps``
     the target streams it reads; ``block`` its block size (the root + ``block - 1`` drafts); ``mask_id``
-    the token whose embedding fills the draft slots."""
+    the token whose embedding fills the draft slots; ``accept`` (block - 1,) its chain's acceptance per depth
+    on held-out text, as its trainer measured it (None: not measured; :func:`cpu_block` reads it)."""
 
     def __init__(self, embed: torch.Tensor, head: torch.Tensor, taps, num_layers: int, num_heads: int,
                  num_kv_heads: int, head_dim: int, intermediate: int, block: int, mask_id: int,
-                 rope_theta: float = 10000.0, eps: float = 1e-6, kept: torch.Tensor | None = None):
+                 rope_theta: float = 10000.0, eps: float = 1e-6, kept: torch.Tensor | None = None,
+                 accept=None):
         super().__init__()
         H = embed.shape[1]
         self.taps, self.block, self.mask_id, self.rope_theta = tuple(taps), block, mask_id, rope_theta
+        self.accept = None if accept is None else tuple(float(a) for a in accept)
         self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate = num_heads, num_kv_heads, head_dim, intermediate
         self.register_buffer("embed", embed.detach().float().clone(), persistent=False)  # (V, H)
         self.register_buffer("kept", None if kept is None else kept.long().to(embed.device), persistent=False)
@@ -298,10 +301,29 @@ class DFlashProposer(Proposer):
             self.kv, self.kmask = [(k[idx], v[idx]) for k, v in self.kv], self.kmask[idx]
 
 
-#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, blocks of 8 (7 drafts) as a
-#: chain, the fastest measured on this repository's CPU targets (``bench_results/capstone/``); ``"paper"``,
-#: the release's blocks of 16, a chain (z-lab/dflash ``*-DFlash-b16``)
-PRESETS = {"cpu": {"block": 8, "topk": 1, "total": 7}, "paper": {"block": 16, "topk": 1, "total": 15}}
+#: what one more block position adds to a step's cost on a CPU, in AR steps: verifying 8 positions instead
+#: of 3 costs 0.29 AR steps more on 2 cores with SmolLM2 (1.70 against 1.41,
+#: ``bench_results/experiments/2026-12-07_dflash_block_cpu``), about 0.06 a position
+SLOT_COST = 0.06
+
+
+def cpu_block(draft: DFlashDraft) -> int:
+    """The block the ``"cpu"`` preset runs ``draft`` at: the root and each leading slot whose held-out
+    chain acceptance (``draft.accept``) is at least :data:`SLOT_COST`, since a slot adds that acceptance
+    to tau and about that cost to a step; at least 2, at most ``draft.block``; a drafter whose trainer
+    measured nothing runs its own block."""
+    if not draft.accept:
+        return draft.block
+    slots = 0
+    while slots < min(len(draft.accept), draft.block - 1) and draft.accept[slots] >= SLOT_COST:
+        slots += 1
+    return max(2, slots + 1)
+
+
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, a chain over the block
+#: :func:`cpu_block` picks from the drafter's measured acceptance (None: that block, its chain of
+#: ``block - 1``); ``"paper"``, the release's blocks of 16, a chain (z-lab/dflash ``*-DFlash-b16``)
+PRESETS = {"cpu": {"block": None, "topk": 1, "total": None}, "paper": {"block": 16, "topk": 1, "total": 15}}
 
 
 def generate(target, prompts, draft: DFlashDraft | None = None, max_new_tokens: int = 64, temperature: float = 0.0,
@@ -315,5 +337,7 @@ def generate(target, prompts, draft: DFlashDraft | None = None, max_new_tokens: 
     required(draft, "draft", "dflash")
     check_feature_draft(draft, DFlashDraft, target)
     o = preset_options(PRESETS, preset, target, block=block, topk=topk, total=total)
-    proposer = DFlashProposer(draft.to(target.device).eval(), o["block"], o["topk"], o["total"])
+    block = cpu_block(draft) if o["block"] is None else o["block"]
+    total = block - 1 if o["total"] is None else o["total"]
+    proposer = DFlashProposer(draft.to(target.device).eval(), block, o["topk"], total)
     return decode(target, proposer, prompts, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id)

@@ -171,3 +171,27 @@ def test_the_loss_decay_is_specforges_for_the_block():
     assert [dflash.loss_decay(b) for b in (4, 8, 9, 10, 13, 16, 32)] == [4.0, 4.0, 4.5, 5.0, 6.0, 7.0, 7.0]
     with pytest.raises(ValueError, match="block"):
         dflash.loss_decay(1)
+
+
+def test_the_cpu_block_keeps_the_slots_whose_acceptance_pays_for_their_cost(tiny):
+    """A slot joins the block while its held-out chain acceptance reaches ``SLOT_COST``; at least the root
+    and one slot, at most the drafter's block; a drafter measured by no trainer runs its own block."""
+    torch.manual_seed(0)
+    d = dflash.new_draft(tiny, num_layers=1, block=8)
+    assert dflash.cpu_block(d) == 8
+    c = dflash.SLOT_COST
+    for accept, want in [((0.32, 0.08, c, c - 1e-3, 0.03, 0.0, 0.0), 4), ((0.9,) * 7, 8), ((0.9,) * 12, 8),
+                         ((c / 2,) * 7, 2), ((0.5, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5), 2)]:
+        d.accept = accept
+        assert dflash.cpu_block(d) == want, accept
+
+
+def test_the_cpu_preset_runs_the_block_the_drafter_measured_and_saves_it(tiny, spec_prompts, spec_ar_free, tmp_path):
+    torch.manual_seed(0)
+    d = dflash.new_draft(tiny, num_layers=1, block=8, accept=(0.5, 0.2, 0.01, 0.0, 0.0, 0.0, 0.0)).eval()
+    g = dflash.generate(tiny, spec_prompts, draft=d, max_new_tokens=N, eos_token_id=[])
+    assert g.tokens == spec_ar_free and max(g.stats.extra["gammas"]) == 2  # block 3: the root + 2 drafts
+    wide = dflash.generate(tiny, spec_prompts, draft=d, max_new_tokens=N, eos_token_id=[], block=8)
+    assert wide.tokens == spec_ar_free and max(wide.stats.extra["gammas"]) == 7
+    drafters.save(d, str(tmp_path), tiny)
+    assert drafters.load(tiny, "dflash", str(tmp_path)).accept == d.accept

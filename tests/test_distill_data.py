@@ -161,6 +161,12 @@ def test_the_general_pool_holds_every_model_free_prompt_once_and_no_benchmark_pr
     """The pool a drafter for any model answers (and SmolLM2's drafters' held-out set, the benchmark's prompts,
     stays out of it: refimpl.train.smollm2_data.smollm2_heldout_rows checks the same)."""
     pool = distill_prompts.general_pool(0)
-    assert len(pool) == len(set(pool)) > 4000
+    assert len(pool) == len(set(pool)) >= 10_000
     assert set(distill_prompts.prompt_pool(0)) <= set(pool) and set(distill_prompts.human_copy_prompts(0)) <= set(pool)
     assert not set(pool) & {t for _, t in prompts.prompt_set()}
+    # the second part comes after the first, whose order does not depend on it (cached answers stay valid)
+    first = set(distill_prompts.prompt_pool(0) + distill_prompts.stage2_prompts([], [], 0)
+                + distill_prompts.human_copy_prompts(0))
+    n = len(first)
+    assert set(pool[:n]) == first and not set(pool[n:]) & first
+    assert set(pool[n:]) == set(distill_prompts.more_prompts(0)) - first - distill_prompts.bench_texts()

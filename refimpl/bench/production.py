@@ -83,7 +83,7 @@ def ours_draft_model(ctx, ids, n):
 
 
 #: vLLM's PARD proposal: K = 4 slots a call (the bonus token and 3 masks), a chain; its DFlash proposal: a block of
-#: the bonus token and K = 7 masks, a chain of 7 (the ``"cpu"`` presets of :mod:`refimpl.pard`, :mod:`refimpl.dflash`)
+#: the bonus token and K = 7 masks, a chain of 7 (the ``"cpu"`` preset of :mod:`refimpl.pard`; the drafter's trained block)
 PARD_K, DFLASH_K = 4, 7
 
 

@@ -54,7 +54,7 @@ def preset_row(method: str, preset: str = "cpu", **options) -> Method:
 
     needs = ("target",) if kind is None else ("target", kind)
     name = row_name(method, preset, options) + (" (LOSSY)" if lossy else "")
-    config = ", ".join(f"{k} {v}" for k, v in resolved.items())
+    config = ", ".join(f"{k} {'auto' if v is None else v}" for k, v in resolved.items())  # None: set by the model
     return Method(name, run, needs=needs, exact=not temperature, method=method, preset=preset, options=dict(options),
                   config=config)
 

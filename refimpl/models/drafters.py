@@ -299,7 +299,7 @@ def dflash_config(d) -> dict:
             "num_heads": d.num_heads, "num_kv_heads": d.num_kv_heads, "head_dim": d.head_dim,
             "intermediate_size": d.intermediate, "rope_theta": d.rope_theta, "block_size": d.block,
             "mask_token_id": d.mask_id, "vocab_kept": None if d.kept is None else int(d.kept.numel()),
-            "rms_norm_eps": d.norm.eps}
+            "rms_norm_eps": d.norm.eps, "heldout_accept": None if d.accept is None else list(d.accept)}
 
 
 def build_dflash(target, state, kept, cfg):
@@ -307,7 +307,7 @@ def build_dflash(target, state, kept, cfg):
     d = dflash.new_draft(target, num_layers=cfg["num_layers"], block=cfg["block_size"], mask_id=cfg["mask_token_id"],
                          taps=tuple(cfg["taps"]), kept=kept, num_heads=cfg["num_heads"], num_kv_heads=cfg["num_kv_heads"],
                          head_dim=cfg["head_dim"], intermediate=cfg["intermediate_size"], rope_theta=cfg["rope_theta"],
-                         eps=cfg["rms_norm_eps"])
+                         eps=cfg["rms_norm_eps"], accept=cfg.get("heldout_accept"))
     missing, unexpected = d.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     if unexpected or set(missing) != {"head.weight"}:
         raise ValueError(f"the DFlash drafter's file does not fit: missing {missing}, unexpected {unexpected}")

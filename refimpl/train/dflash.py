@@ -115,6 +115,7 @@ def train_draft(draft: DFlashDraft, seqs, steps: int = 800, batch: int = 8, anch
             break
     draft.eval()
     rates = accept_rates(draft, held)
+    draft.accept = tuple(rates)  # what refimpl.dflash.cpu_block sizes the decoding block by
     report = {"steps": len(losses), "batch": batch, "anchors": anchors, "lr": lr, "decay": decay,
               "block": draft.block, "layers": len(draft.layers), "taps": list(draft.taps),
               "params": sum(p.numel() for p in params), "first_loss": round(losses[0], 4),

@@ -188,6 +188,14 @@ def stage1_prompts() -> list[str]:
             + [f"Write a Python function that {task}." for task in CODE_TASKS])
 
 
+def passage_task(rng: random.Random, template: str, passage: str) -> str:
+    """``template`` (one of :data:`PASSAGE_TASKS`) on ``passage``: ``{w}`` a word of it (longer than 4
+    letters) drawn with ``rng``, ``{n}`` a replacement drawn next (both drawn whatever the template)."""
+    words = [w.strip(".,;:!?'\"") for w in passage.split() if len(w) > 4 and w.isalpha()]
+    w = rng.choice(words) if words else "the"
+    return template.replace("{w}", w).replace("{n}", rng.choice(REPLACEMENTS)).format(passage)
+
+
 def bench_texts() -> set[str]:
 
     return {t for texts in PROMPTS.values() for t in texts}
@@ -201,10 +209,7 @@ def stage2_prompts(passages: list[str], functions: list[str], seed: int = 0, n_m
     out += [t.format(task) for task in CODE_TASKS for t in CODE_TEMPLATES[1:]]
     out += _math_problems(rng, n_math)
     for p in passages:
-        words = [w.strip(".,;:!?'\"") for w in p.split() if len(w) > 4 and w.isalpha()]
-        for t in PASSAGE_TASKS:
-            w = rng.choice(words) if words else "the"
-            out.append(t.replace("{w}", w).replace("{n}", rng.choice(REPLACEMENTS)).format(p))
+        out += [passage_task(rng, t, p) for t in PASSAGE_TASKS]
     for f in functions:
         out += [t.format(f) for t in CODE_EDITS]
     for p in _kjv_passages(rng, n_kjv):
@@ -288,21 +293,69 @@ def human_copy_prompts(seed: int = 0, limit: int = 1500) -> list[str]:
     copy_tasks = [t for t in PASSAGE_TASKS if "word for word" in t or "{w}" in t or "spelling" in t]
     out = []
     for p in human_passages(seed, limit):
-        words = [w.strip(".,;:!?'\"") for w in p.split() if len(w) > 4 and w.isalpha()]
-        for t in (rng.choice(copy_tasks), rng.choice(PASSAGE_TASKS)):
-            out.append(t.replace("{w}", rng.choice(words) if words else "the").replace(
-                "{n}", rng.choice(REPLACEMENTS)).format(p))
+        out += [passage_task(rng, t, p) for t in (rng.choice(copy_tasks), rng.choice(PASSAGE_TASKS))]
     out += [rng.choice(copy_tasks).replace("{w}", "unto").replace("{n}", "to").format(p)
             for p in _kjv_passages(rng, limit // 4)]
     bench = bench_texts()
     return [t for t in out if t not in bench]
 
 
+def reference_passages() -> list[str]:
+    """Prose paragraphs of the Python language reference that ships with the interpreter
+    (``pydoc_data.topics``): more human text the target did not write, as :func:`human_passages`."""
+    import re
+
+    from pydoc_data.topics import topics
+
+    seen, out = set(), []
+    for name in sorted(topics):
+        for para in topics[name].split("\n\n"):
+            text = " ".join(para.split())
+            letters = sum(ch.isalpha() or ch in " ,.;:'-()" for ch in text)
+            if (120 <= len(text) <= 600 and letters > 0.9 * len(text) and re.match(r"[A-Z]", text)
+                    and text.endswith(".") and text not in seen):
+                seen.add(text)
+                out.append(text)
+    return out
+
+
+#: chat templates of the pool's second part ({} = a topic), none of :data:`CHAT_TEMPLATES`
+MORE_CHAT_TEMPLATES = [
+    "Explain in one paragraph what {} means to people.", "Describe {} in three sentences.",
+    "What are the main things to know about {}? Explain each briefly.", "Write a short blog post introduction about {}.",
+    "What would the world be like without {}?", "Compare {} with something similar and explain the difference.",
+    "Give me a beginner's guide to {} in five steps.", "What are some myths about {}, and what is true?",
+    "Write a haiku about {} and explain it.", "Why do people find {} interesting?",
+    "What should every student know about {}?", "Write a short dialogue between two friends talking about {}.",
+]
+
+
+def more_prompts(seed: int = 0, n_kjv: int = 2500, n_math: int = 800) -> list[str]:
+    """The pool's second part, drawn from a random stream of its own (the first part, and every answer cached
+    for it, stays as it was): chat on the topics in :data:`MORE_CHAT_TEMPLATES`, one passage task
+    (summary, copy, edit, question) on each of ``n_kjv`` King James passages and on each of Python's
+    language-reference paragraphs (:func:`reference_passages`), a copy / edit task on each reference
+    paragraph again, ``n_math`` more word problems."""
+    rng = random.Random(10_000 + seed)
+    copy_tasks = [t for t in PASSAGE_TASKS if "word for word" in t or "{w}" in t or "spelling" in t]
+    out = [t.format(x) for x in TOPICS for t in MORE_CHAT_TEMPLATES]
+    out += [passage_task(rng, rng.choice(PASSAGE_TASKS), p) for p in _kjv_passages(rng, n_kjv)]
+    for p in reference_passages():
+        out += [passage_task(rng, t, p) for t in (rng.choice(PASSAGE_TASKS), rng.choice(copy_tasks))]
+    out += _math_problems(rng, n_math)
+    return out
+
+
 def general_pool(seed: int = 0) -> list[str]:
-    """Every prompt this module builds with no model, once each, shuffled with ``seed``: stage 1's
-    paragraph and code requests, stage 2's chat, advice, code, arithmetic and KJV tasks (those that need no
-    source text), stage 3's copy / edit tasks on human text. The prompt pool of a drafter for any model
-    (:mod:`refimpl.train.own`); the benchmark's prompts are never among them."""
-    texts = list(dict.fromkeys(prompt_pool(seed) + stage2_prompts([], [], seed) + human_copy_prompts(seed)))
-    random.Random(seed).shuffle(texts)
-    return texts
+    """Every prompt this module builds with no model, once each: first stage 1's paragraph and code
+    requests, stage 2's chat, advice, code, arithmetic and KJV tasks (those that need no source text) and
+    stage 3's copy / edit tasks on human text, shuffled with ``seed``; then :func:`more_prompts` not among
+    them, shuffled alike (so a prefix of the pool is the same whether the second part is there or not).
+    The prompt pool of a drafter for any model (:mod:`refimpl.train.own`, SmolLM2's corpus); the
+    benchmark's prompts are never among them."""
+    first = list(dict.fromkeys(prompt_pool(seed) + stage2_prompts([], [], seed) + human_copy_prompts(seed)))
+    random.Random(seed).shuffle(first)
+    bench, had = bench_texts(), set(first)
+    second = [t for t in dict.fromkeys(more_prompts(seed)) if t not in had and t not in bench]
+    random.Random(seed).shuffle(second)
+    return first + second

@@ -5,8 +5,9 @@ The drafter learns what verification checks: the *target's own* greedy answers (
 arXiv 2310.08461, §4), so no dataset is needed, only prompts:
 
 1. **Prompts**: ``--prompts FILE`` (one per line; a ``.jsonl`` file with a ``"prompt"`` field per line), or
-   the course's pool, built with no model (:func:`refimpl.train.distill_prompts.general_pool`: paragraph and
-   code requests, chat and advice questions, arithmetic, copy / edit tasks on human text).
+   the course's pool, built with no model (:func:`refimpl.train.distill_prompts.general_pool`: 10,813
+   paragraph and code requests, chat and advice questions, arithmetic, summary / copy / edit / question
+   tasks on human text: King James passages, standard-library docstrings, Python's language reference).
 2. **Answers**: the target's greedy answers, batched (:func:`refimpl.train.distill_data.generate_answers`),
    cached per target weights and length in the cache folder and resumed by the next run.
 3. **Held-out**: every :data:`HOLDOUT`-th prompt by a hash of its text (:func:`split`): disjoint from the
