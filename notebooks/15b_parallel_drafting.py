@@ -534,12 +534,15 @@ if SHOW_SOLUTIONS:
 #   fills a block in one call, so its cost per step stops growing with the block (measured above).
 # - PARD: an ordinary draft reads `k - 1` mask tokens after the context; trained on `k` copies of each
 #   sequence (each mask sees the context up to its anchor and its own chain), with conditional
-#   drop-token sampling. `pard.generate(target, prompts, draft=...)` runs `pard.PRESETS["cpu"]`.
+#   drop-token sampling. `pard.generate(target, prompts, draft=...)` runs `pard.PRESETS["cpu"]`: a chain
+#   of the drafts the draft's measured acceptance pays for (`pard.cpu_slots`, at most 4; 2 for both zoo
+#   drafts).
 # - DFlash: a block-diffusion drafter that reads the target's fused layer features as extra keys and
 #   values in every layer and denoises `[root, MASK, ...]` in one step. `dflash.generate(target,
 #   prompts, draft=...)` runs `dflash.PRESETS["cpu"]`: a chain over the block `dflash.cpu_block`
-#   picks from the drafter's measured acceptance (8 for `tiny`'s, 3 for SmolLM2's; the paper's 16 is
-#   `"paper"`).
+#   picks the same way (8 for `tiny`'s drafter, 3 for SmolLM2's; the paper's 16 is `"paper"`). A slot
+#   is drafted while its held-out acceptance reaches `generation.SLOT_COST`, what verifying one more
+#   position costs a CPU step.
 # - Each slot's token drawn from its own distribution keeps speculative sampling lossless; greedy stays
 #   AR's token for token.
 # - vLLM serves both: `python -m refimpl.export tiny-pard --to DIR` (`method="draft_model"` with

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .generation import Generation, check_positive_int, preset_options, required
+from .generation import Generation, check_positive_int, paying_slots, preset_options, required
 from .lm import check_feature_draft, check_taps
 from .primitives import RMSNorm, positions_from_mask, rope_tables, rope_theta, rotate
 from .speculative import Needs, Proposal, Proposer, decode
@@ -301,23 +301,10 @@ class DFlashProposer(Proposer):
             self.kv, self.kmask = [(k[idx], v[idx]) for k, v in self.kv], self.kmask[idx]
 
 
-#: what one more block position adds to a step's cost on a CPU, in AR steps: verifying 8 positions instead
-#: of 3 costs 0.29 AR steps more on 2 cores with SmolLM2 (1.70 against 1.41,
-#: ``bench_results/experiments/2026-12-07_dflash_block_cpu``), about 0.06 a position
-SLOT_COST = 0.06
-
-
 def cpu_block(draft: DFlashDraft) -> int:
-    """The block the ``"cpu"`` preset runs ``draft`` at: the root and each leading slot whose held-out
-    chain acceptance (``draft.accept``) is at least :data:`SLOT_COST`, since a slot adds that acceptance
-    to tau and about that cost to a step; at least 2, at most ``draft.block``; a drafter whose trainer
-    measured nothing runs its own block."""
-    if not draft.accept:
-        return draft.block
-    slots = 0
-    while slots < min(len(draft.accept), draft.block - 1) and draft.accept[slots] >= SLOT_COST:
-        slots += 1
-    return max(2, slots + 1)
+    """The block the ``"cpu"`` preset runs ``draft`` at: the root and the slots its held-out acceptance
+    (``draft.accept``) pays for (:func:`refimpl.generation.paying_slots`), at most its own block."""
+    return 1 + paying_slots(draft.accept, draft.block - 1)
 
 
 #: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, a chain over the block

@@ -250,6 +250,25 @@ def int_tensor(values, device) -> torch.Tensor:
 
 
 # -- presets: each method's named configurations ------------------------------------------------
+#: what one more drafted position adds to a step's cost on a CPU, in AR steps: verifying a DFlash block of 8
+#: positions instead of 3 costs 0.29 AR steps more on 2 cores with SmolLM2 (1.70 against 1.41,
+#: ``bench_results/experiments/2026-12-07_dflash_block_cpu``), about 0.06 a position
+SLOT_COST = 0.06
+
+
+def paying_slots(accept, most: int, cost: float = SLOT_COST) -> int:
+    """How many drafts a one-call drafter (PARD, DFlash) proposes a step on a CPU: the leading slots whose
+    held-out chain acceptance ``accept[d]`` (the probability that drafts 1 to d + 1 are all accepted, as the
+    drafter's trainer measured it) is at least ``cost``, since a slot adds that acceptance to tau and about
+    ``cost`` AR steps to the step; at least 1, at most ``most``; ``most`` when nothing was measured (None)."""
+    if not accept:
+        return most
+    n = 0
+    while n < min(len(accept), most) and accept[n] >= cost:
+        n += 1
+    return max(1, n)
+
+
 
 def default_preset(target, presets: dict) -> str:
     """The preset ``generate`` uses when none is named: ``"cpu"`` (the configuration measured

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .generation import Generation, check_positive_int, preset_options, required
+from .generation import Generation, check_positive_int, paying_slots, preset_options, required
 from .lm import check_vocab
 from .primitives import left_pad, unpad
 from .slot_cache import SlotCache
@@ -117,10 +117,22 @@ def training_layout(ids: torch.Tensor, k: int, keep: float = 1.0, min_keep: floa
     return slot, pos, allow
 
 
-#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, a block of 4 drafts as a chain
-#: (measured on this repository's CPU targets: ``bench_results/capstone/``); ``"paper"``, upstream's
-#: 8-token blocks (their training's ``para_num`` 8), a chain
-PRESETS = {"cpu": {"k": 4, "topk": 1, "total": 4}, "paper": {"k": 8, "topk": 1, "total": 8}}
+#: the most drafts the ``"cpu"`` preset proposes a step (measured on this repository's CPU targets:
+#: ``bench_results/capstone/``)
+CPU_SLOTS = 4
+
+
+def cpu_slots(draft) -> int:
+    """The drafts a step the ``"cpu"`` preset proposes with ``draft``: those its held-out acceptance pays
+    for (its config's ``heldout_accept``, set by its trainer: :func:`refimpl.generation.paying_slots`), at
+    most :data:`CPU_SLOTS`."""
+    return paying_slots(getattr(draft.config, "heldout_accept", None), CPU_SLOTS)
+
+
+#: named configurations (:func:`refimpl.generation.preset_options`): ``"cpu"``, a chain of
+#: :func:`cpu_slots` drafts (None: that many); ``"paper"``, upstream's 8-token blocks (their training's
+#: ``para_num`` 8), a chain
+PRESETS = {"cpu": {"k": None, "topk": 1, "total": None}, "paper": {"k": 8, "topk": 1, "total": 8}}
 
 
 def generate(target, prompts, draft=None, mask_id: int | None = None, max_new_tokens: int = 64,
@@ -138,5 +150,7 @@ def generate(target, prompts, draft=None, mask_id: int | None = None, max_new_to
     if mask_id is None:
         raise ValueError("mask_id is required: this draft's config names no pard_token (train it for PARD first)")
     o = preset_options(PRESETS, preset, target, k=k, topk=topk, total=total)
-    return decode(target, PardProposer(draft, mask_id, o["k"], o["topk"], o["total"], target), prompts, max_new_tokens,
+    k = cpu_slots(draft) if o["k"] is None else o["k"]
+    total = k if o["total"] is None else o["total"]
+    return decode(target, PardProposer(draft, mask_id, k, o["topk"], total, target), prompts, max_new_tokens,
                   temperature, top_k, top_p, generator, eos_token_id)

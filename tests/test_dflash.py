@@ -13,7 +13,7 @@ import torch
 
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
-from refimpl import dflash, speculative
+from refimpl import dflash, generation, speculative
 from refimpl.models import drafters
 from refimpl.train.dflash import block_out
 from test_speculative import wrong_residual_is_p
@@ -179,7 +179,7 @@ def test_the_cpu_block_keeps_the_slots_whose_acceptance_pays_for_their_cost(tiny
     torch.manual_seed(0)
     d = dflash.new_draft(tiny, num_layers=1, block=8)
     assert dflash.cpu_block(d) == 8
-    c = dflash.SLOT_COST
+    c = generation.SLOT_COST
     for accept, want in [((0.32, 0.08, c, c - 1e-3, 0.03, 0.0, 0.0), 4), ((0.9,) * 7, 8), ((0.9,) * 12, 8),
                          ((c / 2,) * 7, 2), ((0.5, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5), 2)]:
         d.accept = accept

@@ -584,7 +584,7 @@ def test_pard_export_proposes_our_parallel_drafts(tiny_target, tmp_path):
     cfg = json.load(open(tmp_path / "config.json"))
     lm = models.load("tiny-pard", prepack=False)
     mask, K = cfg["pard_token"], info["speculative_config"]["num_speculative_tokens"]
-    assert mask == lm.model.config.pard_token == info["pard_token"] == 2 and K == pard.PRESETS["cpu"]["k"]
+    assert mask == lm.model.config.pard_token == info["pard_token"] == 2 and K == pard.CPU_SLOTS
     assert info["speculative_config"]["method"] == "draft_model" and info["speculative_config"]["parallel_drafting"]
     assert cfg["architectures"] == ["LlamaForCausalLM"] and not cfg["tie_word_embeddings"]
     assert os.path.exists(tmp_path / "tokenizer.json")

@@ -11,7 +11,7 @@ import torch
 
 from decoding import first_accepted_draft  # tests/decoding.py
 from first_two import exact_first_two, first_two_pvalue  # tests/first_two.py
-from refimpl import autoregressive, models, pard, speculative
+from refimpl import autoregressive, generation, models, pard, speculative
 from refimpl.drafts import distill_loss, early_exit
 from refimpl.train.pard import pard_loss
 from test_speculative import wrong_residual_is_p
@@ -172,3 +172,21 @@ def test_the_rows_loss_equals_every_item_run_alone(tiny, draft):
     late = torch.roll(teacher, 1, dims=1)
     gen.set_state(state)
     assert not torch.allclose(pard_rows_loss(draft.model, x, late, has, labels, MASK, 3, 0.7, 0.3, gen), want)
+
+
+def test_the_cpu_preset_drafts_the_slots_the_drafts_measured_acceptance_pays_for(tiny, draft, spec_prompts,
+                                                                                   spec_ar_free):
+    """The ``"cpu"`` chain has as many slots as lead with a held-out acceptance of at least ``SLOT_COST``
+    (at most ``CPU_SLOTS``); a draft whose trainer measured nothing drafts ``CPU_SLOTS``."""
+    c = generation.SLOT_COST
+    assert [generation.paying_slots(a, 4) for a in (None, (0.9,) * 8, (0.5, 0.2, c - 1e-3, 0.5), (0.0,) * 8,
+                                                    (0.5, c, 0.3))] == [4, 4, 2, 1, 3]
+    assert draft.config.__dict__.get("heldout_accept") is None and pard.cpu_slots(draft) == pard.CPU_SLOTS
+    try:
+        draft.config.heldout_accept = [0.6, 0.3, 0.01, 0.0, 0.0, 0.0, 0.0, 0.0]
+        g = pard.generate(tiny, spec_prompts, draft=draft, mask_id=MASK, max_new_tokens=N, eos_token_id=[])
+        assert g.tokens == spec_ar_free and max(g.stats.extra["gammas"]) == 2
+        wide = pard.generate(tiny, spec_prompts, draft=draft, mask_id=MASK, max_new_tokens=N, eos_token_id=[], k=4)
+        assert wide.tokens == spec_ar_free and max(wide.stats.extra["gammas"]) == 4
+    finally:
+        del draft.config.heldout_accept

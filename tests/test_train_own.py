@@ -62,6 +62,9 @@ def test_each_kind_learns_and_reports_only_this_run(trained, kind):
     assert on_disk == r
     rec = drafters.recorded(str(trained["root"] / kind))
     assert rec["target"] == "mymodel" and rec["path"] == os.path.abspath(trained["path"])
+    if kind != "eagle3":  # the one-call drafters carry their held-out acceptance: the "cpu" preset sizes by it
+        cfg = json.load(open(os.path.join(trained["root"], kind, "config.json")))
+        assert cfg["heldout_accept"] == r["accept_rate_per_depth"]
 
 
 def test_the_held_out_prompts_are_the_same_for_every_kind_and_never_trained_on(trained):

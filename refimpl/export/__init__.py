@@ -238,7 +238,7 @@ def export_folder(path: str, out: str) -> dict:
     own architecture with ``pard_token``: its files travel as they are."""
     from .. import models
     from ..models import drafters
-    from ..pard import PRESETS
+    from ..pard import CPU_SLOTS
 
     rec = drafters.recorded(path)
     if rec is None or "path" not in rec:
@@ -257,7 +257,7 @@ def export_folder(path: str, out: str) -> dict:
     for f in os.listdir(path):
         if f not in ("target.json", "train_report.json") and os.path.isfile(os.path.join(path, f)):
             shutil.copy(os.path.join(path, f), os.path.join(out, f))
-    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": PRESETS["cpu"]["k"],
+    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": CPU_SLOTS,
                                    "parallel_drafting": True}, "pard_token": int(cfg["pard_token"]), "kept": None,
             "vocab": int(cfg["vocab_size"])}
 

@@ -55,7 +55,7 @@ def export_pard(name: str, out: str) -> dict:
     ``pard_token`` (see the module doc); the target's tokenizer files travel with it."""
     from .. import models
     from ..models.drafters import KINDS
-    from ..pard import PRESETS
+    from ..pard import CPU_SLOTS
 
     pards = KINDS["pard"].models
     if name not in pards.values():
@@ -66,7 +66,7 @@ def export_pard(name: str, out: str) -> dict:
     if mask_id is None:
         raise ValueError(f"{name}: its config names no pard_token (train it for PARD first)")
     info = write_llama_draft(lm, out, target_folder(models.load(target, prepack=False)), {"pard_token": int(mask_id)})
-    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": PRESETS["cpu"]["k"],
+    return {"speculative_config": {"method": "draft_model", "model": out, "num_speculative_tokens": CPU_SLOTS,
                                    "parallel_drafting": True}, "pard_token": int(mask_id), **info}
 
 

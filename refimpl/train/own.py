@@ -192,7 +192,7 @@ def train_pard(target, train, held, out: str, steps: int, seconds: float, batch:
             break
     model.eval()
     rates = row_accept_rates(model, held, every.to(dev), mask_id, k)
-    model.config.pard_token = mask_id
+    model.config.pard_token, model.config.heldout_accept = mask_id, rates  # heldout_accept: refimpl.pard.cpu_slots
     os.makedirs(out, exist_ok=True)
     save_half(model, out)
     target.tokenizer.save_pretrained(out)

@@ -100,6 +100,8 @@ def train_tiny_pard(out_dir: str, steps: int = 500, batch: int = 4, length: int 
     drafters.record_target(out_dir, teacher, "tiny")
     draft = load_folder(out_dir, device="cpu")
     rates = accept_rates(draft, teacher, held, k, mask_id)
+    student.config.heldout_accept = rates  # what refimpl.pard.cpu_slots sizes the decoding chain by
+    student.config.save_pretrained(out_dir)
     report = {"start": "tiny-draft", "k": k, "cod_keep": keep, "cod_min_keep": min_keep, "steps": steps,
               "batch": batch, "length": length, "lr": lr, "pard_token": mask_id,
               "accept_rate_per_depth": rates, "heldout_chain_tau": round(1 + sum(rates), 3),
@@ -228,7 +230,7 @@ def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int =
                            if not n.startswith(("model.embed_tokens", "lm_head"))})
     state["kept_ids"] = kept.to(torch.int32)
     save_file(state, os.path.join(out_dir, "draft.safetensors"), metadata={"format": "pt"})
-    model.config.pard_token = mask_id
+    model.config.pard_token, model.config.heldout_accept = mask_id, rates  # heldout_accept: refimpl.pard.cpu_slots
     model.config.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "draft.json"), "w") as f:
         json.dump({"target": "smollm2-135m", "vocab_keep": int(kept.numel()), "init": "smollm2-135m-draft",
