@@ -44,3 +44,27 @@ def test_smollm2_trainers_name_an_unknown_data_source(trainer, tmp_path):
     mod, fn = trainer.split(":")
     with pytest.raises(ValueError, match="data must be 'corpus' or 'fp32'"):
         getattr(importlib.import_module(mod), fn)(str(tmp_path), data="bf16")
+
+
+def test_cached_shards_compute_once_resume_and_recompute_a_changed_shard(tmp_path):
+    """Each shard is computed once and read back after; a changed row or key computes its shard again."""
+    from refimpl.train.common import cached_shards
+
+    calls = []
+
+    def compute(part):
+        calls.append(len(part))
+        return [sum(r[0]) for r in part]
+
+    rows = [([i, i + 1], 1) for i in range(7)]
+    want = [2 * i + 1 for i in range(7)]
+    assert cached_shards(rows, compute, None) == want and calls == [7]
+    calls.clear()
+    assert cached_shards(rows, compute, str(tmp_path), key=(1,), shard=3) == want and calls == [3, 3, 1]
+    calls.clear()
+    assert cached_shards(rows, compute, str(tmp_path), key=(1,), shard=3) == want and calls == []
+    changed = rows[:4] + [([9, 9], 1)] + rows[5:]
+    assert cached_shards(changed, compute, str(tmp_path), key=(1,), shard=3)[4] == 18 and calls == [3]
+    calls.clear()
+    assert cached_shards(rows, compute, str(tmp_path), key=(2,), shard=3) == want and calls == [3, 3, 1]
+    assert not glob.glob(str(tmp_path / "*.part"))

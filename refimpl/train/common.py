@@ -179,3 +179,28 @@ def write_report(out_dir: str, report: dict) -> dict:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))
     return report
+
+
+def cached_shards(rows: list, compute, folder: str | None, key=(), shard: int = 512) -> list:
+    """``compute(part)`` (one item per row of ``part``) over ``rows``, ``shard`` rows at a time; each shard's
+    items are saved in ``folder`` as soon as they exist and read back by a later call on the same rows and
+    ``key`` (what else decides them, e.g. the tapped layers), so a run cut off resumes where it stopped and a
+    changed row or key computes its shard again. ``folder`` None: nothing is cached. One folder per model."""
+    import zlib
+
+    if folder is None:
+        return compute(rows)
+    os.makedirs(folder, exist_ok=True)
+    out = []
+    for s in range(0, len(rows), shard):
+        part = rows[s:s + shard]
+        tag = zlib.crc32(repr((key, [list(r[0]) for r in part])).encode())  # the shard's rows and key
+        path = os.path.join(folder, f"shard-{s // shard:05d}-{tag:08x}.pt")
+        if os.path.exists(path):
+            items = torch.load(path)
+        else:
+            items = compute(part)
+            torch.save(items, path + ".part")
+            os.replace(path + ".part", path)  # a shard on disk is always whole
+        out += items
+    return out

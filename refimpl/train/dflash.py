@@ -20,6 +20,7 @@ Report: held-out acceptance per depth of the drafter's greedy chain from random 
 """
 from __future__ import annotations
 
+import os
 import random
 import time
 import zlib
@@ -157,7 +158,6 @@ def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> 
     """Measure a saved SmolLM2 DFlash drafter on the shared held-out rows (:func:`smollm2_heldout`) into its
     ``train_report.json`` (``shared_heldout``): ``python -c "from refimpl.train.dflash import heldout_report; heldout_report()"``."""
     import json
-    import os
 
     from ..models import MODELS_DIR, load
     from .smollm2_data import shared_heldout
@@ -180,9 +180,12 @@ def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block
     model-free distillation prompts (:func:`refimpl.train.smollm2_data.smollm2_rows`), or ``"corpus"``, its bf16
     answers to the whole pool (:func:`refimpl.train.smollm2_data.smollm2_corpus`); either generated for at most
     ``gen_seconds`` more (the zoo's drafter: the corpus, 40 minutes of steps on 2 threads). The features are the
-    fp32 target's either way: the target decoding verifies with."""
+    fp32 target's either way: the target decoding verifies with; the corpus's are cached in shards
+    (``smollm2-features-fp32`` in the cache folder: :func:`refimpl.train.common.cached_shards`), so a later
+    run, or one cut off, computes only the shards it lacks."""
     from ..models import load
-    from .common import answer_vocabulary
+    from ..models.hf import cache_dir
+    from .common import answer_vocabulary, cached_shards
     from .eagle3 import target_features
     from .smollm2_data import smollm2_corpus, smollm2_rows
 
@@ -199,7 +202,9 @@ def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block
         rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
     mask_id = target.tokenizer.convert_tokens_to_ids(mask_token)
     draft = new_draft(target, num_layers=layers, block=block, mask_id=mask_id, kept=kept)
-    seqs = target_features(target, rows, draft.taps, progress=progress)
+    folder = os.path.join(cache_dir(), "smollm2-features-fp32") if data == "corpus" else None
+    seqs = cached_shards(rows, lambda part: target_features(target, part, draft.taps, progress=progress), folder,
+                         key=("fp32 target", draft.taps))
     held = smollm2_heldout(target, draft.taps, progress)
     data_s = time.time() - t0
     draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress, held=held)
