@@ -208,3 +208,34 @@ def test_capstone_add_rows_replaces_by_name_in_chapter_order(tmp_path):
     assert [a["rows"] for a in again["added_runs"]] == [[names[2]], [names[-1]]]
     with pytest.raises(ValueError, match="new"):
         capstone.add_rows(str(path), {"args": {}, "hardware": {}, "rows": [{"method": "ar (cache)", "tokens_per_s": 1}]})
+
+
+def test_per_category_speedups_are_against_the_ar_of_the_run_that_measured_the_row(tmp_path):
+    """A row added from a later run on a machine 2x as fast keeps its own per-category speed-up: in the
+    category tables (decode and the docs' quote) and the winners, never divided by the first run's AR."""
+    import json
+
+    from refimpl.bench import capstone, quote
+    from refimpl.bench.decode import category_speedups, category_table
+
+    name = capstone.CHAPTER_DEFAULTS[-1][0]
+    def row(method, tokens_per_s, speedup, a, b):
+        return {"method": method, "tokens_per_s": tokens_per_s, "speedup": speedup,
+                "per_category_tokens_per_s": {"a": a, "b": b}, "per_category_tau": {}}
+
+    first_ar, own = row("ar (cache)", 10.0, 1.0, 10.0, 20.0), row("mine", 15.0, 1.5, 15.0, 30.0)
+    later_ar, later = row("ar (cache)", 20.0, 1.0, 20.0, 40.0), row(name, 24.0, 1.2, 22.0, 52.0)
+    path = tmp_path / "cap.json"
+    path.write_text(json.dumps({"rows": [first_ar, own]}))
+    merged = capstone.add_rows(str(path), {"args": {}, "hardware": {}, "rows": [later_ar, later]})
+    added = next(r for r in merged["rows"] if r["method"] == name)
+    assert category_speedups(added, first_ar) == pytest.approx({"a": 1.1, "b": 1.3})
+    assert category_speedups(own, first_ar) == pytest.approx({"a": 1.5, "b": 1.5})
+    # a row recorded without its run's per-category AR: scaled by that run's overall AR (24 / 1.2 = 20 tok/s)
+    bare = {k: v for k, v in added.items() if k != "per_category_ar_tokens_per_s"}
+    assert category_speedups(bare, first_ar) == pytest.approx({"a": 1.1, "b": 1.3})
+    assert "1.10x" in category_table(merged["rows"]) and "2.20x" not in category_table(merged["rows"])
+    rel = tmp_path / "bench" / "cap.json"
+    rel.parent.mkdir()
+    rel.write_text(json.dumps(merged))
+    assert "1.30x" in quote.categories(str(rel)) and "2.60x" not in quote.categories(str(rel))

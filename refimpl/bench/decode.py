@@ -196,6 +196,19 @@ def markdown_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def category_speedups(row: dict, ar: dict) -> dict:
+    """``row``'s speed-up over AR per prompt category, against the AR of the run that measured it: the
+    per-category AR speeds :func:`refimpl.bench.capstone.add_rows` records with a row added from a later run,
+    else ``ar``'s (the result's AR row) scaled by that run's AR speed over ``ar``'s (``tokens_per_s /
+    speedup``: exactly ``ar``'s for the result's own rows). Machine speed drifts between runs, so a row
+    divided by another run's AR would be off by the drift."""
+    ref = row.get("per_category_ar_tokens_per_s")
+    if ref is None:
+        scale = row["tokens_per_s"] / row["speedup"] / ar["tokens_per_s"] if row.get("speedup") else 1.0
+        ref = {c: v * scale for c, v in ar["per_category_tokens_per_s"].items()}
+    return {c: row["per_category_tokens_per_s"].get(c, 0.0) / ref[c] for c in ref}
+
+
 def category_table(rows: list[dict]) -> str:
     """Per prompt category: ``speed-up vs AR / tau`` of every row (tau '-' where a method has none)."""
     base = next((r for r in rows if r["method"] == "ar (cache)"), None)
@@ -203,8 +216,9 @@ def category_table(rows: list[dict]) -> str:
     table = []
     for r in rows:
         out = {"method": r["method"]}
+        speedups = category_speedups(r, base) if base else {}
         for c in cats:
-            sp = (r["per_category_tokens_per_s"].get(c, 0.0) / base["per_category_tokens_per_s"][c]) if base else None
+            sp = speedups.get(c) if base else None
             tau = r["per_category_tau"].get(c)
             out[c] = ("-" if sp is None else f"{sp:.2f}x") + " / " + ("-" if tau is None else f"{tau:.2f}")
         table.append(out)

@@ -27,6 +27,7 @@ import os
 import re
 import sys
 
+from .decode import category_speedups
 from .decode import markdown_table as table  # (rows, [(key, header, format)]) -> markdown; None prints '-'
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,14 +82,14 @@ def capstone(rel: str) -> str:
 def categories(rel: str) -> str:
     """Speed-up vs AR / tau per prompt category, every row of the run."""
     rows = load(rel)["rows"]
-    base = next(r for r in rows if r["method"] == "ar (cache)")["per_category_tokens_per_s"]
+    ar = next(r for r in rows if r["method"] == "ar (cache)")
+    base = ar["per_category_tokens_per_s"]
     out = []
     for r in rows:
-        row = {"method": r["method"]}
+        row, speedups = {"method": r["method"]}, category_speedups(r, ar)
         for c in base:
             tau = (r.get("per_category_tau") or {}).get(c)
-            sp = r["per_category_tokens_per_s"][c] / base[c]
-            row[c] = f"{sp:.2f}x / " + ("-" if tau is None else f"{tau:.2f}")
+            row[c] = f"{speedups[c]:.2f}x / " + ("-" if tau is None else f"{tau:.2f}")
         out.append(row)
     return table(out, [("method", "method (speed-up / tau)", "")] + [(c, c, "") for c in base])
 
@@ -96,11 +97,12 @@ def categories(rel: str) -> str:
 def winners(rel: str) -> str:
     """The fastest lossless greedy method per prompt category, with the runner-up."""
     rows = [r for r in load(rel)["rows"] if lossless_greedy(r) and r["method"] != "ar (cache)"]
-    base = next(r for r in load(rel)["rows"] if r["method"] == "ar (cache)")["per_category_tokens_per_s"]
+    ar = next(r for r in load(rel)["rows"] if r["method"] == "ar (cache)")
+    speedups = {r["method"]: category_speedups(r, ar) for r in rows}
     out = []
-    for c in base:
-        ranked = sorted(rows, key=lambda r: -r["per_category_tokens_per_s"][c])
-        sp = [r["per_category_tokens_per_s"][c] / base[c] for r in ranked[:2]]
+    for c in ar["per_category_tokens_per_s"]:
+        ranked = sorted(rows, key=lambda r: -speedups[r["method"]][c])
+        sp = [speedups[r["method"]][c] for r in ranked[:2]]
         out.append({"category": c, "winner": ranked[0]["method"], "speed-up": f"{sp[0]:.2f}x",
                     "runner-up": f"{ranked[1]['method']} ({sp[1]:.2f}x)"})
     return table(out, [("category", "category", ""), ("winner", "fastest lossless method", ""),
