@@ -82,13 +82,14 @@ def block_out(draft: DFlashDraft, tok, feats, a: int) -> torch.Tensor:
     return out[0, 1:]
 
 
-def train_draft(draft: DFlashDraft, seqs, steps: int = 800, batch: int = 8, anchors: int = 16, lr: float = 2e-3,
+def train_draft(draft: DFlashDraft, seqs, steps: int = 800, batch: int = 8, anchors: int = 16, lr: float = 6e-4,
                 decay: float | None = None, seconds: float = 1e9, holdout: int = 20, seed: int = 0, progress: bool = True,
                 held: list | None = None):
     """Train ``draft`` on ``seqs`` (:func:`refimpl.train.eagle3.target_features`); ``held`` (rows of the same
     form) is the report's held-out set, or (None) every ``holdout``-th row by a hash of its tokens is kept
     out. Runs ``steps`` steps or ``seconds``. ``decay`` None: the one SpecForge recommends for the drafter's
-    block (:func:`refimpl.dflash.loss_decay`)."""
+    block (:func:`refimpl.dflash.loss_decay`). ``lr``: SpecForge's (``train_dflash.py``), which beat 2e-3 for
+    SmolLM2's drafter on held-out text (``bench_results/experiments/2026-12-07_dflash_lr``)."""
     from tqdm.auto import tqdm
 
     decay = loss_decay(draft.block) if decay is None else decay
@@ -139,7 +140,7 @@ def train_dflash_tiny(out_dir: str, steps: int = 800, layers: int = 1, block: in
     draft = new_draft(target, num_layers=layers, block=block)
     seqs = target_features(target, rows, draft.taps, progress=progress)
     data_s = time.time() - t0
-    draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress)
+    draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress, lr=2e-3)  # the zoo's
     report.update(data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads())
     drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)

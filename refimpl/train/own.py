@@ -49,15 +49,17 @@ HOLDOUT = 20
 #: per device kind: the prompts to answer (None: every prompt), the answers' length, the training budget
 #: and each kind's shape and optimiser (the CPU recipe fits about an hour on 2 cores; the GPU one takes
 #: the papers' shapes: EAGLE-3's 7 unrolled steps and trained head, DFlash's 16-token blocks). Learning
-#: rates: SpecForge's DFlash 6e-4 on a GPU; EAGLE-3 as the zoo's GPU draft was trained (1e-3); the CPU
-#: recipes take the zoo's CPU trainers' rates (a short budget). PARD's upstream (AMD-AGI/PARD) adapts a
+#: rates: SpecForge's DFlash 6e-4 on either device (it beat 2e-3 for SmolLM2's drafter on held-out text:
+#: ``bench_results/experiments/2026-12-07_dflash_lr``); EAGLE-3 as the zoo's GPU draft was trained (1e-3),
+#: the CPU recipe at the zoo's CPU trainer's rate (a short budget). PARD's upstream (AMD-AGI/PARD) adapts a
 #: pretrained small model at 1e-5; ours starts from the target's first layers, which must move further,
-#: at the zoo's SmolLM2 rate (3e-4); neither rate is settled by an A/B on held-out prompts yet.
+#: at the zoo's SmolLM2 rate (3e-4); EAGLE-3's and PARD's rates are not settled by an A/B on held-out
+#: prompts yet.
 RECIPES = {
     "cpu": {"answers": 2000, "max_new_tokens": 96, "answer_batch": 32, "steps": 4000, "seconds": 1800.0,
             "vocab_keep": 8192,
             "eagle3": {"batch": 4, "lr": 2e-3, "ttt": 3, "train_head": False},
-            "dflash": {"batch": 8, "lr": 2e-3, "layers": 2, "block": 8},
+            "dflash": {"batch": 8, "lr": 6e-4, "layers": 2, "block": 8},
             "pard": {"batch": 4, "lr": 3e-4, "k": 8, "keep": 0.7, "min_keep": 0.2}},
     "gpu": {"answers": None, "max_new_tokens": 128, "answer_batch": 128, "steps": 20000, "seconds": 1e9,
             "vocab_keep": 32000,
