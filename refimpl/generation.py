@@ -269,7 +269,6 @@ def paying_slots(accept, most: int, cost: float = SLOT_COST) -> int:
     return max(1, n)
 
 
-
 def default_preset(target, presets: dict) -> str:
     """The preset ``generate`` uses when none is named: ``"cpu"`` (the configuration measured
     fastest on a CPU target: ``bench_results/capstone/``) for a target on the CPU; on any other

@@ -117,9 +117,10 @@ def gpu_step_cost(draft_calls_per_step: float, c_draft: float) -> float:
 def add_rows(path: str, new: dict) -> dict:
     """Put a capstone run's rows (all but its AR row) into the committed capstone result ``path`` (JSON),
     replacing rows of the same name, in chapter order; each added row keeps its speed-up and step cost
-    against the AR of its own run (per category too: ``per_category_ar_tokens_per_s``), and ``added_runs`` records that run (rows, arguments, hardware, its AR's
-    tokens/s) and takes the replaced rows off the earlier runs that had them. -> the merged result. For rows
-    a new chapter adds, where re-running every row is not needed."""
+    against the AR of its own run (per category too: ``per_category_ar_tokens_per_s``), and ``added_runs``
+    records that run (rows, arguments, hardware, its AR's tokens/s) and takes the replaced rows off the
+    earlier runs that had them. -> the merged result. For rows a new chapter adds, where re-running every
+    row is not needed."""
     import json
 
     with open(path) as f:
@@ -129,8 +130,9 @@ def add_rows(path: str, new: dict) -> dict:
         raise ValueError("new: the run has no rows besides AR to add")
     ar = next(r for r in new["rows"] if r["method"] == "ar (cache)")
     order = {name: i for i, (name, _) in enumerate(CHAPTER_DEFAULTS)}
-    per_cat = {"per_category_ar_tokens_per_s": ar["per_category_tokens_per_s"]} if "per_category_tokens_per_s" in ar else {}
-    added = [{**r, **per_cat} for r in new["rows"] if r["method"] in names]  # categories: against this run's AR too
+    per_cat = ({"per_category_ar_tokens_per_s": ar["per_category_tokens_per_s"]}
+               if "per_category_tokens_per_s" in ar else {})  # categories: against this run's AR too
+    added = [{**r, **per_cat} for r in new["rows"] if r["method"] in names]
     rows = [r for r in old["rows"] if r["method"] not in names] + added
     rows.sort(key=lambda r: order.get(r["method"], len(order)))
     old["rows"] = rows

@@ -218,7 +218,7 @@ def category_table(rows: list[dict]) -> str:
         out = {"method": r["method"]}
         speedups = category_speedups(r, base) if base else {}
         for c in cats:
-            sp = speedups.get(c) if base else None
+            sp = speedups.get(c)
             tau = r["per_category_tau"].get(c)
             out[c] = ("-" if sp is None else f"{sp:.2f}x") + " / " + ("-" if tau is None else f"{tau:.2f}")
         table.append(out)

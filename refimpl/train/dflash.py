@@ -173,6 +173,18 @@ def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> 
     return write_report(os.path.dirname(path), report)
 
 
+def corpus_features(target, rows, taps, progress: bool = True) -> list:
+    """:func:`refimpl.train.eagle3.target_features` of SmolLM2's corpus rows (``target`` the fp32 SmolLM2),
+    cached in shards (``smollm2-features-fp32`` in the cache folder: :func:`refimpl.train.common.cached_shards`),
+    so a later run, or one cut off, computes only the shards it lacks."""
+    from ..models.hf import cache_dir
+    from .common import cached_shards
+    from .eagle3 import target_features
+
+    return cached_shards(rows, lambda part: target_features(target, part, taps, progress=progress),
+                         os.path.join(cache_dir(), "smollm2-features-fp32"), key=("fp32 target", tuple(taps)))
+
+
 def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block: int = 8, vocab_keep: int = 8192,
                          seconds: float = 2400.0, gen_seconds: float = 1500.0, mask_token: str = "<gh_stars>",
                          data: str = "corpus", progress: bool = True) -> dict:
@@ -181,12 +193,10 @@ def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block
     model-free distillation prompts (:func:`refimpl.train.smollm2_data.smollm2_rows`), or ``"corpus"``, its bf16
     answers to the whole pool (:func:`refimpl.train.smollm2_data.smollm2_corpus`); either generated for at most
     ``gen_seconds`` more (the zoo's drafter: the corpus, 40 minutes of steps on 2 threads). The features are the
-    fp32 target's either way: the target decoding verifies with; the corpus's are cached in shards
-    (``smollm2-features-fp32`` in the cache folder: :func:`refimpl.train.common.cached_shards`), so a later
-    run, or one cut off, computes only the shards it lacks."""
+    fp32 target's either way: the target decoding verifies with; the corpus's are cached
+    (:func:`corpus_features`)."""
     from ..models import load
-    from ..models.hf import cache_dir
-    from .common import answer_vocabulary, cached_shards
+    from .common import answer_vocabulary
     from .eagle3 import target_features
     from .smollm2_data import smollm2_corpus, smollm2_rows
 
@@ -203,9 +213,8 @@ def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block
         rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
     mask_id = target.tokenizer.convert_tokens_to_ids(mask_token)
     draft = new_draft(target, num_layers=layers, block=block, mask_id=mask_id, kept=kept)
-    folder = os.path.join(cache_dir(), "smollm2-features-fp32") if data == "corpus" else None
-    seqs = cached_shards(rows, lambda part: target_features(target, part, draft.taps, progress=progress), folder,
-                         key=("fp32 target", draft.taps))
+    seqs = (corpus_features(target, rows, draft.taps, progress) if data == "corpus"
+            else target_features(target, rows, draft.taps, progress=progress))
     held = smollm2_heldout(target, draft.taps, progress)
     data_s = time.time() - t0
     draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress, held=held)

@@ -132,6 +132,8 @@ PASSAGE_TASKS = [
     "Translate this text into simpler English.\n\n{}",
 ]
 REPLACEMENTS = ["it", "the thing", "this", "something", "the place", "people", "a lot", "that"]
+#: the passage tasks that copy the text (word for word, with one word changed, or spelling fixed)
+COPY_TASKS = [t for t in PASSAGE_TASKS if "word for word" in t or "{w}" in t or "spelling" in t]
 KJV_TASKS = [
     "Explain this Bible passage in modern English.\n\n{}",
     "Summarize this passage in one sentence.\n\n{}",
@@ -258,6 +260,23 @@ DOC_MODULES = ["argparse", "asyncio", "calendar", "collections", "csv", "datetim
                "uuid", "warnings", "wave", "weakref", "xml.dom.minidom", "zipfile"]
 
 
+def prose_paragraphs(texts) -> list[str]:
+    """The prose paragraphs of ``texts`` (split at blank lines, whitespace joined), each once, in order:
+    120-600 characters, over 90% letters and plain punctuation, no doctest, a capital first, a full stop last."""
+    import re
+
+    seen, out = set(), []
+    for doc in texts:
+        for para in doc.split("\n\n"):
+            text = " ".join(para.split())
+            letters = sum(ch.isalpha() or ch in " ,.;:'-()" for ch in text)
+            if (120 <= len(text) <= 600 and letters > 0.9 * len(text) and ">>>" not in text
+                    and re.match(r"[A-Z]", text) and text.endswith(".") and text not in seen):
+                seen.add(text)
+                out.append(text)
+    return out
+
+
 def human_passages(seed: int = 0, limit: int = 1500) -> list[str]:
     """Prose paragraphs from standard-library docstrings (human text the target did not write).
 
@@ -266,23 +285,17 @@ def human_passages(seed: int = 0, limit: int = 1500) -> list[str]:
     """
     import importlib
     import inspect
-    import re
 
-    seen, out = set(), []
-    for name in DOC_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a module missing on this Python is simply skipped
-            continue
-        objs = [mod] + [v for _, v in sorted(vars(mod).items()) if inspect.isfunction(v) or inspect.isclass(v)]
-        for obj in objs:
-            for para in (inspect.getdoc(obj) or "").split("\n\n"):
-                text = " ".join(para.split())
-                letters = sum(ch.isalpha() or ch in " ,.;:'-()" for ch in text)
-                if (120 <= len(text) <= 600 and letters > 0.9 * len(text) and ">>>" not in text
-                        and re.match(r"[A-Z]", text) and text.endswith(".") and text not in seen):
-                    seen.add(text)
-                    out.append(text)
+    def docs():
+        for name in DOC_MODULES:
+            try:
+                mod = importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a module missing on this Python is simply skipped
+                continue
+            objs = [mod] + [v for _, v in sorted(vars(mod).items()) if inspect.isfunction(v) or inspect.isclass(v)]
+            yield from (inspect.getdoc(obj) or "" for obj in objs)
+
+    out = prose_paragraphs(docs())
     random.Random(seed).shuffle(out)
     return out[:limit]
 
@@ -290,11 +303,10 @@ def human_passages(seed: int = 0, limit: int = 1500) -> list[str]:
 def human_copy_prompts(seed: int = 0, limit: int = 1500) -> list[str]:
     """Two tasks per human passage (a copy / edit task and any passage task), plus KJV copies."""
     rng = random.Random(seed)
-    copy_tasks = [t for t in PASSAGE_TASKS if "word for word" in t or "{w}" in t or "spelling" in t]
     out = []
     for p in human_passages(seed, limit):
-        out += [passage_task(rng, t, p) for t in (rng.choice(copy_tasks), rng.choice(PASSAGE_TASKS))]
-    out += [rng.choice(copy_tasks).replace("{w}", "unto").replace("{n}", "to").format(p)
+        out += [passage_task(rng, t, p) for t in (rng.choice(COPY_TASKS), rng.choice(PASSAGE_TASKS))]
+    out += [rng.choice(COPY_TASKS).replace("{w}", "unto").replace("{n}", "to").format(p)
             for p in _kjv_passages(rng, limit // 4)]
     bench = bench_texts()
     return [t for t in out if t not in bench]
@@ -303,20 +315,9 @@ def human_copy_prompts(seed: int = 0, limit: int = 1500) -> list[str]:
 def reference_passages() -> list[str]:
     """Prose paragraphs of the Python language reference that ships with the interpreter
     (``pydoc_data.topics``): more human text the target did not write, as :func:`human_passages`."""
-    import re
-
     from pydoc_data.topics import topics
 
-    seen, out = set(), []
-    for name in sorted(topics):
-        for para in topics[name].split("\n\n"):
-            text = " ".join(para.split())
-            letters = sum(ch.isalpha() or ch in " ,.;:'-()" for ch in text)
-            if (120 <= len(text) <= 600 and letters > 0.9 * len(text) and re.match(r"[A-Z]", text)
-                    and text.endswith(".") and text not in seen):
-                seen.add(text)
-                out.append(text)
-    return out
+    return prose_paragraphs(topics[name] for name in sorted(topics))
 
 
 #: chat templates of the pool's second part ({} = a topic), none of :data:`CHAT_TEMPLATES`
@@ -337,11 +338,10 @@ def more_prompts(seed: int = 0, n_kjv: int = 2500, n_math: int = 800) -> list[st
     language-reference paragraphs (:func:`reference_passages`), a copy / edit task on each reference
     paragraph again, ``n_math`` more word problems."""
     rng = random.Random(10_000 + seed)
-    copy_tasks = [t for t in PASSAGE_TASKS if "word for word" in t or "{w}" in t or "spelling" in t]
     out = [t.format(x) for x in TOPICS for t in MORE_CHAT_TEMPLATES]
     out += [passage_task(rng, rng.choice(PASSAGE_TASKS), p) for p in _kjv_passages(rng, n_kjv)]
     for p in reference_passages():
-        out += [passage_task(rng, t, p) for t in (rng.choice(PASSAGE_TASKS), rng.choice(copy_tasks))]
+        out += [passage_task(rng, t, p) for t in (rng.choice(PASSAGE_TASKS), rng.choice(COPY_TASKS))]
     out += _math_problems(rng, n_math)
     return out
 

@@ -3,7 +3,7 @@
 Both arms train the zoo's drafter shape (2 layers, block 8, taps 2 and 28, the head over the 8,192 most frequent
 answer tokens) from the same seed on the first ``--rows`` rows of SmolLM2's corpus
 (``refimpl.train.smollm2_data.smollm2_corpus``; the fp32 target's features computed once, into the shards
-``train_dflash_smollm2`` reads),
+``train_dflash_smollm2`` reads: ``corpus_features``),
 the same ``--steps`` steps of 8 rows x 16 anchors on a cosine schedule sized to them, then measure the chain's
 acceptance on the shared held-out set (the benchmark's 30 prompts, which no training pool holds).
 
@@ -19,10 +19,8 @@ import torch
 
 def main():
     from refimpl import dflash, models
-    from refimpl.models.hf import cache_dir
-    from refimpl.train.common import answer_vocabulary, cached_shards
-    from refimpl.train.dflash import smollm2_heldout, train_draft
-    from refimpl.train.eagle3 import target_features
+    from refimpl.train.common import answer_vocabulary
+    from refimpl.train.dflash import corpus_features, smollm2_heldout, train_draft
     from refimpl.train.smollm2_data import smollm2_corpus
 
     p = argparse.ArgumentParser()
@@ -40,8 +38,7 @@ def main():
     mask_id = target.tokenizer.convert_tokens_to_ids("<gh_stars>")
     shape = dict(num_layers=2, block=8, mask_id=mask_id, kept=kept)
     taps = dflash.new_draft(target, **shape).taps
-    seqs = cached_shards(rows, lambda part: target_features(target, part, taps), os.path.join(cache_dir(),
-                         "smollm2-features-fp32"), key=("fp32 target", taps))
+    seqs = corpus_features(target, rows, taps)
     held = smollm2_heldout(target, taps, True)
     feature_min = round((time.time() - t0) / 60, 1)
     arms = {}
