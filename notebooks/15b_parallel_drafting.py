@@ -488,8 +488,8 @@ for name, (g, s) in measured.items():
 # comes from. On SmolLM2 (`python -m refimpl.bench --suite capstone`) the verification of a longer block
 # costs more still (chapter 04c), and the best block is shorter than on a GPU, where scoring 16 tokens
 # costs about one. The zoo's SmolLM2 drafters were trained on a 2-core CPU: the DFlash drafter on SmolLM2's
-# answers to 4,671 prompts (19 minutes to generate, 26 to compute their features, 40 of training), the PARD
-# draft adapted in 25 minutes on 832 answers. On 30 prompts neither saw, their greedy chains reach tau 1.50
+# answers to 10,806 prompts (64 minutes to generate, about 46 to compute their features, 40 of training), the PARD
+# draft adapted in 25 minutes on 832 answers. On 30 prompts neither saw, their greedy chains reach tau 1.67
 # (DFlash) and 1.62 (PARD), against EAGLE-3's 2.14: too few accepted drafts to pay for a long block here.
 # DFlash's `"cpu"` preset therefore drafts only the slots whose held-out acceptance pays for verifying
 # them (`dflash.cpu_block`: blocks of 3 for this drafter, 8 for `tiny`'s): its step falls from about 1.7

@@ -59,7 +59,7 @@ METHODS = {
 #: (greedy, ``bench_results/capstone/capstone_<target>.json``); then ``"ar"``. A target outside the
 #: zoo takes SmolLM2's order (a real pretrained model), skipping methods it has no drafter for.
 FASTEST = {
-    "smollm2-135m": ("eagle3", "eagle", "pard", "prompt_lookup", "speculative", "dynamic_tree", "lookahead", "dflash",
+    "smollm2-135m": ("eagle3", "eagle", "pard", "prompt_lookup", "speculative", "dflash", "dynamic_tree", "lookahead",
                      "ar"),
     "tiny": ("prompt_lookup", "sam+recycling", "dflash", "medusa", "recycling", "sam", "ar"),
 }
