@@ -113,10 +113,26 @@ def test_the_command_line_trains_a_drafter_and_names_bad_flags(trained, monkeypa
     assert report["steps"] == 3 and report["answers"] == 40 and report["recipe"] == "cpu"
     assert report["taps"] == [0, 1] and json.load(open(tmp_path / "d" / "config.json"))["taps"] == [0, 1]
     for argv, says in ((["pard"], "--target PATH is required"), (["tiny", "--target", "x"], "--target: only with"),
-                       (["dflash", "--target", "x", "--taps", "a,b"], "--taps: comma-separated")):
+                       (["dflash", "--target", "x", "--taps", "a,b"], "--taps: comma-separated"),
+                       (["tiny", "--init", str(tmp_path)], "--init: tiny always trains from scratch")):
         with pytest.raises(SystemExit):
             main(argv)
         assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", own.OWN_KINDS)
+def test_a_second_run_goes_on_from_the_first_ones_weights(trained, kind, monkeypatch, tmp_path):
+    """``init``: the first step of the continued run starts where the first run ended, not at a new
+    drafter's loss; the report names the folder it started from."""
+    monkeypatch.setattr(own, "cache_dir", lambda: str(trained["root"]))
+    r = own.train(kind, trained["path"], out=str(tmp_path / kind), init=str(trained["root"] / kind), progress=False,
+                  **{**SMALL, "steps": 2})
+    loss = (lambda rep, at: rep[f"{at}_ce_per_step"][0]) if kind == "eagle3" else (lambda rep, at: rep[f"{at}_loss"])
+    fresh = trained["reports"][kind]
+    assert r["init"] == os.path.abspath(trained["root"] / kind) and r["steps"] == 2
+    assert loss(r, "first") < 0.5 * (loss(fresh, "first") + loss(fresh, "final")), (loss(r, "first"), fresh)
+    with pytest.raises(ValueError, match="init: .* no drafter trained for"):
+        own.train(kind, trained["path"], out=str(tmp_path / "x"), init=str(tmp_path), progress=False, **SMALL)
 
 
 def test_servable_taps_are_each_layer_once_in_order_below_the_last():

@@ -46,6 +46,13 @@ def test_smollm2_trainers_name_an_unknown_data_source(trainer, tmp_path):
         getattr(importlib.import_module(mod), fn)(str(tmp_path), data="bf16")
 
 
+def test_the_dflash_trainer_names_a_missing_init_folder(tmp_path):
+    from refimpl.train.dflash import train_dflash_smollm2
+
+    with pytest.raises(ValueError, match="init: no folder"):
+        train_dflash_smollm2(str(tmp_path), init=str(tmp_path / "nothing"))
+
+
 def test_cached_shards_compute_once_resume_and_recompute_a_changed_shard(tmp_path):
     """Each shard is computed once and read back after; a changed row or key computes its shard again."""
     from refimpl.train.common import cached_shards

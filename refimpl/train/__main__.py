@@ -1,5 +1,5 @@
-"""``python -m refimpl.train NAME [--out DIR] [--steps N] [--device DEV]``: train one model of the zoo;
-``python -m refimpl.train {eagle3,dflash,pard} --target PATH [--out DIR]``: a drafter for your own model
+"""``python -m refimpl.train NAME [--out DIR] [--steps N] [--device DEV] [--init DIR]``: train one model of the zoo;
+``python -m refimpl.train {eagle3,dflash,pard} --target PATH [--out DIR] [--init DIR]``: a drafter for your own model
 (:mod:`refimpl.train.own`)."""
 import argparse
 import importlib
@@ -32,6 +32,9 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=None, help="with --target: the training's time budget")
     p.add_argument("--taps", default=None, help="with --target (eagle3, dflash): the target layers the drafter "
                    "reads, comma-separated (e.g. 2,15,27; default: upstream's spread)")
+    p.add_argument("--init", default=None, help="a saved drafter's folder to go on training from, with a fresh "
+                   "schedule over this run's budget (a drafter for --target; zoo trainers that take one: "
+                   "dflash-smollm2-135m)")
     args = p.parse_args(argv)
     if args.name in OWN_KINDS:
         if args.target is None:
@@ -46,7 +49,7 @@ def main(argv=None):
             except ValueError:
                 p.error(f"--taps: comma-separated layer ids, got {args.taps!r}")
         train(args.name, args.target, out=args.out, prompts=args.prompts, device=args.device, recipe=args.recipe,
-              **extra)
+              init=args.init, **extra)
         return
     for flag in ("target", "prompts", "recipe", "answers", "seconds", "taps"):
         if getattr(args, flag) is not None:
@@ -58,6 +61,12 @@ def main(argv=None):
         if "device" not in inspect.signature(fn).parameters:
             p.error(f"--device: {args.name} trains on the CPU only")
         kw["device"] = args.device
+    if args.init is not None:
+        if "init" not in inspect.signature(fn).parameters:
+            p.error(f"--init: {args.name} always trains from scratch")
+        if not os.path.isdir(args.init):
+            p.error(f"--init: no folder {args.init!r}")
+        kw["init"] = args.init
     fn(args.out or os.path.join(MODELS_DIR, args.name), **kw)
 
 

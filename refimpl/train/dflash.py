@@ -20,6 +20,7 @@ Report: held-out acceptance per depth of the drafter's greedy chain from random 
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -158,8 +159,6 @@ def smollm2_heldout(target, taps, progress: bool = True) -> list:
 def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> dict:
     """Measure a saved SmolLM2 DFlash drafter on the shared held-out rows (:func:`smollm2_heldout`) into its
     ``train_report.json`` (``shared_heldout``): ``python -c "from refimpl.train.dflash import heldout_report; heldout_report()"``."""
-    import json
-
     from ..models import MODELS_DIR, load
     from .smollm2_data import shared_heldout
 
@@ -187,14 +186,17 @@ def corpus_features(target, rows, taps, progress: bool = True) -> list:
 
 def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block: int = 8, vocab_keep: int = 8192,
                          seconds: float = 2400.0, gen_seconds: float = 1500.0, mask_token: str = "<gh_stars>",
-                         data: str = "corpus", progress: bool = True) -> dict:
+                         data: str = "corpus", init: str | None = None, progress: bool = True) -> dict:
     """SmolLM2's drafter: a head over the ``vocab_keep`` most frequent answer tokens, ``mask_token`` a special
     token chat never uses (its embedding fills the slots). ``data``: ``"fp32"``, SmolLM2's fp32 answers to the
     model-free distillation prompts (:func:`refimpl.train.smollm2_data.smollm2_rows`), or ``"corpus"``, its bf16
     answers to the whole pool (:func:`refimpl.train.smollm2_data.smollm2_corpus`); either generated for at most
     ``gen_seconds`` more (the zoo's drafter: the corpus, 40 minutes of steps on 2 threads). The features are the
     fp32 target's either way: the target decoding verifies with; the corpus's are cached
-    (:func:`corpus_features`)."""
+    (:func:`corpus_features`). ``init``: a saved SmolLM2 drafter's folder to go on training (its weights, layers,
+    taps, block and kept head; ``layers``, ``block`` and ``vocab_keep`` are then its own): a fresh warmup and
+    cosine over this run's budget, a warm restart (Loshchilov & Hutter, "SGDR", arXiv 1608.03983), which is how
+    a drafter gets more CPU time than one budget without a schedule sized for a budget it never saw."""
     from ..models import load
     from .common import answer_vocabulary
     from .eagle3 import target_features
@@ -202,17 +204,26 @@ def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block
 
     if data not in ("corpus", "fp32"):
         raise ValueError(f"data must be 'corpus' or 'fp32', got {data!r}")
+    if init is not None and not os.path.isdir(init):
+        raise ValueError(f"init: no folder {init!r}")
     t0 = time.time()
     if data == "corpus":
         rows = smollm2_corpus(gen_seconds, progress=progress)
         if not rows:
             raise FileNotFoundError("no SmolLM2 corpus cached: run with gen_seconds > 0")
         target = load("smollm2-135m", device="cpu", fast=False)
-        kept = answer_vocabulary(target.tokenizer, rows, vocab_keep)
+        kept = None if init is not None else answer_vocabulary(target.tokenizer, rows, vocab_keep)
     else:
         rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
-    mask_id = target.tokenizer.convert_tokens_to_ids(mask_token)
-    draft = new_draft(target, num_layers=layers, block=block, mask_id=mask_id, kept=kept)
+    if init is not None:
+        if not drafters.trained_for(init, target):
+            raise ValueError(f"init: {init!r} holds no drafter trained for SmolLM2-135M's weights (its target.json)")
+        draft = drafters.load(target, "dflash", init)
+        before = json.load(open(os.path.join(init, "config.json"))).get("report", {})
+        kept, mask_token = draft.kept, target.tokenizer.convert_ids_to_tokens(draft.mask_id)
+    else:
+        draft = new_draft(target, num_layers=layers, block=block, kept=kept,
+                          mask_id=target.tokenizer.convert_tokens_to_ids(mask_token))
     seqs = (corpus_features(target, rows, draft.taps, progress) if data == "corpus"
             else target_features(target, rows, draft.taps, progress=progress))
     held = smollm2_heldout(target, draft.taps, progress)
@@ -220,5 +231,8 @@ def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block
     draft, report = train_draft(draft, seqs, steps=steps, seconds=seconds, progress=progress, held=held)
     report.update(data=data, data_rows=len(rows), data_seconds=round(data_s, 1), threads=torch.get_num_threads(),
                   mask_token=mask_token, vocab_keep=int(kept.numel()))
+    if init is not None:  # what the weights had before this run: that run's own report says more
+        report["init"] = {"folder": os.path.basename(os.path.normpath(init)), "steps_before": before.get("steps"),
+                          "heldout_chain_tau_before": before.get("heldout_chain_tau")}
     drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)

@@ -160,9 +160,10 @@ def pard_student(target, layers: int):
 
 
 def train_pard(target, train, held, out: str, steps: int, seconds: float, batch: int, lr: float, k: int, keep: float,
-               min_keep: float, layers: int, mask_id: int, progress: bool = True) -> dict:
+               min_keep: float, layers: int, mask_id: int, progress: bool = True, init: str | None = None) -> dict:
     """PARD on the target's answer rows (see the module doc) -> the report; the draft is written to ``out``
-    as a Hugging Face folder with ``pard_token``."""
+    as a Hugging Face folder with ``pard_token``. ``init``: a PARD folder to go on training (its layers and
+    ``pard_token``), else :func:`pard_student`."""
     import random
 
     from tqdm.auto import tqdm
@@ -171,7 +172,13 @@ def train_pard(target, train, held, out: str, steps: int, seconds: float, batch:
     from .pard import pard_rows_loss, row_accept_rates, row_batch
 
     dev = target.device
-    model = pard_student(target, layers).to(dev)
+    if init is None:
+        model = pard_student(target, layers).to(dev)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32).to(dev)
+        layers, mask_id = model.config.num_hidden_layers, int(model.config.pard_token)
     head = target.model.get_output_embeddings().weight.detach().float().cpu()  # (V, H): teacher = h @ head.T
     V = head.shape[0]
     every = torch.arange(V, device="cpu")  # the student scores every token: kept index = token id
@@ -206,14 +213,18 @@ def train_pard(target, train, held, out: str, steps: int, seconds: float, batch:
 
 
 def train(kind: str, target_path: str, out: str | None = None, prompts: str | None = None, device=None,
-          recipe: str | None = None, progress: bool = True, **overrides) -> dict:
+          recipe: str | None = None, init: str | None = None, progress: bool = True, **overrides) -> dict:
     """Train a ``kind`` drafter (:data:`OWN_KINDS`) for the model at ``target_path`` into ``out`` (None:
     ``models/<kind>-<target name>``, where the front door finds it by itself). ``recipe``: a key of
     :data:`RECIPES` (None: ``"gpu"`` on a CUDA device, else ``"cpu"``); ``overrides``: any of its fields
     (``answers``, ``max_new_tokens``, ``steps``, ``seconds``, ``vocab_keep``, the kind's ``batch``, ``lr``,
     ...), and ``layers`` (a DFlash or PARD draft's depth) or ``taps`` (the target streams an EAGLE-3 or DFlash
     drafter reads, :meth:`refimpl.lm.LM.forward`'s layer ids, each once; default: upstream's spread, within what vLLM
-    serves, :func:`servable`). -> the report, also in ``out/train_report.json``."""
+    serves, :func:`servable`). ``init``: a folder holding a ``kind`` drafter trained for this target (an earlier
+    run's ``out``) to go on training: its weights and shapes (``layers``, ``taps``, ``vocab_keep`` are then its
+    own), a fresh warmup and cosine over this run's budget (a warm restart: Loshchilov & Hutter, "SGDR", arXiv
+    1608.03983); the answers are cached, so a second run spends its budget on steps. -> the report, also in
+    ``out/train_report.json``."""
     from ..lm import default_device
 
     if kind not in OWN_KINDS:
@@ -230,6 +241,8 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     if o.get("taps") is not None and len(set(o["taps"])) != len(o["taps"]):
         raise ValueError(f"taps: each target layer once (a serving engine reads each stream once), got {tuple(o['taps'])}")
     target = load(target_path, device=device, prepack=False, fast=False)
+    if init is not None and not drafters.trained_for(init, target):
+        raise ValueError(f"init: {init!r} holds no drafter trained for {target_path!r}'s weights (its target.json)")
     if kind != "pard":
         check_llama_style(target, kind)
     name = target.name
@@ -255,11 +268,13 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     if kind == "pard":
         layers = o.get("layers") or max(1, target.num_layers // 8)
         report = train_pard(target, train_rows, held, out, o["steps"], o["seconds"], o["batch"], o["lr"], o["k"], o["keep"],
-                            o["min_keep"], layers, mask_token(target, rows), progress)
+                            o["min_keep"], layers, mask_token(target, rows), progress, init)
     else:
-        report = train_feature_drafter(kind, target, train_rows, held, kept, o, mask_token(target, rows), progress)
+        report = train_feature_drafter(kind, target, train_rows, held, kept, o, mask_token(target, rows), progress, init)
         drafters.save(report.pop("draft").to("cpu"), out, target)
     drafters.record_target(out, target, name, path=target_path)
+    if init is not None:
+        common["init"] = os.path.abspath(init)
     return write_report(out, {**common, **report})
 
 
@@ -271,14 +286,19 @@ def servable(taps, num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, min(t, num_layers - 1)) for t in taps}))
 
 
-def train_feature_drafter(kind: str, target, train_rows, held, kept, o: dict, mask_id: int, progress: bool) -> dict:
-    """EAGLE-3 or DFlash on the target's tapped features of every row -> the report, with ``"draft"``."""
+def train_feature_drafter(kind: str, target, train_rows, held, kept, o: dict, mask_id: int, progress: bool,
+                          init: str | None = None) -> dict:
+    """EAGLE-3 or DFlash on the target's tapped features of every row -> the report, with ``"draft"``; ``init``:
+    the folder of the drafter to start from (else a new one)."""
     from .. import dflash, eagle3
     from . import dflash as train_dflash, eagle3 as train_eagle3
 
     t0 = time.time()
     L, layers = target.num_layers, o.get("layers") or 2
-    if kind == "eagle3":
+    if init is not None:
+        d = drafters.load(target, kind, init)
+        kept = d.kept
+    elif kind == "eagle3":
         taps = o.get("taps") or servable(eagle3.default_taps(L), L)
         d = eagle3.new_draft(target, taps=taps, kept=kept)
     else:
