@@ -131,7 +131,7 @@ def test_a_second_run_goes_on_from_the_first_ones_weights(trained, kind, monkeyp
     fresh = trained["reports"][kind]
     assert r["init"] == os.path.abspath(trained["root"] / kind) and r["steps"] == 2
     assert loss(r, "first") < 0.5 * (loss(fresh, "first") + loss(fresh, "final")), (loss(r, "first"), fresh)
-    with pytest.raises(ValueError, match="init: .* no drafter trained for"):
+    with pytest.raises(ValueError, match="init: .* records no target"):
         own.train(kind, trained["path"], out=str(tmp_path / "x"), init=str(tmp_path), progress=False, **SMALL)
 
 

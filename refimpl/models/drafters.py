@@ -198,19 +198,28 @@ def from_folder(target, kind: str, path: str):
     from . import load as load_model
 
     c = check_kind(kind)
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise ValueError(f"{c.arg}: {path!r} is not a folder")
-    rec = recorded(path)
-    if rec is None and kind not in ("draft", "dlm"):
-        raise ValueError(f"{c.arg}: {path!r} records no target (the target.json every trainer of a {c.what} "
-                         f"writes beside it)")
-    if rec is not None and not same_weights(rec["fingerprint"], fingerprint(target)):
-        raise ValueError(f"{c.arg}: the {c.what} in {path!r} was trained for other weights ({rec['target']!r}), "
-                         f"not for {getattr(target, 'name', '?')!r}")
+    path = check_folder(target, kind, path)
     if c.models is not None:
         return load_model(path, device=target.device)
     return fast(target, kind, load(target, kind, path))
+
+
+def check_folder(target, kind: str, path, arg: str | None = None) -> str:
+    """``path`` as a string, after checking that it is a folder holding a ``kind`` drafter trained for ``target``'s
+    weights (its ``target.json``; a plain draft model, kinds ``draft`` and ``dlm``, may record none); else a
+    ``ValueError`` naming ``arg`` (None: the keyword the kind's method takes it as)."""
+    c = check_kind(kind)
+    arg, path = arg or c.arg, os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"{arg}: {path!r} is not a folder")
+    rec = recorded(path)
+    if rec is None and kind not in ("draft", "dlm"):
+        raise ValueError(f"{arg}: {path!r} records no target (the target.json every trainer of a {c.what} "
+                         f"writes beside it)")
+    if rec is not None and not same_weights(rec["fingerprint"], fingerprint(target)):
+        raise ValueError(f"{arg}: the {c.what} in {path!r} was trained for other weights ({rec['target']!r}), "
+                         f"not for {getattr(target, 'name', '?')!r}")
+    return path
 
 
 def zoo(target, kind: str):

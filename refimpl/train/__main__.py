@@ -64,8 +64,6 @@ def main(argv=None):
     if args.init is not None:
         if "init" not in inspect.signature(fn).parameters:
             p.error(f"--init: {args.name} always trains from scratch")
-        if not os.path.isdir(args.init):
-            p.error(f"--init: no folder {args.init!r}")
         kw["init"] = args.init
     fn(args.out or os.path.join(MODELS_DIR, args.name), **kw)
 

@@ -216,10 +216,9 @@ def train_dflash_smollm2(out_dir: str, steps: int = 8000, layers: int = 2, block
     else:
         rows, target, kept = smollm2_rows(vocab_keep, gen_seconds, progress)
     if init is not None:
-        if not drafters.trained_for(init, target):
-            raise ValueError(f"init: {init!r} holds no drafter trained for SmolLM2-135M's weights (its target.json)")
-        draft = drafters.load(target, "dflash", init)
-        before = json.load(open(os.path.join(init, "config.json"))).get("report", {})
+        draft = drafters.load(target, "dflash", drafters.check_folder(target, "dflash", init, "init"))
+        with open(os.path.join(init, "config.json")) as f:
+            before = json.load(f).get("report", {})
         kept, mask_token = draft.kept, target.tokenizer.convert_ids_to_tokens(draft.mask_id)
     else:
         draft = new_draft(target, num_layers=layers, block=block, kept=kept,

@@ -241,8 +241,8 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
     if o.get("taps") is not None and len(set(o["taps"])) != len(o["taps"]):
         raise ValueError(f"taps: each target layer once (a serving engine reads each stream once), got {tuple(o['taps'])}")
     target = load(target_path, device=device, prepack=False, fast=False)
-    if init is not None and not drafters.trained_for(init, target):
-        raise ValueError(f"init: {init!r} holds no drafter trained for {target_path!r}'s weights (its target.json)")
+    if init is not None:
+        drafters.check_folder(target, kind, init, "init")
     if kind != "pard":
         check_llama_style(target, kind)
     name = target.name
@@ -264,7 +264,8 @@ def train(kind: str, target_path: str, out: str | None = None, prompts: str | No
               "answer_seconds": round(answer_s, 1),  # (answers from the cache take no time: see answers_generated)
               "answer_tokens_per_minute": round(60 * tokens / answer_s) if fresh == len(rows) and answer_s > 0 else None,
               "train_rows": len(train_rows), "heldout_rows": len(held), "max_new_tokens": o["max_new_tokens"]}
-    kept = None if target.vocab_size <= o["vocab_keep"] else answer_vocabulary(target.tokenizer, train_rows, o["vocab_keep"])
+    kept = (None if init is not None or target.vocab_size <= o["vocab_keep"]  # (a drafter from ``init`` keeps its own)
+            else answer_vocabulary(target.tokenizer, train_rows, o["vocab_keep"]))
     if kind == "pard":
         layers = o.get("layers") or max(1, target.num_layers // 8)
         report = train_pard(target, train_rows, held, out, o["steps"], o["seconds"], o["batch"], o["lr"], o["k"], o["keep"],
