@@ -489,8 +489,9 @@ for name, (g, s) in measured.items():
 # costs more still (chapter 04c), and the best block is shorter than on a GPU, where scoring 16 tokens
 # costs about one. The zoo's SmolLM2 drafters were trained on a 2-core CPU: the DFlash drafter on SmolLM2's
 # answers to 10,806 prompts (64 minutes to generate, about 46 to compute their features, 40 of training), the PARD
-# draft adapted in 25 minutes on 832 answers. On 30 prompts neither saw, their greedy chains reach tau 1.67
-# (DFlash) and 1.62 (PARD), against EAGLE-3's 2.14: too few accepted drafts to pay for a long block here.
+# draft adapted in 40 minutes on 5,627 of them. On 30 prompts neither saw, their greedy chains reach tau 1.67
+# (DFlash) and 1.75 (PARD), against EAGLE-3's 2.14 and 2.63 for PARD's own start drafting one token a call:
+# too few accepted drafts to pay for a long block here.
 # DFlash's `"cpu"` preset therefore drafts only the slots whose held-out acceptance pays for verifying
 # them (`dflash.cpu_block`: blocks of 3 for this drafter, 8 for `tiny`'s): its step falls from about 1.7
 # AR steps at a block of 8 to about 1.3, and its speed to about AR's. The papers train on GPUs with far more data and report up to 6.2 times AR's speed

@@ -263,3 +263,34 @@ def test_student_config_is_the_target_with_fewer_layers(tiny):
         assert len(cfg.layer_types) == 1
     with pytest.raises(ValueError, match="num_layers"):
         drafts.student_config(tiny.config, num_layers=0)
+
+
+def test_chain_accept_rates_follow_the_drafts_own_tokens():
+    """The chain draft's held-out acceptance per depth: a draft that always writes "last token + 1" (through a
+    shuffled kept vocabulary) against answers whose runs of +1 are known, every anchor taken."""
+    from types import SimpleNamespace
+
+    V = 50
+    kept = torch.randperm(V, generator=torch.Generator().manual_seed(0))
+    col = torch.empty(V, dtype=torch.long)
+    col[kept] = torch.arange(V)
+
+    class PlusOne(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = torch.nn.Linear(1, V)
+
+        def forward(self, input_ids):
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(col[(input_ids + 1) % V], V).float())
+
+    ids = [7, 3, 10, 11, 12, 13, 20, 21, 30, 40, 41, 42, 43, 44, 1, 2]
+    rows, n, depth = [(ids, 2, None, "t")], 2, 3
+    runs = []  # for each anchor a: how many of ids[a+1..] continue its +1 run, at most depth
+    for a in range(n - 1, len(ids) - depth - 1):
+        r = 0
+        while r < depth and ids[a + 1 + r] == ids[a + r] + 1:
+            r += 1
+        runs.append(r)
+    want = [round(sum(r >= d for r in runs) / len(runs), 4) for d in range(1, depth + 1)]
+    assert smol_draft.chain_accept_rates(PlusOne(), rows, kept, depth=depth, starts=100) == want
+    assert want[0] > want[1] > want[2] > 0

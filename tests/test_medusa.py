@@ -166,3 +166,22 @@ def test_smollm2_heads_decode_exactly():
     ar = autoregressive.generate(lm, prompts, max_new_tokens=24)
     g = refimpl.generate(lm, prompts, method="medusa", max_new_tokens=24)  # the zoo's heads, the tree from their accuracy
     assert g.tokens == ar.tokens and g.stats.tau > 1.2
+
+
+def test_chain_rates_count_every_position_as_a_loop_does(tiny, heads):
+    """Held-out chain acceptance of the heads, against a position-by-position loop on tiny's own answers."""
+    from refimpl.train.distill_data import generate_answers
+    from refimpl.train.medusa import chain_rates
+
+    rows = generate_answers(tiny, ["And God said", "The LORD is my shepherd", "Jesus wept"], 24, 3, progress=False)
+    K, hits, count = heads.num_heads, [0] * heads.num_heads, 0
+    for ids, n_prompt, hidden, *_ in rows:
+        for i in range(hidden.shape[0] - K):
+            count += 1
+            for k in range(K):
+                guess = int(heads.forward(hidden[i:i + 1].float())[k][0].argmax())
+                if (guess if heads.kept is None else int(heads.kept[guess])) != ids[n_prompt + i + k + 1]:
+                    break
+                hits[k] += 1
+    want = [round(h / count, 4) for h in hits]
+    assert chain_rates(heads, rows) == want and want[0] > 0 and want[0] >= want[-1]

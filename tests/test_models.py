@@ -75,6 +75,25 @@ def test_training_report_is_committed():
     assert rep["valid_perplexity"] < 60, rep
 
 
+SMOLLM2_DRAFTERS = ["smollm2-135m-draft", "medusa-smollm2-135m", "eagle-smollm2-135m", "eagle3-smollm2-135m",
+                    "smollm2-135m-pard", "dflash-smollm2-135m"]
+
+
+@pytest.mark.parametrize("name", SMOLLM2_DRAFTERS)
+def test_every_smollm2_drafter_reports_its_chain_on_the_one_held_out_set(name):
+    """Each SmolLM2 drafter's report holds its greedy-chain acceptance on the benchmark's prompts (which no
+    training pool holds), so that their taus compare: a rate per depth, falling, and the tau they imply."""
+    import json
+
+    from refimpl.prompts import prompt_set
+
+    held = json.load(open(os.path.join(models.MODELS_DIR, name, "train_report.json")))["shared_heldout"]
+    rates = held["accept_rate_per_depth"]
+    assert held["rows"] == len(prompt_set()) and "benchmark" in held["prompts"]
+    assert len(rates) >= 4 and all(1 >= a >= b >= 0 for a, b in zip(rates, rates[1:])) and rates[0] > 0
+    assert held["chain_tau"] == round(1 + sum(rates), 3)
+
+
 def test_first_loads_of_smollm2_in_parallel_all_succeed(tmp_path):
     """Three processes convert SmolLM2 into an empty cache at once (a workshop room, parallel test
     workers): each must load, and only the converted folder is left. A temporary folder left by a

@@ -190,3 +190,23 @@ def train_eagle_smollm2(out_dir: str, steps: int = 1200, seconds: float = 960.0,
                   context="answer positions only (from the last prompt token); no prompt features")
     drafters.save(draft, out_dir, target, report)
     return write_report(out_dir, report)
+
+
+def heldout_report(progress: bool = True) -> dict:
+    """Measure the zoo's SmolLM2 EAGLE draft on the shared held-out rows
+    (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`, answer positions as it was trained:
+    :func:`answer_seqs`) into its ``train_report.json`` (``shared_heldout``): ``python -c "from
+    refimpl.train.eagle import heldout_report; heldout_report()"``."""
+    import json
+    import os
+
+    from ..models import MODELS_DIR, load
+    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+
+    draft = drafters.load(load("smollm2-135m", device="cpu", fast=False), "eagle")
+    held = smollm2_heldout_rows(progress)
+    path = os.path.join(MODELS_DIR, "eagle-smollm2-135m", "train_report.json")
+    report = json.load(open(path))
+    report["shared_heldout"] = shared_heldout(held, accept_rates(draft, answer_seqs(held)),
+                                              "6 random answer positions a row")
+    return write_report(os.path.dirname(path), report)

@@ -62,6 +62,26 @@ def rank_accuracy(heads: MedusaHeads, H: torch.Tensor, tokens: torch.Tensor, row
     return acc
 
 
+@torch.no_grad()
+def chain_rates(heads: MedusaHeads, rows) -> list:
+    """P(heads 1 .. d's top-1 tokens all equal the d answer tokens after the target's own next one), d = 1 ..
+    K, at every answer position with K tokens after it: the acceptance per depth of a chain of one path
+    (rank 0 at every depth), the shape every drafter's held-out report shares."""
+    K, hits, count = heads.num_heads, [0] * heads.num_heads, 0
+    for ids, n_prompt, hidden, *_ in rows:
+        n = hidden.shape[0]
+        if n <= K:
+            continue
+        tok = torch.tensor(ids[n_prompt:n_prompt + n], device=hidden.device)  # (n,) hidden[i] predicts tok[i]
+        guess = [lg.argmax(-1) for lg in heads.forward(hidden[:n - K].float())]  # K x (n - K,)
+        guess = [g if heads.kept is None else heads.kept[g] for g in guess]
+        right = torch.stack([guess[k] == tok[k + 1:n - K + k + 1] for k in range(K)], 1)  # (n - K, K)
+        chain = right.long().cumprod(1)  # (n - K, K) heads 1 .. d all right
+        hits = [h + int(c) for h, c in zip(hits, chain.sum(0))]
+        count += n - K
+    return [round(h / max(count, 1), 4) for h in hits]
+
+
 def train_heads(rows, lm_head: torch.Tensor, kept: torch.Tensor | None, num_heads: int = 4, steps: int = 600,
                 batch: int = 512, lr: float = 1e-3, seconds: float = 1e9, holdout: int = 20, seed: int = 0,
                 progress: bool = True):
@@ -168,3 +188,22 @@ def train_medusa_smollm2(out_dir: str, steps: int = 1500, lr: float = 2e-3, voca
     report.update(data_rows=len(rows), threads=torch.get_num_threads(), vocab_keep=vocab_keep, lr=lr)
     drafters.save(heads, out_dir, target, report)
     return write_report(out_dir, report)
+
+
+def heldout_report(progress: bool = True) -> dict:
+    """Measure the zoo's SmolLM2 Medusa heads on the shared held-out rows
+    (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`) into its ``train_report.json``
+    (``shared_heldout``: :func:`chain_rates`): ``python -c "from refimpl.train.medusa import heldout_report;
+    heldout_report()"``."""
+    import json
+    import os
+
+    from ..models import MODELS_DIR, load
+    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+
+    heads = drafters.load(load("smollm2-135m", device="cpu", fast=False), "medusa")
+    held = smollm2_heldout_rows(progress)
+    path = os.path.join(MODELS_DIR, "medusa-smollm2-135m", "train_report.json")
+    report = json.load(open(path))
+    report["shared_heldout"] = shared_heldout(held, chain_rates(heads, held), "every answer position")
+    return write_report(os.path.dirname(path), report)

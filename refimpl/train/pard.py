@@ -11,8 +11,8 @@ cross-entropy. The mask token is the tokenizer's MASK (``tiny``'s id 2, reserved
 the draft's config records it as ``pard_token`` (vLLM reads that name).
 
 SmolLM2 (``python -m refimpl.train smollm2-135m-pard``): the zoo's ``smollm2-135m-draft`` (3 layers, the
-target's frozen embedding, a head over 8,192 kept tokens) adapted on SmolLM2's own greedy answers (the
-rows :func:`refimpl.train.smollm2_data.smollm2_rows` caches, with the target's final hidden state at every
+target's frozen embedding, a head over 8,192 kept tokens) adapted on SmolLM2's own greedy answers to the course's
+prompt pool (:func:`refimpl.train.smollm2_data.smollm2_corpus`, with the target's final hidden state at every
 answer token): the teacher's logits on the kept tokens are those states times the kept embedding rows
 (a tied head), so no target forward runs while training. The mask token is ``<gh_stars>``, a special
 token a chat never produces; its embedding row (the target's, frozen) fills the slots.
@@ -170,15 +170,17 @@ def row_accept_rates(model, rows, kept: torch.Tensor, mask_id: int, k: int, star
 
 
 def train_smollm2_pard(out_dir: str, steps: int = 1200, batch: int = 8, k: int = 8, keep: float = 0.7,
-                       min_keep: float = 0.2, lr: float = 3e-4, seconds: float = 1500.0, gen_seconds: float = 0.0,
-                       mask_token: str = "<gh_stars>", seed: int = 0, data: str = "fp32",
+                       min_keep: float = 0.2, lr: float = 3e-4, seconds: float = 2400.0, gen_seconds: float = 1500.0,
+                       mask_token: str = "<gh_stars>", seed: int = 0, data: str = "corpus",
                        progress: bool = True) -> dict:
     """``smollm2-135m-draft`` adapted into ``smollm2-135m-pard`` (see the module doc); ``steps`` steps or
-    ``seconds``; the report's held-out rows are SmolLM2's answers to the benchmark's prompts, which no training
-    pool holds, the base draft's included (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`). ``data``:
-    ``"fp32"`` (the zoo's draft), SmolLM2's fp32 answers to the model-free distillation prompts
-    (:func:`refimpl.train.smollm2_data.smollm2_rows`), or ``"corpus"``, its bf16 answers to the whole pool
-    (:func:`refimpl.train.smollm2_data.smollm2_corpus`); either generated for at most ``gen_seconds`` more."""
+    ``seconds`` (the cosine sized to whichever ends first); the report's held-out rows are SmolLM2's answers to
+    the benchmark's prompts, which no training pool holds, the base draft's included
+    (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`). ``data``: ``"corpus"`` (the zoo's draft),
+    SmolLM2's bf16 answers to the whole pool (:func:`refimpl.train.smollm2_data.smollm2_corpus`), or
+    ``"fp32"``, its fp32 answers to the model-free distillation prompts
+    (:func:`refimpl.train.smollm2_data.smollm2_rows`); either generated for at most ``gen_seconds`` more (the
+    zoo's draft: 40 minutes of steps on 2 threads, the DFlash drafter's budget)."""
     import json
 
     from safetensors.torch import save_file

@@ -163,6 +163,26 @@ def heldout_agreement(model, rows, head_ids: torch.Tensor, pad_id: int, batch: i
     return hit / max(n, 1)
 
 
+@torch.no_grad()
+def chain_accept_rates(model, rows, kept: torch.Tensor, depth: int = 8, starts: int = 6, seed: int = 0) -> list:
+    """P(the draft's first d greedy tokens, drafted one by one after the target's answer prefix, all equal the
+    target's greedy answer tokens), d = 1 .. ``depth``, from ``starts`` random answer anchors per row (drawn as
+    :func:`refimpl.train.pard.row_accept_rates` draws them, so the chain and the one-call chain compare)."""
+    rng, hits, count = random.Random(seed), [0] * depth, 0
+    dev = model.lm_head.weight.device
+    for ids, n, *_ in rows:
+        lo, hi = n - 1, len(ids) - depth - 1
+        for a in sorted(rng.sample(range(lo, hi), min(starts, max(hi - lo, 0)))):
+            x, count = list(ids[:a + 1]), count + 1
+            for d in range(depth):
+                guess = int(kept[model(input_ids=torch.tensor([x], device=dev)).logits[0, -1].argmax()])
+                if guess != int(ids[a + 1 + d]):
+                    break
+                hits[d] += 1
+                x.append(guess)
+    return [round(h / max(count, 1), 4) for h in hits]
+
+
 def train_smollm2_draft(out_dir: str, gen_seconds: float = 1900.0, steps: int = 1800, train_seconds: float = 2400.0,
                         vocab_keep: int = 8192, num_layers: int = 3, intermediate_size: int = 1536,
                         init_layers=(0, 1, -1), batch: int = 32, lr: float = 5e-4, holdout: int = 50, seed: int = 0,
@@ -333,3 +353,20 @@ def train_smollm2_draft_recipe(out_dir: str, progress: bool = True) -> dict:
     return train_smollm2_draft(out_dir, gen_seconds=900, stages=(1, 2, 3, 4), init_from=phases[2], lr=3e-4,
                                steps=1000, train_seconds=1500, batch=16, drill_batch=16, drill_span=24,
                                drill_weight=1.0, progress=progress)
+
+
+def heldout_report(progress: bool = True) -> dict:
+    """Measure the zoo's ``smollm2-135m-draft`` on the shared held-out rows
+    (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`) as a chain draft (:func:`chain_accept_rates`,
+    the draft alone: no copy prior) into its ``train_report.json`` (``shared_heldout``): ``python -c "from
+    refimpl.train.smol_draft import heldout_report; heldout_report()"``."""
+    from ..models import MODELS_DIR
+    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+
+    held = smollm2_heldout_rows(progress)
+    start = load_draft(device="cpu", copy_prior=False)
+    path = os.path.join(MODELS_DIR, "smollm2-135m-draft", "train_report.json")
+    report = json.load(open(path))
+    report["shared_heldout"] = shared_heldout(held, chain_accept_rates(start.model, held, start.kept_ids.cpu()),
+                                              "6 random answer positions a row")
+    return write_report(os.path.dirname(path), report)

@@ -37,7 +37,7 @@ def main():
     torch.set_num_threads(2)
     here = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as out:
-        report = train_smollm2_pard(out, seconds=args.seconds, data="corpus", progress=False)
+        report = train_smollm2_pard(out, seconds=args.seconds, gen_seconds=0, data="corpus", progress=False)
         target = models.load("smollm2-135m")
         new = load_draft(device="cpu", path=out, copy_prior=False)
         zoo = drafters.zoo(target, "pard")
