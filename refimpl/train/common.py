@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 
 import torch
 
@@ -171,6 +172,18 @@ def answer_vocabulary(tokenizer, rows, k: int) -> torch.Tensor:
 
     always = [t for t in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if t is not None]
     return top_tokens([(r[0][r[1]:],) for r in rows], k, always)
+
+
+def answer_anchors(rows, depth: int, starts: int, seed: int = 0):
+    """``(ids, a)`` for up to ``starts`` random anchors ``a`` a row of ``rows`` (``(ids, n_prompt, ...)``: prompt +
+    answer), from the last prompt token on, each with ``depth`` tokens after it; in row order, increasing within a
+    row, drawn from one ``random.Random(seed)``: chains measured with the same ``depth`` and ``seed`` start at the
+    same positions."""
+    rng = random.Random(seed)
+    for ids, n, *_ in rows:
+        lo, hi = n - 1, len(ids) - depth - 1
+        for a in sorted(rng.sample(range(lo, hi), min(starts, max(hi - lo, 0)))):
+            yield ids, a
 
 
 def write_report(out_dir: str, report: dict) -> dict:

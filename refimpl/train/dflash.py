@@ -159,17 +159,13 @@ def smollm2_heldout(target, taps, progress: bool = True) -> list:
 def heldout_report(name: str = "dflash-smollm2-135m", progress: bool = True) -> dict:
     """Measure a saved SmolLM2 DFlash drafter on the shared held-out rows (:func:`smollm2_heldout`) into its
     ``train_report.json`` (``shared_heldout``): ``python -c "from refimpl.train.dflash import heldout_report; heldout_report()"``."""
-    from ..models import MODELS_DIR, load
-    from .smollm2_data import shared_heldout
+    from ..models import load
+    from .smollm2_data import record_shared_heldout
 
     target = load("smollm2-135m", device="cpu", fast=False)
     draft = drafters.load(target, "dflash")
     held = smollm2_heldout(target, draft.taps, progress)
-    rates = accept_rates(draft, held)
-    path = os.path.join(MODELS_DIR, name, "train_report.json")
-    report = json.load(open(path))
-    report["shared_heldout"] = shared_heldout(held, rates, "6 random answer positions a row")
-    return write_report(os.path.dirname(path), report)
+    return record_shared_heldout(name, held, accept_rates(draft, held), "6 random answer positions a row")
 
 
 def corpus_features(target, rows, taps, progress: bool = True) -> list:

@@ -197,16 +197,10 @@ def heldout_report(progress: bool = True) -> dict:
     (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`, answer positions as it was trained:
     :func:`answer_seqs`) into its ``train_report.json`` (``shared_heldout``): ``python -c "from
     refimpl.train.eagle import heldout_report; heldout_report()"``."""
-    import json
-    import os
-
-    from ..models import MODELS_DIR, load
-    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+    from ..models import load
+    from .smollm2_data import record_shared_heldout, smollm2_heldout_rows
 
     draft = drafters.load(load("smollm2-135m", device="cpu", fast=False), "eagle")
     held = smollm2_heldout_rows(progress)
-    path = os.path.join(MODELS_DIR, "eagle-smollm2-135m", "train_report.json")
-    report = json.load(open(path))
-    report["shared_heldout"] = shared_heldout(held, accept_rates(draft, answer_seqs(held)),
-                                              "6 random answer positions a row")
-    return write_report(os.path.dirname(path), report)
+    return record_shared_heldout("eagle-smollm2-135m", held, accept_rates(draft, answer_seqs(held)),
+                                 "6 random answer positions a row")

@@ -272,21 +272,15 @@ def heldout_report(progress: bool = True) -> dict:
     """Measure the zoo's SmolLM2 EAGLE-3 draft on the shared held-out rows (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`) into its
     ``train_report.json`` (``shared_heldout``): ``python -c "from refimpl.train.eagle3 import heldout_report;
     heldout_report()"``. The chain's target token is the argmax of the target's whole head, as in decoding."""
-    import json
-    import os
-
-    from ..models import MODELS_DIR, load
-    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+    from ..models import load
+    from .smollm2_data import record_shared_heldout, smollm2_heldout_rows
 
     target = load("smollm2-135m", device="cpu", fast=False)
     draft = drafters.load(target, "eagle3")
     held = target_features(target, smollm2_heldout_rows(progress), draft.taps, progress=progress)
     W = target.model.get_output_embeddings().weight.detach().float()
     rates = accept_rates(draft, held, W[draft.kept], depth=7, full_head=W)["chain"]
-    path = os.path.join(MODELS_DIR, "eagle3-smollm2-135m", "train_report.json")
-    report = json.load(open(path))
-    report["shared_heldout"] = shared_heldout(held, rates, "every answer position")
-    return write_report(os.path.dirname(path), report)
+    return record_shared_heldout("eagle3-smollm2-135m", held, rates, "every answer position")
 
 
 def train_eagle3_smollm2(out_dir: str, device=None, steps: int = 2089, batch: int = 64, ttt: int = 7,

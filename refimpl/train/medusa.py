@@ -195,15 +195,9 @@ def heldout_report(progress: bool = True) -> dict:
     (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`) into its ``train_report.json``
     (``shared_heldout``: :func:`chain_rates`): ``python -c "from refimpl.train.medusa import heldout_report;
     heldout_report()"``."""
-    import json
-    import os
-
-    from ..models import MODELS_DIR, load
-    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+    from ..models import load
+    from .smollm2_data import record_shared_heldout, smollm2_heldout_rows
 
     heads = drafters.load(load("smollm2-135m", device="cpu", fast=False), "medusa")
     held = smollm2_heldout_rows(progress)
-    path = os.path.join(MODELS_DIR, "medusa-smollm2-135m", "train_report.json")
-    report = json.load(open(path))
-    report["shared_heldout"] = shared_heldout(held, chain_rates(heads, held), "every answer position")
-    return write_report(os.path.dirname(path), report)
+    return record_shared_heldout("medusa-smollm2-135m", held, chain_rates(heads, held), "every answer position")

@@ -34,7 +34,7 @@ from ..models import drafters, load
 from ..models.hf import load_folder
 from ..pard import training_layout
 from ..primitives import additive
-from .common import budget_step, cosine_lr, encode_docs, random_windows, save_half, train_loop, write_report
+from .common import answer_anchors, budget_step, cosine_lr, encode_docs, random_windows, save_half, train_loop, write_report
 
 
 def pard_loss(student, teacher, x: torch.Tensor, mask_id: int, k: int, keep: float, min_keep: float, gen,
@@ -155,17 +155,15 @@ def pard_rows_loss(model, x, teacher, has, labels, mask_id: int, k: int, keep: f
 def row_accept_rates(model, rows, kept: torch.Tensor, mask_id: int, k: int, starts: int = 6, seed: int = 0) -> list:
     """P(the one-call chain's first d drafts all equal the target's greedy answer tokens), d = 1 .. k, from
     ``starts`` random answer anchors per row (the rows are the target's own greedy answers)."""
-    rng, hits, count = random.Random(seed), [0] * k, 0
-    for ids, n, *_ in rows:
-        lo, hi = n - 1, len(ids) - k - 1
-        for a in sorted(rng.sample(range(lo, hi), min(starts, max(hi - lo, 0)))):
-            inp = torch.tensor([list(ids[:a + 1]) + [mask_id] * (k - 1)], device=model.device)
-            guess = kept[model(input_ids=inp).logits[0, -k:].argmax(-1)].tolist()
-            count += 1
-            for d in range(k):
-                if guess[d] != int(ids[a + 1 + d]):
-                    break
-                hits[d] += 1
+    hits, count = [0] * k, 0
+    for ids, a in answer_anchors(rows, k, starts, seed):
+        inp = torch.tensor([list(ids[:a + 1]) + [mask_id] * (k - 1)], device=model.device)
+        guess = kept[model(input_ids=inp).logits[0, -k:].argmax(-1)].tolist()
+        count += 1
+        for d in range(k):
+            if guess[d] != int(ids[a + 1 + d]):
+                break
+            hits[d] += 1
     return [round(h / max(count, 1), 4) for h in hits]
 
 
@@ -257,17 +255,15 @@ def heldout_report(progress: bool = True) -> dict:
 
     from ..models import MODELS_DIR
     from ..models.smollm2 import load_draft, load_pard
-    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+    from .smollm2_data import record_shared_heldout, smollm2_heldout_rows
 
     held = smollm2_heldout_rows(progress=progress)
     lm = load_pard(device="cpu")
-    path = os.path.join(MODELS_DIR, lm.name, "train_report.json")
-    k = json.load(open(path))["k"]
+    with open(os.path.join(MODELS_DIR, lm.name, "train_report.json")) as f:
+        k = json.load(f)["k"]
     mask_id, kept = lm.model.config.pard_token, lm.kept_ids.cpu()
     rates = row_accept_rates(lm.model, held, kept, mask_id, k)
     start = load_draft(device="cpu", copy_prior=False)
     before = row_accept_rates(start.model, held, start.kept_ids.cpu(), mask_id, k)
-    report = json.load(open(path))
-    report["shared_heldout"] = {**shared_heldout(held, rates, "6 random answer positions a row"),
-                                "accept_rate_per_depth_before": before}
-    return write_report(os.path.dirname(path), report)
+    return record_shared_heldout(lm.name, held, rates, "6 random answer positions a row",
+                                 accept_rate_per_depth_before=before)

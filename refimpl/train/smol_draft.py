@@ -24,7 +24,7 @@ from ..models.hf import cache_dir
 from ..models.smollm2 import load_draft, quantize_int8, trimmed_model
 from ..speculative import expected_tau
 from . import distill_data, distill_prompts
-from .common import cosine_lr, write_report
+from .common import answer_anchors, cosine_lr, write_report
 
 
 def smol_draft_config(target_config, num_layers: int = 2, intermediate_size: int = 1536):
@@ -166,20 +166,19 @@ def heldout_agreement(model, rows, head_ids: torch.Tensor, pad_id: int, batch: i
 @torch.no_grad()
 def chain_accept_rates(model, rows, kept: torch.Tensor, depth: int = 8, starts: int = 6, seed: int = 0) -> list:
     """P(the draft's first d greedy tokens, drafted one by one after the target's answer prefix, all equal the
-    target's greedy answer tokens), d = 1 .. ``depth``, from ``starts`` random answer anchors per row (drawn as
-    :func:`refimpl.train.pard.row_accept_rates` draws them, so the chain and the one-call chain compare)."""
-    rng, hits, count = random.Random(seed), [0] * depth, 0
+    target's greedy answer tokens), d = 1 .. ``depth``, from ``starts`` random answer anchors per row
+    (:func:`refimpl.train.common.answer_anchors`, as :func:`refimpl.train.pard.row_accept_rates` draws them, so the
+    chain and the one-call chain compare)."""
+    hits, count = [0] * depth, 0
     dev = model.lm_head.weight.device
-    for ids, n, *_ in rows:
-        lo, hi = n - 1, len(ids) - depth - 1
-        for a in sorted(rng.sample(range(lo, hi), min(starts, max(hi - lo, 0)))):
-            x, count = list(ids[:a + 1]), count + 1
-            for d in range(depth):
-                guess = int(kept[model(input_ids=torch.tensor([x], device=dev)).logits[0, -1].argmax()])
-                if guess != int(ids[a + 1 + d]):
-                    break
-                hits[d] += 1
-                x.append(guess)
+    for ids, a in answer_anchors(rows, depth, starts, seed):
+        x, count = list(ids[:a + 1]), count + 1
+        for d in range(depth):
+            guess = int(kept[model(input_ids=torch.tensor([x], device=dev)).logits[0, -1].argmax()])
+            if guess != int(ids[a + 1 + d]):
+                break
+            hits[d] += 1
+            x.append(guess)
     return [round(h / max(count, 1), 4) for h in hits]
 
 
@@ -360,13 +359,10 @@ def heldout_report(progress: bool = True) -> dict:
     (:func:`refimpl.train.smollm2_data.smollm2_heldout_rows`) as a chain draft (:func:`chain_accept_rates`,
     the draft alone: no copy prior) into its ``train_report.json`` (``shared_heldout``): ``python -c "from
     refimpl.train.smol_draft import heldout_report; heldout_report()"``."""
-    from ..models import MODELS_DIR
-    from .smollm2_data import shared_heldout, smollm2_heldout_rows
+    from .smollm2_data import record_shared_heldout, smollm2_heldout_rows
 
     held = smollm2_heldout_rows(progress)
     start = load_draft(device="cpu", copy_prior=False)
-    path = os.path.join(MODELS_DIR, "smollm2-135m-draft", "train_report.json")
-    report = json.load(open(path))
-    report["shared_heldout"] = shared_heldout(held, chain_accept_rates(start.model, held, start.kept_ids.cpu()),
-                                              "6 random answer positions a row")
-    return write_report(os.path.dirname(path), report)
+    return record_shared_heldout("smollm2-135m-draft", held,
+                                 chain_accept_rates(start.model, held, start.kept_ids.cpu()),
+                                 "6 random answer positions a row")

@@ -73,11 +73,22 @@ def smollm2_heldout_rows(progress: bool = True) -> list:
     return sorted(rows, key=lambda r: order[r[3]])
 
 
-def shared_heldout(rows, rates: list, anchors: str) -> dict:
-    """The ``shared_heldout`` entry of a SmolLM2 drafter's report: its chain acceptance on
-    :func:`smollm2_heldout_rows` and the tau it implies."""
-    return {"prompts": "the benchmark's (refimpl.prompts), which no training pool holds", "rows": len(rows),
-            "anchors": anchors, "accept_rate_per_depth": rates, "chain_tau": round(1 + sum(rates), 3)}
+def record_shared_heldout(name: str, rows, rates: list, anchors: str, **extra) -> dict:
+    """Write the ``shared_heldout`` entry into the zoo's ``models/NAME/train_report.json``: the drafter's chain
+    acceptance on :func:`smollm2_heldout_rows` (``rows``), the tau it implies, and ``extra`` fields. -> the report."""
+    import json
+    import os
+
+    from ..models import MODELS_DIR
+    from .common import write_report
+
+    folder = os.path.join(MODELS_DIR, name)
+    with open(os.path.join(folder, "train_report.json")) as f:
+        report = json.load(f)
+    report["shared_heldout"] = {"prompts": "the benchmark's (refimpl.prompts), which no training pool holds",
+                                "rows": len(rows), "anchors": anchors, "accept_rate_per_depth": rates,
+                                "chain_tau": round(1 + sum(rates), 3), **extra}
+    return write_report(folder, report)
 
 
 def smollm2_corpus(seconds: float = 1e9, batch: int = 64, progress: bool = True) -> list:
